@@ -1,0 +1,1 @@
+from .backbones import AMVim, Vim  # noqa: F401  (registers the backbones)

@@ -1,0 +1,3 @@
+from .vim import AMVim, Vim
+
+__all__ = ['Vim', 'AMVim']

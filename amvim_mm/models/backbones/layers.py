@@ -1,0 +1,128 @@
+"""Small building blocks of the Vim family: RMSNorm, DropPath, PatchEmbed, pos-embed resize."""
+from __future__ import annotations
+
+import math
+from typing import Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a weight and no bias (``mamba_ssm``'s ``RMSNorm``), computed in fp32."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        return y.to(x.dtype)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth per sample (identity at eval time and for ``p == 0``)."""
+
+    def __init__(self, drop_prob: float = 0.) -> None:
+        super().__init__()
+        self.drop_prob = float(drop_prob)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.drop_prob == 0. or not self.training:
+            return x
+        keep = 1. - self.drop_prob
+        mask = x.new_empty((x.shape[0], ) + (1, ) * (x.dim() - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f'drop_prob={self.drop_prob}'
+
+
+class PatchEmbed(nn.Module):
+    """Conv patch embedding (``patch_embed.proj`` as in the official Vim checkpoints).
+
+    Any input size of at least one patch is accepted. When ``(H - patch) % stride != 0`` the
+    image is zero-padded at the bottom/right so that every pixel is covered (as mmpretrain's
+    ``AdaptivePadding(padding='corner')``); the grid is then ``ceil((H - patch) / stride) + 1``.
+    """
+
+    def __init__(self, in_channels: int = 3, embed_dims: int = 192, patch_size: int = 16,
+                 stride: int = 16) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.stride = stride
+        self.proj = nn.Conv2d(in_channels, embed_dims, kernel_size=patch_size, stride=stride)
+
+    def grid_size(self, H: int, W: int) -> Tuple[int, int]:
+        p, s = self.patch_size, self.stride
+        if H < p or W < p:
+            raise ValueError(f'input image {H}x{W} is smaller than one patch ({p}x{p})')
+        return -(-(H - p) // s) + 1, -(-(W - p) // s) + 1
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        if x.dim() != 4:
+            raise ValueError(f'expected images of shape (B, C, H, W), got {tuple(x.shape)}')
+        if x.shape[1] != self.proj.in_channels:
+            raise ValueError(f'expected {self.proj.in_channels} input channels, '
+                             f'got {x.shape[1]} (input shape {tuple(x.shape)})')
+        H, W = x.shape[-2:]
+        gh, gw = self.grid_size(H, W)
+        pad_h = (gh - 1) * self.stride + self.patch_size - H
+        pad_w = (gw - 1) * self.stride + self.patch_size - W
+        if pad_h or pad_w:
+            x = F.pad(x, (0, pad_w, 0, pad_h))
+        x = self.proj(x)
+        return x.flatten(2).transpose(1, 2), (gh, gw)
+
+
+def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Sequence[int], dst_shape: Sequence[int],
+                     mode: str = 'bicubic', with_cls_token: bool = True) -> torch.Tensor:
+    """Resize a Vim position embedding around its **middle** class token.
+
+    Args:
+        pos_embed: (1, M + 1, D) with the class token's entry at index ``M // 2`` (or (1, M, D)
+            when ``with_cls_token`` is False).
+        src_shape, dst_shape: (H, W) patch grids before and after.
+
+    The class token's entry is taken out at ``M // 2``, the grid is resized (bicubic by default,
+    ``align_corners=False``), and the entry is put back at ``M' // 2``. (The official fine-tune
+    code takes index 0 as the class token, which is wrong for the middle-class-token models.)
+    """
+    src_h, src_w = src_shape
+    dst_h, dst_w = dst_shape
+    if pos_embed.dim() != 3 or pos_embed.shape[0] != 1:
+        raise ValueError(f'pos_embed must be (1, L, D), got {tuple(pos_embed.shape)}')
+    extra = 1 if with_cls_token else 0
+    M = src_h * src_w
+    if pos_embed.shape[1] != M + extra:
+        raise ValueError(f'pos_embed has {pos_embed.shape[1]} tokens, but a {src_h}x{src_w} grid '
+                         f'{"+ class token " if extra else ""}needs {M + extra}')
+    if (src_h, src_w) == (dst_h, dst_w):
+        return pos_embed
+    if extra:
+        mid = M // 2
+        cls = pos_embed[:, mid:mid + 1]
+        grid = torch.cat([pos_embed[:, :mid], pos_embed[:, mid + 1:]], dim=1)
+    else:
+        grid = pos_embed
+    D = grid.shape[-1]
+    dtype = grid.dtype
+    grid = grid.reshape(1, src_h, src_w, D).permute(0, 3, 1, 2).float()
+    grid = F.interpolate(grid, size=(dst_h, dst_w), mode=mode, align_corners=False)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, dst_h * dst_w, D).to(dtype)
+    if not extra:
+        return grid
+    mid = (dst_h * dst_w) // 2
+    return torch.cat([grid[:, :mid], cls, grid[:, mid:]], dim=1)
+
+
+def infer_square_grid(num_patches: int) -> Tuple[int, int]:
+    side = int(math.isqrt(num_patches))
+    if side * side != num_patches:
+        raise ValueError(f'cannot infer the grid of a position embedding with {num_patches} '
+                         'patch tokens (not a square); resize it with resize_pos_embed and '
+                         'explicit shapes')
+    return side, side

@@ -1,0 +1,103 @@
+"""The token sequence's layout, and the gather indices that turn it into each path's order."""
+from __future__ import annotations
+
+import functools
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .scan_orders import is_reverse, normalize_order, path_permutation, scan_rank
+
+
+class PathIndex:
+    """Gather indices of one path over a (B, L, C) sequence, and their inverse.
+
+    The canonical Vim layouts are recognised: the identity (Vim's forward path) costs nothing and
+    the full reversal (Vim's backward path) is a ``flip``, exactly as in the official code.
+    """
+
+    def __init__(self, perm: torch.Tensor) -> None:
+        self.kind = 'gather'
+        L = perm.shape[-1]
+        if perm.dim() == 1:
+            ar = torch.arange(L, device=perm.device)
+            if torch.equal(perm, ar):
+                self.kind = 'identity'
+            elif torch.equal(perm, ar.flip(0)):
+                self.kind = 'flip'
+        self.perm = perm
+        self.inv = torch.argsort(perm, dim=-1) if self.kind == 'gather' else None
+
+    @staticmethod
+    def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        if idx.dim() == 1:
+            return x.index_select(1, idx)
+        return torch.gather(x, 1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+    def to_path(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, C) in token order -> (B, L, C) in path order."""
+        if self.kind == 'identity':
+            return x
+        if self.kind == 'flip':
+            return x.flip(1)
+        return self._take(x, self.perm)
+
+    def to_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, C) in path order -> (B, L, C) in token order."""
+        if self.kind == 'identity':
+            return x
+        if self.kind == 'flip':
+            return x.flip(1)
+        return self._take(x, self.inv)
+
+
+class ScanContext:
+    """Where the tokens of the current sequence sit on the patch grid.
+
+    Args:
+        grid: (H, W) patch grid of the input.
+        pos: (L,) or (B, L) raster position of each token in the sequence; ``-1`` for the class
+            token. ``None`` means the full grid in raster order with the class token (if any) at
+            ``cls_index``.
+        cls_index: index of the class token in the sequence, -1 if none.
+    """
+
+    def __init__(self, grid: Tuple[int, int], cls_index: int = -1,
+                 pos: Optional[torch.Tensor] = None, device=None) -> None:
+        self.grid = (int(grid[0]), int(grid[1]))
+        self.cls_index = cls_index
+        M = self.grid[0] * self.grid[1]
+        if pos is None:
+            pos = torch.arange(M, device=device)
+            if cls_index >= 0:
+                pos = torch.cat([pos[:cls_index], pos.new_full((1, ), -1), pos[cls_index:]])
+            self.full_grid = True
+        else:
+            self.full_grid = False
+        self.pos = pos
+        self._cache: Dict[tuple, PathIndex] = {}
+
+    def path_index(self, spec) -> PathIndex:
+        key = normalize_order(spec)
+        idx = self._cache.get(key)
+        if idx is None:
+            if self.full_grid:
+                idx = _full_grid_index(self.grid, self.cls_index, key, self.pos.device)
+            else:
+                rank = scan_rank(*self.grid, spec)
+                idx = PathIndex(path_permutation(rank, self.pos, self.cls_index,
+                                                 is_reverse(spec)))
+            self._cache[key] = idx
+        return idx
+
+
+@functools.lru_cache(maxsize=512)
+def _full_grid_index(grid: Tuple[int, int], cls_index: int, key: tuple, device) -> PathIndex:
+    """Path indices for the unreduced sequence, cached per grid, class token and device."""
+    M = grid[0] * grid[1]
+    pos = torch.arange(M)
+    if cls_index >= 0:
+        pos = torch.cat([pos[:cls_index], pos.new_full((1, ), -1), pos[cls_index:]])
+    spec = dict(key)
+    perm = path_permutation(scan_rank(*grid, spec), pos, cls_index, spec['reverse'])
+    return PathIndex(perm.to(device))

@@ -1,0 +1,178 @@
+"""Scan orders as ranks over the original patch grid.
+
+A scan order of an ``H x W`` grid is a rank tensor ``rank`` of shape ``(H * W,)``: the patch at
+raster position ``p = row * W + col`` is visited ``rank[p]``-th. A path orders whatever patch
+tokens are present (all of them, or the survivors of token reduction) by sorting their ranks, so
+every order composes with every reducer. The class token is not part of the rank: it is put at the
+middle index of the path's forward sequence (see :func:`path_permutation`).
+
+A path is described by a small dict (``ScanOrder``), for example::
+
+    dict(order='raster')                                   # D1
+    dict(order='raster', reverse=True)                     # D2 (Vim's backward path)
+    dict(order='window', size=3, inner='col', reverse=True)  # AMVim's D2_D4
+    dict(order='window', size=3, inner='random', seed=0)   # D1-D2_rand
+    dict(order='window', size=3, shift=1)                  # Swin-style shifted grid
+    dict(order='column'), dict(order='random', seed=0)
+
+Orders:
+
+* ``raster``: row-major.
+* ``column``: column-major.
+* ``window``: non-overlapping ``size x size`` windows anchored at the top-left, visited in
+  row-major order (``outer='row'``) or column-major (``outer='col'``); inside each window
+  row-major (``inner='row'``), column-major (``inner='col'``) or a fixed random order of the
+  ``size*size`` cells (``inner='random'``, ``seed``). Border windows of a grid that is not a
+  multiple of ``size`` are partial (no padding tokens). ``shift`` moves the window grid
+  cyclically by ``shift`` cells (Swin-style).
+* ``random``: a fixed random permutation of the grid (``seed``).
+
+``reverse=True`` runs the whole path backwards. Ranks are cached per grid size.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Dict, Tuple
+
+import torch
+
+ORDERS = ('raster', 'column', 'window', 'random')
+_KEYS = {
+    'raster': {'order', 'reverse'},
+    'column': {'order', 'reverse'},
+    'window': {'order', 'reverse', 'size', 'inner', 'outer', 'seed', 'shift'},
+    'random': {'order', 'reverse', 'seed'},
+}
+
+
+def normalize_order(spec) -> Tuple[Tuple[str, object], ...]:
+    """Validate a scan-order dict and return a hashable, canonical form."""
+    if isinstance(spec, str):
+        spec = dict(order=spec)
+    if not isinstance(spec, dict) or 'order' not in spec:
+        raise TypeError(f'a scan order is a dict with an "order" key, got {spec!r}')
+    order = spec['order']
+    if order not in ORDERS:
+        raise ValueError(f'unknown scan order {order!r}; choose one of {", ".join(ORDERS)}')
+    unknown = set(spec) - _KEYS[order]
+    if unknown:
+        raise ValueError(f'scan order {order!r} does not take {sorted(unknown)}; '
+                         f'valid keys: {sorted(_KEYS[order])}')
+    out: Dict[str, object] = dict(order=order, reverse=bool(spec.get('reverse', False)))
+    if order == 'window':
+        size = spec.get('size', 3)
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f'window size must be a positive int, got {size!r}')
+        inner = spec.get('inner', 'row')
+        outer = spec.get('outer', 'row')
+        if inner not in ('row', 'col', 'random'):
+            raise ValueError(f'window inner order must be row, col or random, got {inner!r}')
+        if outer not in ('row', 'col'):
+            raise ValueError(f'window outer order must be row or col, got {outer!r}')
+        shift = spec.get('shift', 0)
+        if not isinstance(shift, int) or shift < 0:
+            raise ValueError(f'window shift must be a non-negative int, got {shift!r}')
+        out.update(size=size, inner=inner, outer=outer, shift=shift,
+                   seed=int(spec.get('seed', 0)))
+    elif order == 'random':
+        out.update(seed=int(spec.get('seed', 0)))
+    return tuple(sorted(out.items()))
+
+
+def _window_rank(H: int, W: int, size: int, inner: str, outer: str, shift: int,
+                 seed: int) -> torch.Tensor:
+    rows = torch.arange(H).view(H, 1).expand(H, W)
+    cols = torch.arange(W).view(1, W).expand(H, W)
+    # Swin-style cyclic shift of the window grid: cell (r, c) sits at (r - s, c - s) mod (H, W).
+    r = (rows - shift) % H
+    c = (cols - shift) % W
+    wr, wc = r // size, c // size                     # window index
+    ir, ic = r % size, c % size                       # position inside the window
+    n_wr, n_wc = -(-H // size), -(-W // size)
+    win = wr * n_wc + wc if outer == 'row' else wc * n_wr + wr
+    if inner == 'row':
+        cell = ir * size + ic
+    elif inner == 'col':
+        cell = ic * size + ir
+    else:
+        g = torch.Generator().manual_seed(seed)
+        perm = torch.randperm(size * size, generator=g)
+        cell = perm[ir * size + ic]
+    key = win * (size * size) + cell                  # unique, sparse for partial windows
+    return _dense_rank(key.reshape(-1))
+
+
+def _dense_rank(key: torch.Tensor) -> torch.Tensor:
+    rank = torch.empty_like(key)
+    rank[torch.argsort(key, stable=True)] = torch.arange(key.numel())
+    return rank
+
+
+@functools.lru_cache(maxsize=256)
+def _rank_cached(H: int, W: int, spec: Tuple[Tuple[str, object], ...]) -> torch.Tensor:
+    s = dict(spec)
+    order = s['order']
+    n = H * W
+    if order == 'raster':
+        rank = torch.arange(n)
+    elif order == 'column':
+        pos = torch.arange(n)
+        rank = (pos % W) * H + pos // W
+    elif order == 'window':
+        rank = _window_rank(H, W, s['size'], s['inner'], s['outer'], s['shift'], s['seed'])
+    else:
+        g = torch.Generator().manual_seed(s['seed'])
+        rank = _dense_rank(torch.randperm(n, generator=g))
+    return rank
+
+
+def scan_rank(H: int, W: int, spec) -> torch.Tensor:
+    """Rank (H*W,) of each raster position along the *forward* order of ``spec`` (cached, CPU).
+
+    ``reverse`` is not applied here (see :func:`path_permutation`), because the class token is
+    placed on the forward sequence before the path is flipped.
+    """
+    if H < 1 or W < 1:
+        raise ValueError(f'grid must be at least 1x1, got {H}x{W}')
+    key = tuple(kv for kv in normalize_order(spec) if kv[0] != 'reverse')
+    return _rank_cached(int(H), int(W), key)
+
+
+def is_reverse(spec) -> bool:
+    return dict(normalize_order(spec))['reverse']
+
+
+def path_permutation(rank: torch.Tensor, pos: torch.Tensor, cls_index: int = -1,
+                     reverse: bool = False) -> torch.Tensor:
+    """Order of the present tokens along one path.
+
+    Args:
+        rank: (H*W,) rank of the path (for a reversed path, the rank of the *forward* order).
+        pos: (L,) or (B, L) raster grid position of every token of the sequence; the class token
+            (if any) has position ``-1`` and sits at ``cls_index``.
+        cls_index: index of the class token in the sequence, or -1 if there is none.
+        reverse: run the path backwards (after placing the class token).
+
+    Returns:
+        Index tensor, same shape as ``pos``: ``seq[..., perm]`` is the path's sequence. The patch
+        tokens are sorted by ``rank``, the class token is inserted at the middle index
+        ``n // 2`` of the forward sequence (``n`` patch tokens), and the whole sequence is flipped
+        when ``reverse``. For Vim's backward path this is exactly ``seq.flip(1)``.
+    """
+    batched = pos.dim() == 2
+    p = pos if batched else pos.unsqueeze(0)
+    rank = rank.to(p.device)
+    if cls_index >= 0:
+        keep = torch.ones(p.shape[1], dtype=torch.bool, device=p.device)
+        keep[cls_index] = False
+        idx = torch.arange(p.shape[1], device=p.device)[keep]
+        patch_pos = p[:, keep]
+        order = idx[torch.argsort(rank[patch_pos], dim=1)]
+        n = order.shape[1]
+        cls = torch.full((p.shape[0], 1), cls_index, dtype=order.dtype, device=p.device)
+        perm = torch.cat([order[:, :n // 2], cls, order[:, n // 2:]], dim=1)
+    else:
+        perm = torch.argsort(rank[p], dim=1)
+    if reverse:
+        perm = perm.flip(1)
+    return perm if batched else perm[0]

@@ -1,0 +1,429 @@
+"""The Vim family: one mixer, one block and one backbone base; Vim and AMVim are configs of it.
+
+Data flow (see ``../shared/spec/models.md``)::
+
+    image -> patch embed -> class token at the middle + pos embed
+          -> blocks: residual = residual + drop_path(h); h = mixer(RMSNorm(residual))
+             mixer: in_proj -> per path: tokens in the path's order -> conv1d -> x_proj ->
+                    dt_proj -> selective scan (gated by silu(z)) -> back to token order
+                    -> mean over paths -> out_proj
+          -> outputs at ``out_indices``
+
+Parameter names equal the official Vim checkpoint keys, so an official file loads 1:1.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.model import BaseModule
+
+from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
+from amvim_mm.ops.selective_scan import selective_scan_fn
+from .layers import DropPath, PatchEmbed, RMSNorm, infer_square_grid, resize_pos_embed
+from .scan_context import ScanContext
+from .scan_orders import normalize_order
+
+OUT_TYPES = ('cls_token', 'featmap', 'raw')
+
+
+class BiMambaMixer(nn.Module):
+    """Vim's bidirectional Mamba mixer ("bimamba v2"), generalised to paths given as data.
+
+    Each path has its own ``conv1d``, ``x_proj``, ``dt_proj``, ``A_log`` and ``D``; ``in_proj`` and
+    ``out_proj`` are shared. Path ``k`` uses the parameter-name suffix ``suffixes[k]``
+    (Vim: ``''`` and ``'_b'``, giving ``conv1d``/``conv1d_b``, ``A_log``/``A_b_log``...).
+
+    Args:
+        embed_dims: model width D.
+        d_state: SSM state size N.
+        d_conv: causal depthwise conv width.
+        expand: inner width E = expand * D.
+        dt_rank: rank R of the delta projection; ``None`` means ceil(D / 16).
+        suffixes: one parameter-name suffix per path.
+        scan_backend: selective-scan backend (``None``: automatic, see ``amvim_mm.ops``).
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 d_state: int = 16,
+                 d_conv: int = 4,
+                 expand: int = 2,
+                 dt_rank: Optional[int] = None,
+                 suffixes: Sequence[str] = ('', '_b'),
+                 dt_min: float = 0.001,
+                 dt_max: float = 0.1,
+                 dt_init_floor: float = 1e-4,
+                 scan_backend: Optional[str] = None) -> None:
+        super().__init__()
+        self.embed_dims = embed_dims
+        self.d_state = d_state
+        self.d_inner = E = expand * embed_dims
+        self.dt_rank = R = dt_rank if dt_rank is not None else math.ceil(embed_dims / 16)
+        self.suffixes = tuple(suffixes)
+        self.scan_backend = scan_backend
+        self.in_proj = nn.Linear(embed_dims, 2 * E, bias=False)
+        self.out_proj = nn.Linear(E, embed_dims, bias=False)
+        for s in self.suffixes:
+            self.add_module(f'conv1d{s}', nn.Conv1d(E, E, d_conv, groups=E, padding=d_conv - 1))
+            self.add_module(f'x_proj{s}', nn.Linear(E, R + 2 * d_state, bias=False))
+            dt_proj = nn.Linear(R, E, bias=True)
+            # Mamba's dt init: weight ~ U(-R^-0.5, R^-0.5); bias = softplus^-1(dt),
+            # dt log-uniform in [dt_min, dt_max].
+            nn.init.uniform_(dt_proj.weight, -R**-0.5, R**-0.5)
+            dt = torch.exp(torch.rand(E) * (math.log(dt_max) - math.log(dt_min))
+                           + math.log(dt_min)).clamp(min=dt_init_floor)
+            with torch.no_grad():
+                dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+            self.add_module(f'dt_proj{s}', dt_proj)
+            A = torch.arange(1, d_state + 1, dtype=torch.float32).repeat(E, 1)
+            self.register_parameter(f'A{s}_log', nn.Parameter(torch.log(A)))
+            self.register_parameter(f'D{s}', nn.Parameter(torch.ones(E)))
+
+    def path_params(self, k: int):
+        s = self.suffixes[k]
+        return (getattr(self, f'conv1d{s}'), getattr(self, f'x_proj{s}'),
+                getattr(self, f'dt_proj{s}'), getattr(self, f'A{s}_log'), getattr(self, f'D{s}'))
+
+    def scan_path(self, k: int, xz: torch.Tensor) -> torch.Tensor:
+        """Run path ``k`` on ``xz`` (B, L, 2E) already in the path's order -> y (B, L, E)."""
+        conv, x_proj, dt_proj, A_log, D = self.path_params(k)
+        x, z = xz.transpose(1, 2).chunk(2, dim=1)                      # (B, E, L) each
+        x = causal_conv1d_fn(x, conv.weight, conv.bias, activation='silu')
+        x_dbl = F.linear(x.transpose(1, 2), x_proj.weight)             # (B, L, R + 2N)
+        dt, B, C = torch.split(x_dbl, [self.dt_rank, self.d_state, self.d_state], dim=-1)
+        dt = F.linear(dt, dt_proj.weight).transpose(1, 2)              # (B, E, L)
+        A = -torch.exp(A_log.float())
+        y = selective_scan_fn(x, dt, A, B.transpose(1, 2), C.transpose(1, 2), D.float(), z,
+                              delta_bias=dt_proj.bias.float(), delta_softplus=True,
+                              backend=self.scan_backend)
+        return y.transpose(1, 2)
+
+    def forward(self, hidden: torch.Tensor, ctx: ScanContext, paths: Sequence) -> torch.Tensor:
+        xz = self.in_proj(hidden)
+        out = None
+        for k, spec in enumerate(paths):
+            index = ctx.path_index(spec)
+            y = index.to_tokens(self.scan_path(k, index.to_path(xz)))
+            out = y if out is None else out + y
+        # The released models' "divide_out": mean of the paths (keeps bf16 training stable).
+        return self.out_proj(out / len(paths))
+
+
+class VimBlock(nn.Module):
+    """``residual = residual + drop_path(h); h = mixer(norm(residual))`` with an fp32 residual."""
+
+    def __init__(self, mixer: nn.Module, embed_dims: int, paths: Sequence,
+                 drop_path: float = 0., norm_eps: float = 1e-5) -> None:
+        super().__init__()
+        self.norm = RMSNorm(embed_dims, eps=norm_eps)
+        self.mixer = mixer
+        self.drop_path = DropPath(drop_path)
+        self.paths = tuple(dict(normalize_order(p)) for p in paths)
+
+    def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
+                ctx: ScanContext) -> Tuple[torch.Tensor, torch.Tensor]:
+        residual = hidden if residual is None else residual + self.drop_path(hidden)
+        hidden = self.norm(residual.to(self.norm.weight.dtype))
+        residual = residual.float()
+        return self.mixer(hidden, ctx, self.paths), residual
+
+
+def _canonical_arch(arch_zoo: Dict[str, dict], arch: Union[str, dict],
+                    name: str) -> Dict[str, object]:
+    aliases = {}
+    for key, cfg in arch_zoo.items():
+        for alias in cfg.get('aliases', (key, )):
+            aliases[alias] = key
+    if isinstance(arch, str):
+        key = aliases.get(arch.lower())
+        if key is None:
+            raise KeyError(f'unknown {name} arch {arch!r}; choose one of '
+                           f'{sorted(aliases)} or pass a dict with the keys '
+                           f'{sorted(REQUIRED_ARCH_KEYS)}')
+        cfg = {k: v for k, v in arch_zoo[key].items() if k != 'aliases'}
+        return cfg
+    if not isinstance(arch, dict):
+        raise TypeError(f'{name} arch must be a name or a dict, got {type(arch).__name__}')
+    missing = REQUIRED_ARCH_KEYS - set(arch)
+    unknown = set(arch) - REQUIRED_ARCH_KEYS - OPTIONAL_ARCH_KEYS
+    if missing or unknown:
+        raise ValueError(
+            f'custom {name} arch {arch!r}: '
+            + (f'missing keys {sorted(missing)}; ' if missing else '')
+            + (f'unknown keys {sorted(unknown)}; ' if unknown else '')
+            + f'required {sorted(REQUIRED_ARCH_KEYS)}, optional {sorted(OPTIONAL_ARCH_KEYS)}')
+    for k, v in arch.items():
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f'custom {name} arch: {k} must be a positive int, got {v!r}')
+    cfg = dict(d_state=16, d_conv=4, expand=2)
+    cfg.update(arch)
+    cfg.setdefault('dt_rank', math.ceil(cfg['embed_dims'] / 16))
+    return cfg
+
+
+REQUIRED_ARCH_KEYS = frozenset({'embed_dims', 'num_layers'})
+OPTIONAL_ARCH_KEYS = frozenset({'d_state', 'd_conv', 'expand', 'dt_rank'})
+
+
+class VimFamilyBackbone(BaseModule):
+    """Base of Vim-family backbones: everything but the choice of scan paths per layer.
+
+    Subclasses set ``arch_zoo`` and implement :meth:`layer_paths`.
+
+    Args:
+        arch: a name of ``arch_zoo`` (``'tiny'``/``'t'``, ``'small'``/``'s'``, ``'base'``/``'b'``,
+            ``'test'``) or a dict with ``embed_dims`` and ``num_layers`` (optional ``d_state``,
+            ``d_conv``, ``expand``, ``dt_rank``).
+        img_size: training image size (int or (H, W)); sets the position-embedding grid. Any
+            other input size works: the embedding is resized around the middle class token.
+        patch_size, stride: patch embedding (16/16; the fine-grained models use stride 8).
+        in_channels: image channels.
+        out_indices: blocks whose output is returned; negatives count from the end.
+        out_type: ``'cls_token'`` (B, D), ``'featmap'`` (B, D, H/s, W/s) without the class token,
+            or ``'raw'`` (B, L, D) with it. The output of block ``i`` is the residual stream
+            ``residual + h``; after the last block it goes through ``norm_f`` when
+            ``final_norm`` (so the last ``cls_token`` is the official classifier input).
+        with_cls_token: insert the middle class token (dense tasks may switch it off; the
+            checkpoint's class-token entries are then unused).
+        final_norm: apply ``norm_f`` after the last block.
+        drop_rate: dropout after the position embedding.
+        drop_path_rate: stochastic depth; block ``i`` uses ``[0] + linspace(0, rate, depth)``
+            at index ``i`` and the final add uses ``rate``, as in the reference code.
+        frozen_stages: freeze the embeddings and the first ``frozen_stages`` blocks (-1: none).
+        interpolate_mode: position-embedding resize mode.
+        scan_backend: selective-scan backend for every block (``None``: automatic).
+        norm_eps: RMSNorm epsilon.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, strict=True])`` loads an official
+            Vim file or one of ours strictly (see :func:`amvim_mm.utils.checkpoint.load_backbone_checkpoint`).
+    """
+
+    arch_zoo: Dict[str, dict] = {}
+    num_paths = 2
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 img_size: Union[int, Tuple[int, int]] = 224,
+                 patch_size: int = 16,
+                 stride: int = 16,
+                 in_channels: int = 3,
+                 out_indices: Union[int, Sequence[int]] = -1,
+                 out_type: str = 'cls_token',
+                 with_cls_token: bool = True,
+                 final_norm: bool = True,
+                 drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 frozen_stages: int = -1,
+                 interpolate_mode: str = 'bicubic',
+                 scan_backend: Optional[str] = None,
+                 norm_eps: float = 1e-5,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=copy.deepcopy(init_cfg))
+        name = type(self).__name__
+        self.arch_settings = _canonical_arch(self.arch_zoo, arch, name)
+        self.embed_dims = D = self.arch_settings['embed_dims']
+        self.num_layers = depth = self.arch_settings['num_layers']
+        if out_type not in OUT_TYPES:
+            raise ValueError(f'{name}: out_type must be one of {OUT_TYPES}, got {out_type!r}')
+        if out_type == 'cls_token' and not with_cls_token:
+            raise ValueError(f'{name}: out_type="cls_token" needs with_cls_token=True')
+        self.out_type = out_type
+        self.with_cls_token = with_cls_token
+        self.final_norm = final_norm
+        if isinstance(img_size, int):
+            img_size = (img_size, img_size)
+        if patch_size < 1 or stride < 1:
+            raise ValueError(f'{name}: patch_size and stride must be positive')
+        self.img_size = tuple(img_size)
+        self.interpolate_mode = interpolate_mode
+
+        self.patch_embed = PatchEmbed(in_channels, D, patch_size, stride)
+        self.patch_resolution = self.patch_embed.grid_size(*self.img_size)
+        num_patches = self.patch_resolution[0] * self.patch_resolution[1]
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, D))
+        self.drop_after_pos = nn.Dropout(p=drop_rate)
+        self._register_load_state_dict_pre_hook(self._prepare_pos_embed)
+
+        if isinstance(out_indices, int):
+            out_indices = [out_indices]
+        if not isinstance(out_indices, Sequence) or len(out_indices) == 0:
+            raise TypeError(f'{name}: out_indices must be an int or a non-empty sequence of '
+                            f'ints, got {out_indices!r}')
+        resolved = []
+        for i in out_indices:
+            j = depth + i if i < 0 else i
+            if not 0 <= j < depth:
+                raise ValueError(f'{name}: out_indices {i} is out of range for '
+                                 f'{depth} layers')
+            resolved.append(j)
+        self.out_indices = sorted(set(resolved))
+
+        dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
+        inter_dpr = [0.0] + dpr
+        mixer_kwargs = {k: self.arch_settings[k] for k in ('d_state', 'd_conv', 'expand',
+                                                           'dt_rank')}
+        self.layers = nn.ModuleList()
+        for i in range(depth):
+            paths = self.layer_paths(i)
+            mixer = self.build_mixer(i, D, mixer_kwargs, scan_backend)
+            self.layers.append(VimBlock(mixer, D, paths, inter_dpr[i], norm_eps))
+        self.norm_f = RMSNorm(D, eps=norm_eps)
+        self.drop_path = DropPath(drop_path_rate)
+        self.frozen_stages = frozen_stages
+        self._init_default_weights()
+        if frozen_stages > 0 or frozen_stages == 0:
+            self._freeze_stages()
+
+    # ----------------------------------------------------------------- hooks for subclasses
+    def layer_paths(self, i: int) -> List[dict]:
+        """Scan orders of the paths of block ``i`` (one dict per path)."""
+        raise NotImplementedError
+
+    def build_mixer(self, i: int, embed_dims: int, mixer_kwargs: dict,
+                    scan_backend: Optional[str]) -> nn.Module:
+        return BiMambaMixer(embed_dims, suffixes=('', '_b'), scan_backend=scan_backend,
+                            **mixer_kwargs)
+
+    # ----------------------------------------------------------------- init and loading
+    def _init_default_weights(self) -> None:
+        """Initialisation of the reference code (used when training from scratch)."""
+        nn.init.trunc_normal_(self.pos_embed, std=.02)
+        nn.init.trunc_normal_(self.cls_token, std=.02)
+        nn.init.trunc_normal_(self.patch_embed.proj.weight, std=.02)
+        nn.init.zeros_(self.patch_embed.proj.bias)
+        for layer in self.layers:
+            # mamba's _init_weights: out_proj rescaled for the residual stream depth
+            w = layer.mixer.out_proj.weight
+            nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+            with torch.no_grad():
+                w /= math.sqrt(self.num_layers)
+
+    def init_weights(self) -> None:
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            from amvim_mm.utils.checkpoint import load_backbone_checkpoint
+            unknown = set(cfg) - {'type', 'checkpoint', 'strict', 'prefix', 'map_location'}
+            if unknown:
+                raise ValueError(f'{type(self).__name__}: init_cfg of type Pretrained does not '
+                                 f'take {sorted(unknown)}')
+            if 'checkpoint' not in cfg:
+                raise ValueError(f'{type(self).__name__}: init_cfg of type Pretrained needs '
+                                 '"checkpoint"')
+            load_backbone_checkpoint(self, cfg['checkpoint'], strict=cfg.get('strict', True),
+                                     prefix=cfg.get('prefix'))
+            self._is_init = True
+            return
+        super().init_weights()
+
+    def _prepare_pos_embed(self, state_dict, prefix, *args, **kwargs) -> None:
+        """Resize a checkpoint's position embedding to this model's grid (middle class token)."""
+        name = prefix + 'pos_embed'
+        if name not in state_dict:
+            return
+        ckpt = state_dict[name]
+        if ckpt.shape == self.pos_embed.shape:
+            return
+        if ckpt.dim() != 3 or ckpt.shape[-1] != self.embed_dims:
+            return  # leave the mismatch to load_state_dict, which names it
+        src = infer_square_grid(ckpt.shape[1] - 1)
+        from mmengine.logging import MMLogger
+        MMLogger.get_current_instance().info(
+            f'Resize the pos_embed shape from {tuple(ckpt.shape)} to '
+            f'{tuple(self.pos_embed.shape)} (grid {src} -> {self.patch_resolution}, middle '
+            'class token kept).')
+        state_dict[name] = resize_pos_embed(ckpt, src, self.patch_resolution,
+                                            self.interpolate_mode)
+
+    # ----------------------------------------------------------------- training helpers
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages < 0:
+            return
+        self.pos_embed.requires_grad = False
+        self.cls_token.requires_grad = False
+        self.patch_embed.eval()
+        for p in self.patch_embed.parameters():
+            p.requires_grad = False
+        self.drop_after_pos.eval()
+        for i in range(min(self.frozen_stages, self.num_layers)):
+            m = self.layers[i]
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad = False
+        if self.frozen_stages >= self.num_layers:
+            self.norm_f.eval()
+            for p in self.norm_f.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
+        """Layer depth of a parameter for layer-wise learning-rate decay.
+
+        Returns ``(layer_depth, num_layers)`` with ``num_layers = depth + 2``: the embeddings
+        are depth 0, block ``i`` is ``i + 1``, ``norm_f`` and anything after is the last.
+        """
+        num_layers = self.num_layers + 2
+        if not param_name.startswith(prefix):
+            return num_layers - 1, num_layers
+        name = param_name[len(prefix):]
+        if name in ('cls_token', 'pos_embed') or name.startswith('patch_embed'):
+            return 0, num_layers
+        if name.startswith('layers.'):
+            return int(name.split('.')[1]) + 1, num_layers
+        return num_layers - 1, num_layers
+
+    # ----------------------------------------------------------------- forward
+    def pos_embed_for(self, grid: Tuple[int, int]) -> torch.Tensor:
+        if tuple(grid) == tuple(self.patch_resolution):
+            return self.pos_embed
+        return resize_pos_embed(self.pos_embed, self.patch_resolution, grid,
+                                self.interpolate_mode)
+
+    def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, ScanContext]:
+        """Patch embed, middle class token and position embedding -> (tokens, context)."""
+        tokens, grid = self.patch_embed(x)
+        B, M, _ = tokens.shape
+        pos_embed = self.pos_embed_for(grid)
+        if self.with_cls_token:
+            mid = M // 2
+            cls = self.cls_token.expand(B, -1, -1)
+            tokens = torch.cat([tokens[:, :mid], cls, tokens[:, mid:]], dim=1) + pos_embed
+            ctx = ScanContext(grid, cls_index=mid, device=tokens.device)
+        else:
+            tokens = tokens + torch.cat([pos_embed[:, :M // 2], pos_embed[:, M // 2 + 1:]], 1)
+            ctx = ScanContext(grid, cls_index=-1, device=tokens.device)
+        return self.drop_after_pos(tokens), ctx
+
+    def format_output(self, feat: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
+        if self.out_type == 'raw':
+            return feat
+        if self.out_type == 'cls_token':
+            return feat[:, ctx.cls_index]
+        B, _, D = feat.shape
+        if ctx.cls_index >= 0:
+            feat = torch.cat([feat[:, :ctx.cls_index], feat[:, ctx.cls_index + 1:]], dim=1)
+        H, W = ctx.grid
+        return feat.transpose(1, 2).reshape(B, D, H, W).contiguous()
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        hidden, ctx = self.embed(x)
+        residual = None
+        outs = []
+        last = self.num_layers - 1
+        for i, layer in enumerate(self.layers):
+            hidden, residual = layer(hidden, residual, ctx)
+            if i in self.out_indices:
+                if i == last and self.final_norm:
+                    feat = self.norm_f(residual + self.drop_path(hidden))
+                else:
+                    feat = residual + hidden
+                outs.append(self.format_output(feat, ctx))
+        return tuple(outs)

@@ -1,0 +1,92 @@
+"""Which kernels are available, probed lazily (never at import of amvim_mm).
+
+Backends of the custom ops:
+
+* ``cuda``: the ``mamba-ssm`` package's public ``selective_scan_fn`` (and ``causal_conv1d_fn``
+  from ``causal-conv1d``), only for CUDA tensors and only when the packages import;
+* ``torch``: the project's own chunked PyTorch implementation (any device, exact);
+* ``reference``: the plain sequential loop, the ground truth for tests.
+
+The automatic choice is ``cuda`` when usable for the tensors at hand, else ``torch``. It can be
+overridden per call site by argument or globally by the environment variable
+``AMVIM_SCAN_BACKEND`` (``auto``/``cuda``/``torch``/``reference``).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import os
+from typing import Callable, Optional, Tuple
+
+SCAN_BACKENDS = ('cuda', 'torch', 'reference')
+ENV_VAR = 'AMVIM_SCAN_BACKEND'
+
+logger = logging.getLogger('amvim_mm')
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(module: str, attr: str) -> Tuple[Optional[Callable], str]:
+    """Import ``module.attr`` once; return (function or None, reason)."""
+    try:
+        mod = importlib.import_module(module)
+        fn = getattr(mod, attr)
+    except Exception as e:  # ImportError, OSError from a missing .so, RuntimeError w/o CUDA
+        return None, f'{type(e).__name__}: {e}'.splitlines()[0][:200]
+    return fn, 'ok'
+
+
+def mamba_selective_scan() -> Tuple[Optional[Callable], str]:
+    """The ``mamba-ssm`` CUDA selective scan (public function only), or (None, reason)."""
+    return _probe('mamba_ssm.ops.selective_scan_interface', 'selective_scan_fn')
+
+
+def causal_conv1d_kernel() -> Tuple[Optional[Callable], str]:
+    """The ``causal-conv1d`` CUDA kernel, or (None, reason)."""
+    return _probe('causal_conv1d', 'causal_conv1d_fn')
+
+
+def cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def requested_backend(backend: Optional[str] = None) -> str:
+    """Resolve the requested backend name: argument > environment variable > ``auto``."""
+    name = backend if backend is not None else os.environ.get(ENV_VAR, 'auto')
+    name = name.strip().lower()
+    if name not in SCAN_BACKENDS + ('auto', ):
+        raise ValueError(
+            f'unknown scan backend {name!r} (from '
+            f'{"argument" if backend is not None else ENV_VAR}); '
+            f'choose one of auto, {", ".join(SCAN_BACKENDS)}')
+    return name
+
+
+_logged: set = set()
+
+
+def log_choice_once(site: str, backend: str, reason: str = '') -> None:
+    key = (site, backend)
+    if key not in _logged:
+        _logged.add(key)
+        logger.info('amvim_mm: %s uses the %r backend%s', site, backend,
+                    f' ({reason})' if reason else '')
+
+
+def resolve_scan_backend(is_cuda: bool, backend: Optional[str] = None) -> str:
+    """Pick the scan backend for tensors on CUDA (``is_cuda``) or not."""
+    name = requested_backend(backend)
+    if name == 'auto':
+        if is_cuda and mamba_selective_scan()[0] is not None:
+            return 'cuda'
+        return 'torch'
+    if name == 'cuda':
+        fn, reason = mamba_selective_scan()
+        if fn is None:
+            raise RuntimeError(
+                'scan backend "cuda" was requested but mamba-ssm is not usable '
+                f'({reason}); install the GPU extra (tools/gpu/README.md) or use "torch"')
+        if not is_cuda:
+            raise RuntimeError('scan backend "cuda" needs CUDA tensors; got CPU tensors')
+    return name

@@ -1,0 +1,138 @@
+"""Checkpoints of the Vim family: official files, conversion and strict loading.
+
+Official Vim files are DeiT-style dicts with the weights under ``"model"`` (plus ``"args"``, an
+``argparse.Namespace``) and keys equal to our parameter names (``layers.{i}.mixer.A_b_log``...).
+Our files (written by mmengine or by ``tools/model_converters/vim2amvim_mm.py``) hold
+``"state_dict"`` with mmpretrain-style keys: ``backbone.*`` and ``head.fc.*``.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Dict, Mapping, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from mmengine.logging import MMLogger
+
+from .compat import load_checkpoint_file
+
+OFFICIAL_HEAD_KEYS = ('head.weight', 'head.bias')
+# Keys some official/derived files carry that are buffers of other code, not weights.
+IGNORED_KEYS = ('rope.freqs_cos', 'rope.freqs_sin')
+
+
+class CheckpointMismatchError(RuntimeError):
+    """A checkpoint's keys or shapes do not match the model."""
+
+
+def extract_state_dict(checkpoint: Mapping) -> Dict[str, torch.Tensor]:
+    """The weights of a loaded checkpoint: under ``state_dict``, ``model`` or the dict itself."""
+    if not isinstance(checkpoint, Mapping):
+        raise TypeError(f'a checkpoint must be a dict, got {type(checkpoint).__name__}')
+    for key in ('state_dict', 'model', 'module'):
+        if key in checkpoint and isinstance(checkpoint[key], Mapping):
+            sd = checkpoint[key]
+            break
+    else:
+        sd = checkpoint
+    out = OrderedDict()
+    for k, v in sd.items():
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f'checkpoint entry {k!r} is a {type(v).__name__}, not a tensor; '
+                            'is this a weights file?')
+        if k.startswith('module.'):  # DistributedDataParallel wrapper
+            k = k[len('module.'):]
+        out[k] = v
+    return out
+
+
+def is_official_vim(sd: Mapping[str, torch.Tensor]) -> bool:
+    return 'patch_embed.proj.weight' in sd and any(k.startswith('layers.') for k in sd)
+
+
+def convert_vim_official(sd: Mapping[str, torch.Tensor],
+                         with_head: bool = True) -> 'OrderedDict[str, torch.Tensor]':
+    """Official Vim weights -> an mmpretrain ``ImageClassifier`` state dict (pure function).
+
+    ``backbone.<key>`` for every backbone weight; ``head.weight/bias`` -> ``head.fc.weight/bias``
+    (``LinearClsHead``) when ``with_head``. RoPE buffers of other variants are dropped.
+    """
+    if not is_official_vim(sd):
+        raise ValueError('not an official Vim state dict: expected keys patch_embed.proj.weight '
+                         'and layers.*')
+    out = OrderedDict()
+    for k, v in sd.items():
+        if k in IGNORED_KEYS:
+            continue
+        if k in OFFICIAL_HEAD_KEYS:
+            if with_head:
+                out['head.fc.' + k.split('.')[-1]] = v
+            continue
+        out['backbone.' + k] = v
+    return out
+
+
+def backbone_state_dict(sd: Mapping[str, torch.Tensor],
+                        prefix: Optional[str] = None) -> Tuple[Dict[str, torch.Tensor], list]:
+    """Reduce any supported file's weights to backbone keys; returns (state dict, dropped keys).
+
+    ``prefix`` selects a sub-module (``'backbone.'`` is detected automatically for files written
+    by mmseg/mmdet/mmpretrain or by our converter). The classifier head is dropped on purpose.
+    """
+    if prefix is None and any(k.startswith('backbone.') for k in sd):
+        prefix = 'backbone.'
+    dropped = []
+    out = OrderedDict()
+    for k, v in sd.items():
+        if prefix:
+            if not k.startswith(prefix):
+                dropped.append(k)
+                continue
+            k = k[len(prefix):]
+        if k in OFFICIAL_HEAD_KEYS or k in IGNORED_KEYS:
+            dropped.append(k)
+            continue
+        out[k] = v
+    return out, dropped
+
+
+def load_backbone_checkpoint(model: nn.Module, filename: str, strict: bool = True,
+                             prefix: Optional[str] = None,
+                             map_location: str = 'cpu') -> Tuple[list, list]:
+    """Load a Vim-family backbone strictly from an official file or one of ours.
+
+    Every missing or unexpected key is reported by name; with ``strict`` (default) any mismatch
+    raises :class:`CheckpointMismatchError`. A position embedding for another grid is resized by
+    the model's load hook. Returns (missing, unexpected).
+    """
+    logger = MMLogger.get_current_instance()
+    filename = os.fspath(filename)
+    sd, dropped = backbone_state_dict(extract_state_dict(load_checkpoint_file(
+        filename, map_location=map_location)), prefix)
+    if dropped:
+        head = [k for k in dropped if k.startswith('head')]
+        msg = f'{filename}: not loaded into the backbone (on purpose): {len(dropped)} keys'
+        if head:
+            msg += f', including the classifier head {head}'
+        logger.info(msg)
+    name = type(model).__name__
+    try:
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+    except RuntimeError as e:
+        raise CheckpointMismatchError(
+            f'{filename} does not fit {name}(embed_dims={getattr(model, "embed_dims", "?")}, '
+            f'num_layers={getattr(model, "num_layers", "?")}): {e}') from None
+    if missing or unexpected:
+        text = (f'{filename} vs {name}: '
+                + (f'missing keys ({len(missing)}): {list(missing)}; ' if missing else '')
+                + (f'unexpected keys ({len(unexpected)}): {list(unexpected)}' if unexpected
+                   else ''))
+        if strict:
+            raise CheckpointMismatchError(
+                text + '. Check the arch (depth/width) of the model and the file; pass '
+                "init_cfg=dict(type='Pretrained', checkpoint=..., strict=False) to load anyway.")
+        logger.warning(text)
+    else:
+        logger.info(f'{filename}: loaded {len(sd)} tensors into {name} (all keys matched)')
+    return list(missing), list(unexpected)

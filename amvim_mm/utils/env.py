@@ -1,0 +1,94 @@
+"""Environment report and checks behind ``tools/check_env.py``."""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+from typing import Dict, List, Tuple
+
+# package -> version pinned in requirements.txt (checked when present)
+PINNED = {
+    'torch': '2.14.1',
+    'torchvision': '0.29.1',
+    'numpy': '2.3.5',
+    'mmengine': '0.10.7',
+    'mmcv': '2.1.0',
+    'mmsegmentation': '1.2.2',
+    'mmdet': '3.3.0',
+    'mmpretrain': '1.2.0',
+    'timm': '1.0.31',
+}
+
+FIX = 'run `bash tools/setup_env.sh` (AMVIM_FORCE_SETUP=1 to redo every step)'
+
+
+def _version(dist: str) -> str:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return 'not installed'
+
+
+def collect_env() -> Tuple[Dict[str, str], List[str]]:
+    """Return (report, problems). ``problems`` is empty for a healthy install."""
+    info: Dict[str, str] = {}
+    problems: List[str] = []
+    import sys
+    info['python'] = sys.version.split()[0]
+    try:
+        import torch
+        info['torch'] = torch.__version__
+        info['cuda (torch build)'] = str(torch.version.cuda)
+        info['cuda available'] = str(torch.cuda.is_available())
+        if torch.cuda.is_available():
+            info['gpu'] = torch.cuda.get_device_name(0)
+    except Exception as e:  # pragma: no cover - reported
+        problems.append(f'torch does not import ({e}); {FIX}')
+    for dist in ('torchvision', 'numpy', 'mmengine', 'mmcv', 'mmsegmentation', 'mmdet',
+                 'mmpretrain', 'timm'):
+        v = _version(dist)
+        info[dist] = v
+        want = PINNED.get(dist)
+        if v == 'not installed':
+            problems.append(f'{dist} is not installed; {FIX}')
+        elif want and v.split('+')[0] != want:
+            problems.append(f'{dist} {v} is installed but {want} is pinned; {FIX}')
+    # mmcv compiled ops (RoIAlign, nms) are needed by mmdet's detectors.
+    try:
+        ext = importlib.import_module('mmcv._ext')
+        info['mmcv ops'] = 'compiled' if hasattr(ext, 'nms') else 'missing nms'
+    except Exception as e:
+        info['mmcv ops'] = f'not compiled ({type(e).__name__})'
+        problems.append('mmcv was installed without its compiled ops (mmcv._ext); '
+                        'delete the cached mmcv wheel and ' + FIX)
+    for mod in ('mmseg', 'mmdet', 'mmpretrain'):
+        try:
+            importlib.import_module(mod)
+        except Exception as e:
+            problems.append(f'`import {mod}` fails: {str(e).splitlines()[0][:200]}; {FIX}')
+    if _version('transformers') != 'not installed':
+        problems.append(
+            'transformers is installed: mmpretrain then imports its multimodal models, which '
+            'break with transformers >= 4.52; `pip uninstall transformers` (it is not needed)')
+    try:
+        import amvim_mm  # noqa: F401
+        info['amvim_mm'] = amvim_mm.__version__
+    except Exception as e:
+        problems.append(f'`import amvim_mm` fails: {e}; {FIX}')
+    from amvim_mm.ops.backends import (causal_conv1d_kernel, mamba_selective_scan,
+                                       requested_backend)
+    fn, why = mamba_selective_scan()
+    info['mamba-ssm kernel'] = 'usable' if fn is not None else f'not usable ({why})'
+    cfn, cwhy = causal_conv1d_kernel()
+    info['causal-conv1d kernel'] = 'usable' if cfn is not None else f'not usable ({cwhy})'
+    try:
+        req = requested_backend()
+    except ValueError as e:
+        problems.append(str(e))
+        req = 'invalid'
+    cuda = info.get('cuda available') == 'True'
+    if req == 'auto':
+        scan = 'cuda (mamba-ssm)' if (cuda and fn is not None) else 'torch (chunked PyTorch scan)'
+    else:
+        scan = f'{req} (forced by AMVIM_SCAN_BACKEND)'
+    info['scan backend'] = scan
+    return info, problems

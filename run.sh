@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The README's two commands:
+#   bash run.sh demo   set up if needed (.venv), then run the main job
+#   bash run.sh test   set up if needed (.venv), then run the test suite (extra args go to pytest)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+what="${1:-demo}"
+[ $# -gt 0 ] && shift
+case "$what" in
+  demo) bash tools/setup_env.sh && exec .venv/bin/python tools/demo.py "$@" ;;
+  test) bash tools/setup_env.sh && exec .venv/bin/python -m pytest "$@" ;;
+  *) echo "usage: bash run.sh demo|test [args...]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,30 @@
+"""Print the versions that matter to amvim_mm and check the install.
+
+Usage: python tools/check_env.py [--quiet]
+
+Exits non-zero, naming the fix, when the install is broken.
+"""
+import argparse
+import sys
+
+from amvim_mm.utils.env import collect_env
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--quiet', action='store_true', help='print only problems')
+    args = parser.parse_args()
+    info, problems = collect_env()
+    if not args.quiet:
+        width = max(len(k) for k in info)
+        for k, v in info.items():
+            print(f'{k:<{width}} : {v}')
+    for p in problems:
+        print(f'PROBLEM: {p}', file=sys.stderr)
+    if not args.quiet:
+        print('environment OK' if not problems else f'{len(problems)} problem(s) found')
+    return 1 if problems else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
