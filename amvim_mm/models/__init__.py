@@ -1,1 +1,1 @@
-from .backbones import AMVim, Vim  # noqa: F401  (registers the backbones)
+from .backbones import AMVim, LocalVim, Vim  # noqa: F401  (registers the backbones)

@@ -24,6 +24,7 @@ Backends (chosen by :func:`selective_scan_fn`, see :mod:`amvim_mm.ops.backends`)
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple, Union
 
 import torch
@@ -38,10 +39,6 @@ __all__ = [
 ]
 
 ScanOut = Union[Tensor, Tuple[Tensor, Tensor]]
-
-#: default chunk length of :func:`selective_scan_torch` (see its docstring for the measurement).
-DEFAULT_CHUNK_SIZE = 64
-
 
 # ----------------------------------------------------------------------------------------------
 # input checks and preparation
@@ -156,11 +153,13 @@ def selective_scan_ref(u: Tensor,
     """
     ct, uf, a, b, Cf = _prepare(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
     bsz, dim, length = u.shape
+    # step-major copies (batch, E, L, N): every step reads contiguous rows of N
+    a, b, Cf = a.transpose(-1, -2), b.transpose(-1, -2), Cf.transpose(-1, -2)
     h = uf.new_zeros(bsz, dim, A.shape[1])
     ys = []
     for t in range(length):
-        h = a[..., t] * h + b[..., t]
-        ys.append((h * Cf[..., t]).sum(-1))
+        h = a[:, :, t] * h + b[:, :, t]
+        ys.append((h * Cf[:, :, t]).sum(-1))
     y = torch.stack(ys, dim=-1) if ys else uf.new_zeros(bsz, dim, 0)
     out = _finish(y, uf, D, z, ct, u.dtype)
     return (out, h) if return_last_state else out
@@ -188,29 +187,24 @@ def _log_step_scan(a: Tensor, b: Tensor) -> Tuple[Tensor, Tensor]:
     return a, b
 
 
-def _chunked_scan(a: Tensor, b: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
-    """Two-level scan: log-step scan inside chunks of ``chunk`` steps, then the chunk-end
-    states are carried across chunks (a log-step scan over the chunk summaries), then each
-    chunk's local states get ``prod(a) * h_carry`` added. Returns ``h`` (..., L) and ``h_L``.
-    """
-    length = a.shape[-1]
-    if length <= chunk:
-        _, h = _log_step_scan(a, b)
-        return h, h[..., -1]
-    nchunks = -(-length // chunk)
-    pad = nchunks * chunk - length
-    if pad:  # pad with the identity step (1, 0): changes no state
-        a = F.pad(a, (0, pad), value=1.0)
-        b = F.pad(b, (0, pad), value=0.0)
-    lead = a.shape[:-1]
-    a = a.reshape(*lead, nchunks, chunk)
-    b = b.reshape(*lead, nchunks, chunk)
-    pa, hb = _log_step_scan(a, b)  # local: state from h = 0 at each chunk start
-    # carry: the state at the end of every chunk, from the chunk summaries (pa[-1], hb[-1])
-    _, h_end = _log_step_scan(pa[..., -1], hb[..., -1])  # (..., nchunks)
-    h_in = F.pad(h_end[..., :-1], (1, 0), value=0.0)  # state entering each chunk
-    h = torch.addcmul(hb, pa, h_in.unsqueeze(-1)).reshape(*lead, nchunks * chunk)
-    return h[..., :length], h_end[..., -1]
+def _auto_chunk(length: int) -> int:
+    """Chunk length for :func:`selective_scan_torch`: about sqrt(L), between 8 and 64."""
+    return int(min(64, max(8, math.ceil(math.sqrt(length)))))
+
+
+def _time_major(x: Tensor, nchunks: int, chunk: int) -> Tensor:
+    """(batch, X, L_padded) -> (chunk, nchunks, batch, X): position ``c * chunk + t`` at [t, c]."""
+    return x.reshape(x.shape[0], x.shape[1], nchunks, chunk).permute(3, 2, 0, 1)
+
+
+def _bc_time_major(t: Tensor, dim: int, pad: int, nchunks: int, chunk: int,
+                   dtype: torch.dtype) -> Tensor:
+    """B or C as (chunk, nchunks, batch, 1 or E, N) of ``dtype``, L padded with zeros."""
+    t = _expand_bc(t, dim, dtype)  # (batch, 1 or E, N, L)
+    if pad:
+        t = F.pad(t, (0, pad))
+    bsz, g, n, _ = t.shape
+    return t.reshape(bsz, g, n, nchunks, chunk).permute(4, 3, 0, 1, 2)
 
 
 def selective_scan_torch(u: Tensor,
@@ -223,36 +217,99 @@ def selective_scan_torch(u: Tensor,
                          delta_bias: Optional[Tensor] = None,
                          delta_softplus: bool = False,
                          return_last_state: bool = False,
-                         chunk_size: Optional[int] = DEFAULT_CHUNK_SIZE) -> ScanOut:
-    """The selective scan as a parallel associative scan in PyTorch (any device, autograd).
+                         chunk_size: Optional[int] = None,
+                         method: str = 'chunked') -> ScanOut:
+    """The selective scan in plain PyTorch, parallel over L (any device, autograd, no overflow).
 
-    Same arguments and results as :func:`selective_scan_ref`. The recurrence is a chain of
-    affine maps ``h -> a_t * h + b_t`` with ``a_t = exp(delta_t * A)`` in (0, 1] and
-    ``b_t = delta_t * B_t * u_t``, both (batch, E, N, L). They are composed by a log-step
-    (Hillis-Steele) scan that multiplies only factors in (0, 1]: unlike the closed form with
-    ``exp(-cumsum(delta * A))``, nothing overflows for long sequences (L = 4096) or strong
-    decays. Then ``y = sum_N C * h + D * u`` and ``y * silu(z)``.
+    Same arguments and results as :func:`selective_scan_ref`, plus the algorithm choice. The
+    recurrence is a chain of affine maps ``h -> a_t * h + b_t`` with ``a_t = exp(delta_t * A)``
+    in (0, 1] and ``b_t = delta_t * B_t * u_t`` (batch, E, N per step). Both methods multiply
+    only factors in (0, 1] (never ``exp(-cumsum(delta * A))``), so nothing overflows for long
+    sequences (L = 4096) or strong decays; everything is out-of-place (autograd-safe).
 
-    Chunking (``chunk_size``): the scan runs inside chunks of ``chunk_size`` steps (log2 of it
-    passes over the (b, E, N, L) tensor instead of log2(L)), the chunk-end states are scanned
-    across chunks (a tensor ``chunk_size`` times smaller), and one fused multiply-add carries
-    them into every chunk. Measured on 2 CPU cores (torch 2.14, fp32, forward, E=384, N=16):
-    64 is the best or within noise of the best for L = 197 (Vim-T) and clearly best for long
-    sequences (L = 4096: fewer full-size passes, less autograd memory); ``None`` or a value
-    ``>= L`` scans the whole sequence in one log-step scan.
+    ``method='chunked'`` (default): L is cut into ``nc`` chunks of ``chunk_size`` steps
+    (default about sqrt(L), 8..64; L padded with identity steps ``(1, 0)``), laid out
+    time-major as (chunk, nc, batch, E, N) so that every step is one contiguous block.
+    Pass 1 runs the ``chunk_size`` steps of all chunks at once (each op on nc * batch * E * N
+    numbers) from a zero state, giving every chunk's end state and decay product; the chunk
+    summaries are composed across chunks by the log-step scan (:func:`_log_step_scan`, a
+    tensor ``chunk_size`` times smaller); pass 2 reruns the chunk steps from the true entry
+    states and contracts each step with C. Work O(L), ``2 * chunk_size`` Python-level steps.
+
+    ``method='logstep'``: one Hillis-Steele scan over the whole L (log2(L) passes over the
+    (batch, E, N, L) tensor, O(L log L) work).
+
+    Choice (measured with ``tools/benchmark_scan.py`` and variants, 2 CPU cores, torch 2.14,
+    fp32, forward, E=384, N=16): the scan is memory-bound on the CPU, so the extra log2(L)
+    factor of traffic of ``logstep`` makes it 2-4x slower than the sequential reference at
+    L = 197 and L = 4096, and its autograd saves log2(L) full-size tensors; ``chunked`` moves
+    about as many bytes as the reference but in large multi-threaded ops and few Python
+    steps, and is the fastest of all variants tried (L-major log-step, log-step inside
+    chunks + sequential carry, chunk lengths 8..64). ``logstep`` is kept as an option (fewer
+    kernel launches on a GPU for short L).
     """
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f'chunk_size must be a positive int or None; got {chunk_size}')
-    ct, uf, a, b, Cf = _prepare(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    if method not in ('chunked', 'logstep'):
+        raise ValueError(f'method must be "chunked" or "logstep"; got {method!r}')
+    if method == 'logstep':
+        ct, uf, a, b, Cf = _prepare(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+        if u.shape[-1] == 0:
+            y, h_last = uf.new_zeros(u.shape), uf.new_zeros(*u.shape[:2], A.shape[1])
+        else:
+            _, h = _log_step_scan(a, b)
+            y, h_last = (h * Cf).sum(2), h[..., -1]
+        out = _finish(y, uf, D, z, ct, u.dtype)
+        return (out, h_last) if return_last_state else out
+
+    _check_shapes(u, delta, A, B, C, D, z, delta_bias)
+    ct = _compute_dtype(u.dtype)
     bsz, dim, length = u.shape
+    dstate = A.shape[1]
+    uf = u.to(ct)
     if length == 0:
-        y = uf.new_zeros(bsz, dim, 0)
-        h_last = uf.new_zeros(bsz, dim, A.shape[1])
-    else:
-        h, h_last = _chunked_scan(a, b, chunk_size if chunk_size else length)
-        y = (h * Cf).sum(2)
+        out = _finish(uf.new_zeros(u.shape), uf, D, z, ct, u.dtype)
+        return (out, uf.new_zeros(bsz, dim, dstate)) if return_last_state else out
+    dt = delta.to(ct)
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(ct)[:, None]
+    if delta_softplus:
+        dt = F.softplus(dt)
+    chunk = min(chunk_size or _auto_chunk(length), length)
+    nchunks = -(-length // chunk)
+    pad = nchunks * chunk - length
+    du = dt * uf
+    if pad:  # identity steps: a = exp(0) = 1, b = 0
+        dt, du = F.pad(dt, (0, pad)), F.pad(du, (0, pad))
+    # (chunk, nc, batch, E, N): contiguous per step t
+    a = torch.exp(_time_major(dt, nchunks, chunk).unsqueeze(-1) * A.to(ct))
+    b = _time_major(du, nchunks, chunk).unsqueeze(-1) * _bc_time_major(
+        B, dim, pad, nchunks, chunk, ct)
+    Cl = _bc_time_major(C, dim, pad, nchunks, chunk, ct)  # (chunk, nc, batch, 1|E, N)
+    # pass 1: every chunk from a zero state -> local end state; its decay product in closed
+    # form exp(A * sum(delta)) (exponent <= 0: no overflow)
+    h = b[0]
+    for t in range(1, chunk):
+        h = torch.addcmul(b[t], a[t], h)
+    dsum = _time_major(dt, nchunks, chunk).sum(0)  # (nc, batch, E)
+    p = torch.exp(dsum.unsqueeze(-1) * A.to(ct))
+    # compose the chunk summaries across chunks: the true state at every chunk end
+    _, h_end = _log_step_scan(p.movedim(0, -1), h.movedim(0, -1))
+    h_end = h_end.movedim(-1, 0)  # (nc, batch, E, N)
+    h = torch.cat([torch.zeros_like(h_end[:1]), h_end[:-1]], dim=0)  # entry states
+    # pass 2: rerun the chunk steps from the entry states, contract with C
+    grouped_c = Cl.shape[3] != 1
+    ys = []
+    for t in range(chunk):
+        h = torch.addcmul(b[t], a[t], h)
+        if grouped_c:
+            ys.append((h * Cl[t]).sum(-1))
+        else:  # (nc, batch, E, N) @ (nc, batch, N, 1)
+            ys.append(torch.matmul(h, Cl[t].transpose(-1, -2)).squeeze(-1))
+    y = torch.stack(ys, dim=0)  # (chunk, nc, batch, E)
+    y = y.permute(2, 3, 1, 0).reshape(bsz, dim, nchunks * chunk)[..., :length]
     out = _finish(y, uf, D, z, ct, u.dtype)
-    return (out, h_last) if return_last_state else out
+    return (out, h_end[-1]) if return_last_state else out
 
 
 # ----------------------------------------------------------------------------------------------

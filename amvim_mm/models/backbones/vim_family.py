@@ -68,9 +68,12 @@ class BiMambaMixer(nn.Module):
         self.scan_backend = scan_backend
         self.in_proj = nn.Linear(embed_dims, 2 * E, bias=False)
         self.out_proj = nn.Linear(E, embed_dims, bias=False)
-        for s in self.suffixes:
-            self.add_module(f'conv1d{s}', nn.Conv1d(E, E, d_conv, groups=E, padding=d_conv - 1))
-            self.add_module(f'x_proj{s}', nn.Linear(E, R + 2 * d_state, bias=False))
+        self.num_paths = num_paths = len(self.suffixes)
+        for k in range(num_paths):
+            names = self.path_param_names(k)
+            self.add_module(names['conv1d'],
+                            nn.Conv1d(E, E, d_conv, groups=E, padding=d_conv - 1))
+            self.add_module(names['x_proj'], nn.Linear(E, R + 2 * d_state, bias=False))
             dt_proj = nn.Linear(R, E, bias=True)
             # Mamba's dt init: weight ~ U(-R^-0.5, R^-0.5); bias = softplus^-1(dt),
             # dt log-uniform in [dt_min, dt_max].
@@ -79,15 +82,21 @@ class BiMambaMixer(nn.Module):
                            + math.log(dt_min)).clamp(min=dt_init_floor)
             with torch.no_grad():
                 dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
-            self.add_module(f'dt_proj{s}', dt_proj)
+            self.add_module(names['dt_proj'], dt_proj)
             A = torch.arange(1, d_state + 1, dtype=torch.float32).repeat(E, 1)
-            self.register_parameter(f'A{s}_log', nn.Parameter(torch.log(A)))
-            self.register_parameter(f'D{s}', nn.Parameter(torch.ones(E)))
+            self.register_parameter(names['A_log'], nn.Parameter(torch.log(A)))
+            self.register_parameter(names['D'], nn.Parameter(torch.ones(E)))
+
+    def path_param_names(self, k: int) -> Dict[str, str]:
+        """Parameter names of path ``k`` (Vim: ``conv1d``, ``A_log``; ``conv1d_b``, ``A_b_log``)."""
+        s = self.suffixes[k]
+        return dict(conv1d=f'conv1d{s}', x_proj=f'x_proj{s}', dt_proj=f'dt_proj{s}',
+                    A_log=f'A{s}_log', D=f'D{s}')
 
     def path_params(self, k: int):
-        s = self.suffixes[k]
-        return (getattr(self, f'conv1d{s}'), getattr(self, f'x_proj{s}'),
-                getattr(self, f'dt_proj{s}'), getattr(self, f'A{s}_log'), getattr(self, f'D{s}'))
+        n = self.path_param_names(k)
+        return (getattr(self, n['conv1d']), getattr(self, n['x_proj']),
+                getattr(self, n['dt_proj']), getattr(self, n['A_log']), getattr(self, n['D']))
 
     def scan_path(self, k: int, xz: torch.Tensor) -> torch.Tensor:
         """Run path ``k`` on ``xz`` (B, L, 2E) already in the path's order -> y (B, L, E)."""
@@ -103,15 +112,23 @@ class BiMambaMixer(nn.Module):
                               backend=self.scan_backend)
         return y.transpose(1, 2)
 
+    def merge_paths(self, ys: List[torch.Tensor]) -> torch.Tensor:
+        """Vim's merge: the mean of the paths (the released "divide_out"; keeps bf16 stable)."""
+        out = ys[0]
+        for y in ys[1:]:
+            out = out + y
+        return out / len(ys)
+
     def forward(self, hidden: torch.Tensor, ctx: ScanContext, paths: Sequence) -> torch.Tensor:
+        if len(paths) != self.num_paths:
+            raise ValueError(f'{type(self).__name__} has {self.num_paths} paths, '
+                             f'got {len(paths)} scan orders')
         xz = self.in_proj(hidden)
-        out = None
+        ys = []
         for k, spec in enumerate(paths):
             index = ctx.path_index(spec)
-            y = index.to_tokens(self.scan_path(k, index.to_path(xz)))
-            out = y if out is None else out + y
-        # The released models' "divide_out": mean of the paths (keeps bf16 training stable).
-        return self.out_proj(out / len(paths))
+            ys.append(index.to_tokens(self.scan_path(k, index.to_path(xz))))
+        return self.out_proj(self.merge_paths(ys))
 
 
 class VimBlock(nn.Module):
