@@ -1,1 +1,2 @@
 from .backbones import AMVim, LocalVim, Vim  # noqa: F401  (registers the backbones)
+from .reduction import TOKEN_REDUCERS  # noqa: F401  (registers the token reducers)

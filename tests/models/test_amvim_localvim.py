@@ -172,7 +172,7 @@ def test_localvim_directions_hand_written_4x4():
     m = MODELS.build(dict(type='LocalVim', arch='test', img_size=64, with_cls_token=False,
                           out_type='featmap',
                           directions=[('h', 'v', 'w2', 'w2_flip'),
-                                      ('h_flip', 'v_flip', 'w7', 'w7_flip')]))
+                                      ('h_flip', 'v_flip', 'w7', 'w7_flip')] * 2))
     from amvim_mm.models.backbones.scan_context import ScanContext
     ctx = ScanContext((4, 4), cls_index=-1)
     got = [[ctx.path_index(p).perm.tolist() if ctx.path_index(p).kind == 'gather' else
@@ -182,12 +182,12 @@ def test_localvim_directions_hand_written_4x4():
     v = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15]
     w2 = [0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15]
     w7 = h  # one window covers the 4x4 grid, row-major inside
-    assert got[0] == [h, v, w2, w2[::-1]]
-    assert got[1] == [h[::-1], v[::-1], w7, w7[::-1]]
+    assert got[0] == got[2] == [h, v, w2, w2[::-1]]
+    assert got[1] == got[3] == [h[::-1], v[::-1], w7, w7[::-1]]
 
 
 def test_localvim_table_errors():
     with pytest.raises(ValueError, match="unknown direction 'w3'"):
-        MODELS.build(dict(type='LocalVim', arch='test', directions=[('h', 'w3')] * 2))
-    with pytest.raises(ValueError, match='directions has 1 rows for 2 layers'):
+        MODELS.build(dict(type='LocalVim', arch='test', directions=[('h', 'w3')] * 4))
+    with pytest.raises(ValueError, match='directions has 1 rows for 4 layers'):
         MODELS.build(dict(type='LocalVim', arch='test', directions=[('h', 'v')]))

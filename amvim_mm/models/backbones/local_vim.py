@@ -49,9 +49,10 @@ LOCALVIM_TINY_DIRECTIONS = (
 LOCALVIM_ARCHS = {
     'tiny': dict(VIM_ARCHS['tiny'], num_layers=20),
     'small': dict(VIM_ARCHS['small'], num_layers=20),
-    'test': dict(VIM_ARCHS['test'], num_layers=2),
+    'test': dict(VIM_ARCHS['test'], num_layers=4),
 }
-TEST_DIRECTIONS = (('h', 'v_flip', 'w2', 'w7_flip'), ('h_flip', 'v', 'w2_flip', 'w7'))
+TEST_DIRECTIONS = (('h', 'v_flip', 'w2', 'w7_flip'), ('h_flip', 'v', 'w2_flip', 'w7'),
+                   ('h', 'h_flip', 'v', 'v_flip'), ('w2', 'w2_flip', 'w7', 'w7_flip'))
 
 
 class ChannelAttention(nn.Module):

@@ -76,6 +76,24 @@ class ScanContext:
             self.full_grid = False
         self.pos = pos
         self._cache: Dict[tuple, PathIndex] = {}
+        # token-reduction state (see amvim_mm.models.reduction.state)
+        self.reduced = False
+        self.want_importance = False
+        self.importance: Optional[torch.Tensor] = None
+        self.align: Optional[str] = None
+        self._gaps: Dict[tuple, Optional[torch.Tensor]] = {}
+
+    def path_gaps(self, spec) -> Optional[torch.Tensor]:
+        """(B, L) pruned-gap counts in the path's order when alignment is on, else None."""
+        if self.align is None or not self.reduced:
+            return None
+        key = normalize_order(spec)
+        if key not in self._gaps:
+            from amvim_mm.models.reduction.state import path_gaps
+            idx = self.path_index(spec)
+            gaps = path_gaps(self, spec, idx.perm)
+            self._gaps[key] = gaps if bool((gaps > 0).any()) else None
+        return self._gaps[key]
 
     def path_index(self, spec) -> PathIndex:
         key = normalize_order(spec)

@@ -149,7 +149,8 @@ def path_permutation(rank: torch.Tensor, pos: torch.Tensor, cls_index: int = -1,
     Args:
         rank: (H*W,) rank of the path (for a reversed path, the rank of the *forward* order).
         pos: (L,) or (B, L) raster grid position of every token of the sequence; the class token
-            (if any) has position ``-1`` and sits at ``cls_index``.
+            (if any) has position ``-1`` and sits at ``cls_index``; other tokens without a
+            position (``-2``, EViT's fused token) are appended at the end of every path.
         cls_index: index of the class token in the sequence, or -1 if there is none.
         reverse: run the path backwards (after placing the class token).
 
@@ -162,17 +163,22 @@ def path_permutation(rank: torch.Tensor, pos: torch.Tensor, cls_index: int = -1,
     batched = pos.dim() == 2
     p = pos if batched else pos.unsqueeze(0)
     rank = rank.to(p.device)
+    is_patch = p >= 0
+    n = int(is_patch[0].sum())
+    big = rank.numel()
+    key = torch.where(is_patch, rank[p.clamp(min=0)], torch.full_like(p, big))
+    order = torch.argsort(key, dim=1, stable=True)
+    patches = order[:, :n]
     if cls_index >= 0:
-        keep = torch.ones(p.shape[1], dtype=torch.bool, device=p.device)
-        keep[cls_index] = False
-        idx = torch.arange(p.shape[1], device=p.device)[keep]
-        patch_pos = p[:, keep]
-        order = idx[torch.argsort(rank[patch_pos], dim=1)]
-        n = order.shape[1]
         cls = torch.full((p.shape[0], 1), cls_index, dtype=order.dtype, device=p.device)
-        perm = torch.cat([order[:, :n // 2], cls, order[:, n // 2:]], dim=1)
+        perm = torch.cat([patches[:, :n // 2], cls, patches[:, n // 2:]], dim=1)
     else:
-        perm = torch.argsort(rank[p], dim=1)
+        perm = patches
     if reverse:
         perm = perm.flip(1)
+    extra = p.shape[1] - perm.shape[1]
+    if extra:  # tokens without a grid position (EViT's fused token) go last in every path
+        fused = (p < 0) & (torch.arange(p.shape[1], device=p.device) != cls_index)
+        fused_idx = torch.argsort((~fused).to(torch.int8), dim=1, stable=True)[:, :extra]
+        perm = torch.cat([perm, fused_idx], dim=1)
     return perm if batched else perm[0]

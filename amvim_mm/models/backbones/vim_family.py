@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 
 from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
-from amvim_mm.ops.selective_scan import selective_scan_fn
+from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from .layers import DropPath, PatchEmbed, RMSNorm, infer_square_grid, resize_pos_embed
 from .scan_context import ScanContext
 from .scan_orders import normalize_order
@@ -98,8 +98,15 @@ class BiMambaMixer(nn.Module):
         return (getattr(self, n['conv1d']), getattr(self, n['x_proj']),
                 getattr(self, n['dt_proj']), getattr(self, n['A_log']), getattr(self, n['D']))
 
-    def scan_path(self, k: int, xz: torch.Tensor) -> torch.Tensor:
-        """Run path ``k`` on ``xz`` (B, L, 2E) already in the path's order -> y (B, L, E)."""
+    def scan_path(self, k: int, xz: torch.Tensor, gaps: Optional[torch.Tensor] = None,
+                  gap_delta: str = 'bias') -> torch.Tensor:
+        """Run path ``k`` on ``xz`` (B, L, 2E) already in the path's order -> y (B, L, E).
+
+        ``gaps`` (B, L): pruned positions right before each token in this path's order; the scan
+        then runs as if they were there with zero input (ToP hidden-state alignment), their
+        step size being ``softplus(dt_bias)`` (``gap_delta='bias'``) or the next kept token's
+        own (``'token'``).
+        """
         conv, x_proj, dt_proj, A_log, D = self.path_params(k)
         x, z = xz.transpose(1, 2).chunk(2, dim=1)                      # (B, E, L) each
         x = causal_conv1d_fn(x, conv.weight, conv.bias, activation='silu')
@@ -107,9 +114,20 @@ class BiMambaMixer(nn.Module):
         dt, B, C = torch.split(x_dbl, [self.dt_rank, self.d_state, self.d_state], dim=-1)
         dt = F.linear(dt, dt_proj.weight).transpose(1, 2)              # (B, E, L)
         A = -torch.exp(A_log.float())
-        y = selective_scan_fn(x, dt, A, B.transpose(1, 2), C.transpose(1, 2), D.float(), z,
-                              delta_bias=dt_proj.bias.float(), delta_softplus=True,
-                              backend=self.scan_backend)
+        if gaps is None:
+            y = selective_scan_fn(x, dt, A, B.transpose(1, 2), C.transpose(1, 2), D.float(), z,
+                                  delta_bias=dt_proj.bias.float(), delta_softplus=True,
+                                  backend=self.scan_backend)
+        else:
+            g = gaps.unsqueeze(1).to(torch.float32)                     # (B, 1, L)
+            bias = dt_proj.bias.float()
+            if gap_delta == 'bias':
+                step = F.softplus(bias)[None, :, None]
+            else:
+                step = F.softplus(dt.float() + bias[None, :, None])
+            y = aligned_selective_scan(x, dt, A, B.transpose(1, 2), C.transpose(1, 2),
+                                       D.float(), z, delta_bias=bias, gap_delta=g * step,
+                                       backend=self.scan_backend)
         return y.transpose(1, 2)
 
     def merge_paths(self, ys: List[torch.Tensor]) -> torch.Tensor:
@@ -127,7 +145,11 @@ class BiMambaMixer(nn.Module):
         ys = []
         for k, spec in enumerate(paths):
             index = ctx.path_index(spec)
-            ys.append(index.to_tokens(self.scan_path(k, index.to_path(xz))))
+            y = self.scan_path(k, index.to_path(xz), ctx.path_gaps(spec), ctx.align or 'bias')
+            ys.append(index.to_tokens(y))
+        if ctx.want_importance:
+            # ToP importance: sum over channels of max(0, y), both paths, token order
+            ctx.importance = sum(y.float().clamp_min(0).sum(-1) for y in ys).detach()
         return self.out_proj(self.merge_paths(ys))
 
 
@@ -215,6 +237,11 @@ class VimFamilyBackbone(BaseModule):
         interpolate_mode: position-embedding resize mode.
         scan_backend: selective-scan backend for every block (``None``: automatic).
         norm_eps: RMSNorm epsilon.
+        token_reduction: switch on a token reducer, e.g. ``dict(type='ToMe', ratio=0.17)``
+            (see :mod:`amvim_mm.models.reduction`); validated at build time for ``img_size``.
+            Dense outputs (``featmap``) are restored to the full grid; ``raw`` returns the
+            reduced sequence. The sequence length seen by each block of the last forward is in
+            ``self.token_counts``.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, strict=True])`` loads an official
             Vim file or one of ours strictly (see :func:`amvim_mm.utils.checkpoint.load_backbone_checkpoint`).
     """
@@ -238,6 +265,7 @@ class VimFamilyBackbone(BaseModule):
                  interpolate_mode: str = 'bicubic',
                  scan_backend: Optional[str] = None,
                  norm_eps: float = 1e-5,
+                 token_reduction: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=copy.deepcopy(init_cfg))
         name = type(self).__name__
@@ -293,8 +321,9 @@ class VimFamilyBackbone(BaseModule):
         self.drop_path = DropPath(drop_path_rate)
         self.frozen_stages = frozen_stages
         self._init_default_weights()
-        if frozen_stages > 0 or frozen_stages == 0:
-            self._freeze_stages()
+        self._freeze_stages()
+        self.token_counts: List[int] = []
+        self.set_token_reduction(token_reduction)
 
     # ----------------------------------------------------------------- hooks for subclasses
     def layer_paths(self, i: int) -> List[dict]:
@@ -419,28 +448,74 @@ class VimFamilyBackbone(BaseModule):
             ctx = ScanContext(grid, cls_index=-1, device=tokens.device)
         return self.drop_after_pos(tokens), ctx
 
-    def format_output(self, feat: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
-        if self.out_type == 'raw':
-            return feat
+    def set_token_reduction(self, cfg: Optional[dict]) -> None:
+        """Switch token reduction on (a config dict or reducer) or off (``None``)."""
+        from amvim_mm.models.reduction import build_reducer
+        reducer = build_reducer(cfg)
+        if reducer is not None:  # fail early on a schedule the training grid cannot give
+            M = self.patch_resolution[0] * self.patch_resolution[1]
+            reducer.removals(M, self.num_layers)
+        self.token_reducer = reducer
+
+    def format_output(self, stream: torch.Tensor, ctx: ScanContext, last: bool) -> torch.Tensor:
+        """Turn the residual stream after a block into the requested output."""
+        B, _, D = stream.shape
+        if self.out_type == 'featmap':
+            if ctx.reduced:
+                from amvim_mm.models.reduction import restore_grid
+                feat = restore_grid(ctx, stream)
+            elif ctx.cls_index >= 0:
+                feat = torch.cat([stream[:, :ctx.cls_index], stream[:, ctx.cls_index + 1:]], 1)
+            else:
+                feat = stream
+            if last and self.final_norm:
+                feat = self.norm_f(feat)
+            H, W = ctx.grid
+            return feat.transpose(1, 2).reshape(B, D, H, W).contiguous()
         if self.out_type == 'cls_token':
-            return feat[:, ctx.cls_index]
-        B, _, D = feat.shape
-        if ctx.cls_index >= 0:
-            feat = torch.cat([feat[:, :ctx.cls_index], feat[:, ctx.cls_index + 1:]], dim=1)
-        H, W = ctx.grid
-        return feat.transpose(1, 2).reshape(B, D, H, W).contiguous()
+            stream = stream[:, ctx.cls_index:ctx.cls_index + 1]
+            if last and self.final_norm:
+                stream = self.norm_f(stream)
+            return stream[:, 0]
+        return self.norm_f(stream) if last and self.final_norm else stream
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         hidden, ctx = self.embed(x)
         residual = None
+        reducer = self.token_reducer
+        removals = None
+        if reducer is not None:
+            from amvim_mm.models.reduction.state import (append_fused_slot,
+                                                         init_reduction_state, reduce_tokens)
+            M = ctx.grid[0] * ctx.grid[1]
+            removals = reducer.removals(M, self.num_layers)
+            if not any(removals):
+                removals = None
+            else:
+                ctx = init_reduction_state(ctx, hidden.shape[0], hidden.device)
+                if hasattr(reducer, 'start'):
+                    reducer.start()
         outs = []
+        counts = []
         last = self.num_layers - 1
         for i, layer in enumerate(self.layers):
+            if removals is not None:
+                k = removals[i]
+                if k:
+                    stream = hidden if residual is None else residual + hidden
+                    if reducer.freeze_sources:
+                        hidden, residual, ctx = append_fused_slot(ctx, hidden, residual)
+                        stream = hidden if residual is None else residual + hidden
+                    removed, dst, weight = reducer.select(i, k, stream, ctx, layer)
+                    hidden, residual, ctx = reduce_tokens(
+                        ctx, hidden, residual, removed, dst, weight, reducer.freeze_sources)
+                    ctx.align = reducer.align
+                ctx.want_importance = reducer.needs_importance
+            counts.append(hidden.shape[1])
             hidden, residual = layer(hidden, residual, ctx)
             if i in self.out_indices:
-                if i == last and self.final_norm:
-                    feat = self.norm_f(residual + self.drop_path(hidden))
-                else:
-                    feat = residual + hidden
-                outs.append(self.format_output(feat, ctx))
+                stream = residual + (self.drop_path(hidden) if i == last else hidden)
+                outs.append(self.format_output(stream, ctx, i == last))
+        self.token_counts = counts
+        self.last_context = ctx
         return tuple(outs)

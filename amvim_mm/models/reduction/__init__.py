@@ -1,0 +1,8 @@
+"""Token reduction for Vim-family backbones (see ``../shared/spec/token_reduction.md``)."""
+from .reducers import (TOKEN_REDUCERS, EViT, RandomPrune, ToMe, ToP, TokenReducer,
+                       build_reducer)
+from .schedule import ReductionSchedule
+from .state import reduce_tokens, restore_grid
+
+__all__ = ['TOKEN_REDUCERS', 'TokenReducer', 'ToMe', 'RandomPrune', 'EViT', 'ToP',
+           'build_reducer', 'ReductionSchedule', 'reduce_tokens', 'restore_grid']

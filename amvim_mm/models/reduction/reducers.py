@@ -1,0 +1,215 @@
+"""Token reducers for Vim-family backbones: ToMe, RandomPrune, EViT and ToP.
+
+A reducer owns a :class:`~.schedule.ReductionSchedule` and, before a block that the schedule
+names, chooses which patch tokens leave and where they go (merged into a survivor or pruned);
+:func:`~.state.reduce_tokens` then applies that to both streams, keeping the survivors in their
+original order. Reducers are registered in ``TOKEN_REDUCERS`` under the names ``ToMe``,
+``RandomPrune``, ``EViT`` and ``ToP`` and switched on by a backbone argument
+``token_reduction=dict(type='ToMe', ratio=0.17)`` or by ``TokenReductionHook``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from mmengine.registry import Registry
+
+from .schedule import ReductionSchedule
+from .state import FUSED_POS
+
+TOKEN_REDUCERS = Registry('token reducer', scope='amvim_mm')
+ALIGN_DELTAS = ('bias', 'token')
+
+
+def build_reducer(cfg: Union[dict, 'TokenReducer', None]) -> Optional['TokenReducer']:
+    """Build a reducer from a config dict (``None`` means no reduction)."""
+    if cfg is None or isinstance(cfg, TokenReducer):
+        return cfg
+    if not isinstance(cfg, dict) or 'type' not in cfg:
+        raise TypeError(f'token_reduction must be a dict with a "type" key, got {cfg!r}')
+    cfg = dict(cfg)
+    name = cfg.pop('type')
+    cls = TOKEN_REDUCERS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise KeyError(f'unknown token_reduction type {name!r}; choose one of '
+                       f'{sorted(TOKEN_REDUCERS.module_dict)}')
+    try:
+        return cls(**cfg)
+    except TypeError as e:  # unexpected keyword: name it
+        raise TypeError(f'token_reduction {name}: {e}') from None
+
+
+def _patch_indices(ctx) -> torch.Tensor:
+    """(B, n) sequence indices of the patch tokens, in sequence order."""
+    is_patch = ctx.pos >= 0
+    n = int(is_patch[0].sum())
+    return torch.argsort((~is_patch).to(torch.int8), dim=1, stable=True)[:, :n]
+
+
+class TokenReducer:
+    """Base class: a schedule plus a rule to pick the tokens that leave.
+
+    Args (schedule, exactly one of): ``ratio`` (AMVim protocol), ``r`` (int at ``locations``
+    or a list per block), ``keep_rate`` with ``locations`` (ToP protocol; the blocks *after*
+    which tokens are pruned). See :mod:`amvim_mm.models.reduction.schedule`.
+    """
+
+    #: reducers that rank tokens by the ToP importance of the previous block's mixer
+    needs_importance = False
+    #: hidden-state alignment mode for the later blocks (None: off)
+    align: Optional[str] = None
+
+    def __init__(self, ratio: Optional[float] = None, r=None, keep_rate: Optional[float] = None,
+                 locations: Optional[Sequence[int]] = None) -> None:
+        name = type(self).__name__
+        self.schedule = ReductionSchedule.build(ratio=ratio, r=r, keep_rate=keep_rate,
+                                                locations=locations, name=name)
+
+    def removals(self, num_patches: int, depth: int):
+        counts = self.schedule.removals(num_patches, depth, name=type(self).__name__)
+        if self.needs_importance and counts and counts[0] > 0:
+            raise ValueError(f'{type(self).__name__} ranks tokens by the previous block\'s '
+                             'importance, so it cannot reduce before block 0; use '
+                             'keep_rate with locations (the blocks after which to prune)')
+        return counts
+
+    def select(self, block: int, k: int, stream: torch.Tensor, ctx, layer
+               ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """Return (removed, dst, weight) for :func:`~.state.reduce_tokens`."""
+        raise NotImplementedError
+
+    freeze_sources = False
+
+    def __repr__(self) -> str:
+        return f'{type(self).__name__}({self.schedule})'
+
+
+@TOKEN_REDUCERS.register_module(name='ToMe')
+class ToMe(TokenReducer):
+    """Order-preserving bipartite soft matching (ToMe adapted to scans).
+
+    Patch tokens (class token excluded) alternate into sets A and B in the current order; each
+    A token's most similar B token (cosine similarity of ``metric``) is its edge; the ``r``
+    strongest edges merge their A token into the B token with a size-weighted average, in both
+    streams. The merged token keeps the B token's grid position, and every survivor stays in
+    its original order (ToMe's own ``merge`` reorders tokens, which a scan cannot afford).
+
+    Args:
+        metric: ``'norm_input'`` (the block's normalised input, default) or ``'stream'`` (the
+            raw residual stream).
+    """
+
+    def __init__(self, *args, metric: str = 'norm_input', **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if metric not in ('norm_input', 'stream'):
+            raise ValueError(f"ToMe: metric must be 'norm_input' or 'stream', got {metric!r}")
+        self.metric = metric
+
+    def select(self, block, k, stream, ctx, layer):
+        idx = _patch_indices(ctx)
+        a_idx, b_idx = idx[:, 0::2], idx[:, 1::2]
+        if k > a_idx.shape[1] or b_idx.shape[1] == 0:
+            raise ValueError(f'ToMe: cannot merge {k} tokens before block {block}: only '
+                             f'{idx.shape[1]} patch tokens are left (at most '
+                             f'{a_idx.shape[1] if b_idx.shape[1] else 0} can merge)')
+        m = layer.norm(stream.to(layer.norm.weight.dtype)) if self.metric == 'norm_input' \
+            else stream
+        m = F.normalize(m.float(), dim=-1)
+        d = m.shape[-1]
+        ma = torch.gather(m, 1, a_idx.unsqueeze(-1).expand(-1, -1, d))
+        mb = torch.gather(m, 1, b_idx.unsqueeze(-1).expand(-1, -1, d))
+        scores = ma @ mb.transpose(1, 2)
+        node_max, node_idx = scores.max(dim=-1)
+        edges = node_max.argsort(dim=-1, descending=True)[:, :k]
+        removed = torch.gather(a_idx, 1, edges)
+        dst = torch.gather(b_idx, 1, torch.gather(node_idx, 1, edges))
+        return removed, dst, None
+
+
+@TOKEN_REDUCERS.register_module(name='RandomPrune')
+class RandomPrune(TokenReducer):
+    """Drop random patch tokens (same schedule as ToMe); deterministic for a given ``seed``."""
+
+    def __init__(self, *args, seed: int = 0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seed = int(seed)
+        self._gen: Optional[torch.Generator] = None
+
+    def start(self) -> None:
+        """Called at the start of every forward: the same seed gives the same choices."""
+        self._gen = torch.Generator().manual_seed(self.seed)
+
+    def select(self, block, k, stream, ctx, layer):
+        idx = _patch_indices(ctx)
+        B, n = idx.shape
+        if k >= n:
+            raise ValueError(f'RandomPrune: cannot drop {k} of {n} tokens before block {block}')
+        if self._gen is None:
+            self.start()
+        noise = torch.rand(B, n, generator=self._gen).to(idx.device)
+        pick = noise.argsort(dim=1)[:, :k]
+        removed = torch.gather(idx, 1, pick)
+        return removed, torch.full_like(removed, -1), None
+
+
+class _ImportanceReducer(TokenReducer):
+    needs_importance = True
+
+    def _lowest(self, block, k, ctx):
+        imp = getattr(ctx, 'importance', None)
+        if imp is None:
+            raise RuntimeError(f'{type(self).__name__}: no token importance before block '
+                               f'{block} (the previous mixer did not record it)')
+        idx = _patch_indices(ctx)
+        if k >= idx.shape[1]:
+            raise ValueError(f'{type(self).__name__}: cannot remove {k} of {idx.shape[1]} '
+                             f'tokens before block {block}')
+        score = torch.gather(imp, 1, idx)
+        pick = score.argsort(dim=1)[:, :k]          # least important first
+        return idx, torch.gather(idx, 1, pick)
+
+
+@TOKEN_REDUCERS.register_module(name='ToP')
+class ToP(_ImportanceReducer):
+    """ToP-ViM: prune the least important tokens, then align the hidden states.
+
+    Importance is ``sum over channels of max(0, y)`` of the previous block's SSM output (both
+    paths, in token order, summed). In every later block each path scans the kept tokens as if
+    the pruned ones were still there with zero input (gap folding, exact on every backend).
+
+    Args:
+        align: ``True`` (default) or ``False`` for plain pruning.
+        gap_delta: the step size of a pruned position: ``'bias'`` (``softplus(dt_bias)``,
+            **decision**: needs no feature of the pruned token) or ``'token'`` (the next kept
+            token's own delta, the "A-bar to the power gap+1" reading).
+    """
+
+    def __init__(self, *args, align: bool = True, gap_delta: str = 'bias', **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if gap_delta not in ALIGN_DELTAS:
+            raise ValueError(f"ToP: gap_delta must be one of {ALIGN_DELTAS}, got {gap_delta!r}")
+        self.align = gap_delta if align else None
+
+    def select(self, block, k, stream, ctx, layer):
+        _, removed = self._lowest(block, k, ctx)
+        return removed, torch.full_like(removed, -1), None
+
+
+@TOKEN_REDUCERS.register_module(name='EViT')
+class EViT(_ImportanceReducer):
+    """EViT-style token recognition: keep the most important tokens, fuse the rest into one.
+
+    Scores are the ToP importance (Mamba has no attention). The fused token is the
+    score-weighted average of the inattentive tokens; **decision**: it is appended after the
+    last patch token in every path. Its grid positions count as pruned for dense restore.
+    """
+
+    freeze_sources = True
+
+    def select(self, block, k, stream, ctx, layer):
+        _, removed = self._lowest(block, k, ctx)
+        fused = (ctx.pos == FUSED_POS).nonzero()
+        dst = fused[:, 1].view(-1, 1).expand(-1, k) if fused.numel() else None
+        weight = ctx.importance.clamp_min(0)
+        return removed, dst, weight

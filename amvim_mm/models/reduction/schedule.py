@@ -1,0 +1,146 @@
+"""Where and how many tokens a reducer removes (the AMVim and ToP protocols).
+
+A schedule answers, for a sequence of ``M`` patch tokens and a backbone of ``depth`` blocks, how
+many patch tokens to remove **before** each block. Three forms:
+
+* ``ratio``: the AMVim protocol ("training-free ToMe"): ``r`` tokens removed at the start of the
+  even blocks ``0, 2, ..., depth - 2``, with ``r = round(ratio * depth * M / S)`` where ``S`` is
+  the sum over blocks of the number of reduction locations at or before it. For Vim-T at 224
+  (``M = 196``, 24 blocks, ``S = 156``) the paper's labels 0.17/0.27/0.36/0.46 give r = 5/8/11/14,
+  final lengths 137/101/65/29 (with the class token) and realised ratios
+  0.166/0.265/0.365/0.464 (``6.5 r / 196``).
+* ``r``: an int (removed at each of ``locations``, default the AMVim protocol's even blocks) or a
+  list with one entry per block.
+* ``keep_rate`` with ``locations``: the ToP/DynamicViT protocol: after each block in
+  ``locations`` keep ``int(n * keep_rate)`` of the ``n`` present patch tokens (ToP-ViM: Tiny
+  prunes after blocks 10 and 20, Small after 5, 10 and 15, keep rate 0.8).
+
+The realised ratio is the mean fraction of the ``M`` patch tokens absent, averaged over all
+blocks. Asking for more than the sequence can give is an error, never a silent clamp.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Union
+
+
+@dataclass(frozen=True)
+class ReductionSchedule:
+    """A validated schedule; :meth:`removals` gives the per-block counts for a given ``M``."""
+
+    ratio: Optional[float] = None
+    r: Optional[Union[int, Sequence[int]]] = None
+    keep_rate: Optional[float] = None
+    locations: Optional[Sequence[int]] = None
+
+    @staticmethod
+    def build(ratio=None, r=None, keep_rate=None, locations=None,
+              name: str = 'token_reduction') -> 'ReductionSchedule':
+        given = [k for k, v in (('ratio', ratio), ('r', r), ('keep_rate', keep_rate))
+                 if v is not None]
+        if len(given) != 1:
+            raise ValueError(f'{name}: give exactly one of ratio, r or keep_rate '
+                             f'(got {given or "none"})')
+        if ratio is not None:
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or \
+                    not 0 <= ratio < 1:
+                raise ValueError(f'{name}: ratio must be a number in [0, 1), got {ratio!r}')
+            if locations is not None:
+                raise ValueError(f'{name}: ratio uses the AMVim protocol locations; give r '
+                                 'with locations instead')
+        if keep_rate is not None:
+            if isinstance(keep_rate, bool) or not isinstance(keep_rate, (int, float)) or \
+                    not 0 < keep_rate <= 1:
+                raise ValueError(f'{name}: keep_rate must be in (0, 1], got {keep_rate!r}')
+            if not locations:
+                raise ValueError(f'{name}: keep_rate needs locations (the blocks after which '
+                                 'tokens are pruned), e.g. locations=(10, 20)')
+        if r is not None:
+            rs = [r] if isinstance(r, int) else list(r)
+            if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in rs):
+                raise ValueError(f'{name}: r must be a non-negative int or a list of them, '
+                                 f'got {r!r}')
+            if not isinstance(r, int):
+                if locations is not None:
+                    raise ValueError(f'{name}: a list r gives one count per block; do not '
+                                     'also give locations')
+                r = tuple(rs)
+        if locations is not None:
+            locations = tuple(int(x) for x in locations)
+            if any(x < 0 for x in locations):
+                raise ValueError(f'{name}: locations must be non-negative block indices, '
+                                 f'got {locations}')
+        return ReductionSchedule(ratio=ratio, r=r, keep_rate=keep_rate, locations=locations)
+
+    # ------------------------------------------------------------------ protocol helpers
+    @staticmethod
+    def protocol_locations(depth: int) -> List[int]:
+        """The AMVim protocol: reduce at the start of blocks 0, 2, ..., (even, < depth - 1)."""
+        return list(range(0, depth - 1, 2)) or [0]
+
+    @staticmethod
+    def ratio_to_r(ratio: float, num_patches: int, depth: int) -> int:
+        locs = ReductionSchedule.protocol_locations(depth)
+        weight = sum(sum(1 for loc in locs if loc <= b) for b in range(depth))
+        return int(round(ratio * depth * num_patches / weight))
+
+    def removals(self, num_patches: int, depth: int, name: str = 'token_reduction'
+                 ) -> List[int]:
+        """Patch tokens to remove before each block (list of length ``depth``)."""
+        out = [0] * depth
+        if self.keep_rate is not None:
+            n = num_patches
+            for loc in sorted(self.locations):
+                if loc >= depth - 1:
+                    raise ValueError(f'{name}: location {loc} has no block after it '
+                                     f'(depth {depth})')
+                keep = int(n * self.keep_rate)
+                if keep < 1:
+                    raise ValueError(f'{name}: keep_rate {self.keep_rate} leaves no token '
+                                     f'after block {loc} ({n} present)')
+                out[loc + 1] += n - keep
+                n = keep
+            return out
+        if self.ratio is not None:
+            r = self.ratio_to_r(self.ratio, num_patches, depth)
+            locs = self.protocol_locations(depth)
+        elif isinstance(self.r, int):
+            r = self.r
+            locs = list(self.locations) if self.locations is not None else \
+                self.protocol_locations(depth)
+        else:
+            if len(self.r) != depth:
+                raise ValueError(f'{name}: r has {len(self.r)} entries for {depth} blocks')
+            out = list(self.r)
+            locs = []
+            r = 0
+        for loc in locs:
+            if loc >= depth:
+                raise ValueError(f'{name}: location {loc} is out of range for {depth} blocks')
+            out[loc] += r
+        total = sum(out)
+        if total >= num_patches:
+            raise ValueError(
+                f'{name}: the schedule removes {total} tokens but the input has only '
+                f'{num_patches} patch tokens (at least one must stay); lower r or ratio')
+        return out
+
+    @staticmethod
+    def realised_ratio(removals: Sequence[int], num_patches: int) -> float:
+        depth = len(removals)
+        gone, acc = 0, 0
+        for n in removals:
+            gone += n
+            acc += gone
+        return acc / (depth * num_patches)
+
+    @staticmethod
+    def token_counts(removals: Sequence[int], num_patches: int, cls_token: bool = True
+                     ) -> List[int]:
+        """Sequence length seen by each block (class token included when present)."""
+        n = num_patches
+        counts = []
+        for k in removals:
+            n -= k
+            counts.append(n + int(cls_token))
+        return counts

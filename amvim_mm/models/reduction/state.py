@@ -1,0 +1,217 @@
+"""The reduced token sequence: what survives, where it came from, and how to give the grid back.
+
+The sequence always keeps the canonical layout of the Vim family: patch tokens in their original
+(raster) order, each with its original grid position, and the class token at the middle index of
+the patch tokens (``n // 2``). A reduction step removes patch tokens; a removed token is either
+**merged** into a surviving one (size-weighted average, ToMe) or **pruned** (its last feature is
+frozen in a full-grid buffer for dense restore). Both streams of a Vim block (``hidden`` and the
+fp32 ``residual``) are reduced with the same assignment.
+
+Per sample the state tracks (``M`` patches on the grid, ``L`` present tokens):
+
+* ``pos`` (B, L): grid position of each token (-1: class token, -2: an EViT fused token);
+* ``size`` (B, L): how many original patches each token stands for;
+* ``source`` (B, M): index of the token that carries each original patch, -1 if pruned;
+* ``frozen`` (B, M, D): the stream value of pruned patches at the time they were pruned.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from ..backbones.scan_context import ScanContext
+
+CLS_POS = -1
+FUSED_POS = -2
+
+
+def _gather_tokens(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return torch.gather(x, 1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
+def init_reduction_state(ctx: ScanContext, batch: int, device) -> ScanContext:
+    """Give a full-grid context the per-sample bookkeeping of a reduced one."""
+    M = ctx.grid[0] * ctx.grid[1]
+    pos = ctx.pos.to(device).unsqueeze(0).expand(batch, -1)
+    new = ScanContext(ctx.grid, ctx.cls_index, pos=pos.contiguous(), device=device)
+    new.size = torch.ones(batch, pos.shape[1], device=device)
+    seq_of_patch = torch.arange(pos.shape[1], device=device)
+    seq_of_patch = seq_of_patch[pos[0] >= 0]
+    new.source = seq_of_patch.unsqueeze(0).expand(batch, -1).clone()      # (B, M)
+    new.frozen = None
+    new.num_patches = M
+    new.reduced = False
+    return new
+
+
+def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[torch.Tensor],
+                  removed: torch.Tensor, dst: torch.Tensor,
+                  weight: Optional[torch.Tensor] = None, freeze_sources: bool = False
+                  ) -> Tuple[torch.Tensor, Optional[torch.Tensor], ScanContext]:
+    """Remove patch tokens from both streams.
+
+    Args:
+        ctx: context with reduction state (:func:`init_reduction_state`).
+        hidden, residual: (B, L, D) streams (``residual`` may be None before block 0).
+        removed: (B, r) sequence indices of the removed tokens (distinct, never the class
+            token).
+        dst: (B, r) sequence index of the surviving token each removed token merges into, or -1
+            to prune it.
+        weight: optional (B, L) merge weights (default: the token sizes, i.e. ToMe's
+            size-weighted average).
+        freeze_sources: the patches of merged tokens are frozen as if pruned instead of being
+            handed to the destination (EViT: the fused token stands for no grid position).
+
+    Returns:
+        The reduced (hidden, residual, ctx). Survivors keep their original order and grid
+        positions; the class token is put back at the middle of the patch tokens.
+    """
+    B, L, D = hidden.shape
+    r = removed.shape[1]
+    device = hidden.device
+    if r == 0:
+        return hidden, residual, ctx
+    stream = hidden if residual is None else residual + hidden
+    merged = dst >= 0
+    safe_dst = dst.clamp(min=0)
+
+    # --- merge: size-weighted average into the destination tokens, in both streams
+    size = ctx.size
+    w = size if weight is None else weight
+    w_rem = torch.gather(w, 1, removed) * merged
+    w_new = w.scatter_add(1, safe_dst, w_rem)
+
+    def merge(t: torch.Tensor) -> torch.Tensor:
+        if not bool(merged.any()):
+            return t
+        tf = t.float()
+        acc = tf * w.unsqueeze(-1)
+        add = _gather_tokens(tf, removed) * w_rem.unsqueeze(-1)
+        acc = acc.scatter_add(1, safe_dst.unsqueeze(-1).expand(-1, -1, D), add)
+        return (acc / w_new.clamp_min(1e-12).unsqueeze(-1)).to(t.dtype)
+
+    hidden = merge(hidden)
+    residual = merge(residual) if residual is not None else None
+    size = size.scatter_add(1, safe_dst, torch.gather(size, 1, removed) * merged)
+
+    # --- the source map: removed tokens hand their patches to dst, or freeze them
+    src = ctx.source                                                    # (B, M)
+    fate = torch.arange(L, device=device).unsqueeze(0).expand(B, -1).clone()
+    fate.scatter_(1, removed, torch.where(merged & (not freeze_sources), dst,
+                                          torch.full_like(dst, -1)))
+    new_src = torch.where(src >= 0, torch.gather(fate, 1, src.clamp(min=0)), src)
+    frozen = ctx.frozen
+    pruned_now = (new_src < 0) & (src >= 0)                              # (B, M)
+    if bool(pruned_now.any()):
+        if frozen is None:
+            frozen = stream.new_zeros(B, src.shape[1], D, dtype=stream.dtype)
+        last = _gather_tokens(stream, src.clamp(min=0))
+        frozen = torch.where(pruned_now.unsqueeze(-1), last.to(frozen.dtype), frozen)
+
+    # --- compact: survivors in original order, class token back at the middle
+    keep = torch.ones(B, L, dtype=torch.bool, device=device)
+    keep.scatter_(1, removed, False)
+    pos = ctx.pos
+    is_patch = pos >= 0
+    n_keep_patch = int((keep & is_patch)[0].sum())
+    order = torch.argsort((~(keep & is_patch)).to(torch.int8), dim=1, stable=True)
+    patches = order[:, :n_keep_patch]                                   # kept patches, in order
+    extras = []
+    if ctx.cls_index >= 0:
+        extras.append(torch.full((B, 1), ctx.cls_index, device=device, dtype=torch.long))
+    fused = (pos == FUSED_POS) & keep
+    if bool(fused.any()):
+        extras.append(torch.argsort((~fused).to(torch.int8), dim=1, stable=True)[:, :1])
+    mid = n_keep_patch // 2
+    if ctx.cls_index >= 0:
+        new_order = torch.cat([patches[:, :mid], extras[0], patches[:, mid:]] + extras[1:], 1)
+        new_cls = mid
+    else:
+        new_order = torch.cat([patches] + extras, 1)
+        new_cls = -1
+    new_index = torch.full((B, L), -1, dtype=torch.long, device=device)
+    new_index.scatter_(1, new_order, torch.arange(new_order.shape[1], device=device)
+                       .unsqueeze(0).expand(B, -1))
+    new_src = torch.where(new_src >= 0, torch.gather(new_index, 1, new_src.clamp(min=0)),
+                          new_src)
+
+    hidden = _gather_tokens(hidden, new_order)
+    residual = _gather_tokens(residual, new_order) if residual is not None else None
+    new = ScanContext(ctx.grid, new_cls, pos=torch.gather(pos, 1, new_order), device=device)
+    new.size = torch.gather(size, 1, new_order)
+    new.source = new_src
+    new.frozen = frozen
+    new.num_patches = ctx.num_patches
+    new.reduced = True
+    return hidden, residual, new
+
+
+def restore_grid(ctx: ScanContext, feat: torch.Tensor) -> torch.Tensor:
+    """(B, L, D) reduced tokens -> (B, M, D) full grid in raster order.
+
+    Every original patch receives the token that carries it (merged tokens are copied to all
+    their sources); pruned patches receive their frozen last feature.
+    """
+    full = _gather_tokens(feat, ctx.source.clamp(min=0))
+    if ctx.frozen is not None:
+        full = torch.where((ctx.source >= 0).unsqueeze(-1), full, ctx.frozen.to(full.dtype))
+    return full
+
+
+def path_gaps(ctx: ScanContext, spec, perm: torch.Tensor) -> torch.Tensor:
+    """Number of pruned patches right before each token of a path (ToP hidden-state alignment).
+
+    ``perm`` (B, L) is the path's order of the present tokens. For a token ``k`` of the path, the
+    gap counts the pruned grid positions between the previous present patch token and ``k`` in
+    the path's order over the full grid (class and fused tokens get 0 and are skipped).
+    """
+    from ..backbones.scan_orders import is_reverse, scan_rank
+    rank = scan_rank(*ctx.grid, spec).to(perm.device)
+    B, L = perm.shape
+    pos_path = torch.gather(ctx.pos, 1, perm)                            # (B, L)
+    is_patch = pos_path >= 0
+    r = torch.where(is_patch, rank[pos_path.clamp(min=0)], torch.zeros_like(pos_path))
+    pruned = ctx.source < 0                                              # (B, M)
+    big = rank.numel() + 1
+    pr = torch.where(pruned, rank.unsqueeze(0).expand(B, -1), torch.full_like(pruned, big,
+                                                                             dtype=rank.dtype))
+    pr = torch.sort(pr, dim=1).values
+    total = pruned.sum(1, keepdim=True)
+    if is_reverse(spec):
+        cnt = total - torch.searchsorted(pr, r.contiguous(), right=True)   # pruned rank > r
+    else:
+        cnt = torch.searchsorted(pr, r.contiguous())                       # pruned rank < r
+    # carry the count of the previous patch token over the non-patch tokens
+    cnt = torch.where(is_patch, cnt, torch.full_like(cnt, -1))
+    idx = torch.where(is_patch, torch.arange(L, device=perm.device).expand(B, -1),
+                      torch.zeros_like(cnt))
+    last_patch = torch.cummax(idx, dim=1).values
+    carried = torch.gather(torch.where(is_patch, cnt, torch.zeros_like(cnt)), 1, last_patch)
+    prev = torch.cat([torch.zeros_like(carried[:, :1]), carried[:, :-1]], 1)
+    first_patch_seen = torch.cummax(is_patch.long(), dim=1).values
+    prev = torch.where(torch.cat([torch.zeros_like(first_patch_seen[:, :1]),
+                                  first_patch_seen[:, :-1]], 1) > 0, prev,
+                       torch.zeros_like(prev))
+    return torch.where(is_patch, cnt - prev, torch.zeros_like(cnt))
+
+
+def append_fused_slot(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[torch.Tensor]
+                      ) -> Tuple[torch.Tensor, Optional[torch.Tensor], ScanContext]:
+    """Append an empty token without grid position (EViT's fused token) if there is none."""
+    if bool((ctx.pos == FUSED_POS).any()):
+        return hidden, residual, ctx
+    B = hidden.shape[0]
+    hidden = torch.cat([hidden, hidden.new_zeros(B, 1, hidden.shape[-1])], 1)
+    if residual is not None:
+        residual = torch.cat([residual, residual.new_zeros(B, 1, residual.shape[-1])], 1)
+    pos = torch.cat([ctx.pos, ctx.pos.new_full((B, 1), FUSED_POS)], 1)
+    new = ScanContext(ctx.grid, ctx.cls_index, pos=pos, device=hidden.device)
+    new.size = torch.cat([ctx.size, ctx.size.new_zeros(B, 1)], 1)
+    new.source = ctx.source
+    new.frozen = ctx.frozen
+    new.num_patches = ctx.num_patches
+    new.reduced = True
+    imp = getattr(ctx, 'importance', None)
+    new.importance = None if imp is None else torch.cat([imp, imp.new_zeros(B, 1)], 1)
+    return hidden, residual, new
