@@ -7,7 +7,7 @@ loader of :mod:`amvim_mm.utils.compat`. Nothing is printed at import.
 """
 from .version import __version__
 from .utils.compat import register_checkpoint_loader
-from . import models  # noqa: F401,E402  (registers the models)
+from . import engine, models  # noqa: F401,E402  (registers the models and hooks)
 
 register_checkpoint_loader()
 

@@ -38,27 +38,34 @@ def test_builders_are_deterministic(tmp_path, maker):
 # ---------------------------------------------------------------------------------------------
 
 
-def _ade_cfg(root, split):
+# mmseg warns whenever LoadAnnotations gets ``reduce_zero_label`` explicitly (the dataset's
+# value is used when it is left as None); both spellings are tested.
+_REDUCE_ZERO_WARNING = 'ignore:`reduce_zero_label` will be deprecated:UserWarning'
+
+
+def _ade_cfg(root, split, reduce_zero_label=True):
     return dict(
         type='ADE20KDataset',
         data_root=root,
         data_prefix=dict(img_path=f'images/{split}', seg_map_path=f'annotations/{split}'),
         pipeline=[
             dict(type='LoadImageFromFile'),
-            dict(type='LoadAnnotations', reduce_zero_label=True),
+            dict(type='LoadAnnotations', reduce_zero_label=reduce_zero_label),
             dict(type='PackSegInputs')
         ])
 
 
-def test_ade20k_layout_loads_in_mmseg(tmp_ade20k):
+@pytest.mark.filterwarnings(_REDUCE_ZERO_WARNING)
+@pytest.mark.parametrize('reduce_zero_label', [True, None])
+def test_ade20k_layout_loads_in_mmseg(tmp_ade20k, reduce_zero_label):
     from mmseg.registry import DATASETS
     from mmseg.utils import register_all_modules
     register_all_modules(init_default_scope=False)
 
     assert sorted(os.listdir(tmp_ade20k)) == ['annotations', 'images']
     with DefaultScope.overwrite_default_scope('mmseg'):
-        train = DATASETS.build(_ade_cfg(tmp_ade20k, 'training'))
-        val = DATASETS.build(_ade_cfg(tmp_ade20k, 'validation'))
+        train = DATASETS.build(_ade_cfg(tmp_ade20k, 'training', reduce_zero_label))
+        val = DATASETS.build(_ade_cfg(tmp_ade20k, 'validation', reduce_zero_label))
         assert len(train) == 4 and len(val) == 2
         assert len(train.metainfo['classes']) == 150
         seen = set()
@@ -113,6 +120,8 @@ def test_coco_categories_match_mmdet():
     assert len(ids) == 80 and ids == sorted(ids) and ids[-1] == 90
 
 
+# pycocotools (2.0.x) + numpy 2: "__array__ implementation doesn't accept a copy keyword"
+@pytest.mark.filterwarnings('ignore:__array__ implementation:DeprecationWarning')
 @pytest.mark.parametrize('split', ['train2017', 'val2017'])
 def test_coco_layout_loads_in_mmdet(tmp_coco, split):
     from mmdet.registry import DATASETS

@@ -16,6 +16,13 @@ from mmengine.runner import Runner
 from amvim_mm.utils import compat
 
 
+pytestmark = [
+    # LoadAnnotations(reduce_zero_label=True) is redundant with ADE20KDataset (mmseg warns)
+    pytest.mark.filterwarnings('ignore:`reduce_zero_label` will be deprecated:UserWarning'),
+    pytest.mark.filterwarnings('ignore:``build_loss`` would be deprecated:UserWarning'),
+]
+
+
 def _seg_cfg(data_root, work_dir, max_iters=2, with_val=True):
     pipeline = [
         dict(type='LoadImageFromFile'),
@@ -61,7 +68,8 @@ def _seg_cfg(data_root, work_dir, max_iters=2, with_val=True):
                 dropout_ratio=0.1,
                 norm_cfg=dict(type='BN', requires_grad=True),
                 align_corners=False,
-                loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0)),
+                loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0,
+                                 avg_non_ignore=True)),
             train_cfg=dict(),
             test_cfg=dict(mode='whole')),
         train_dataloader=loader('training', 2, 'InfiniteSampler'),

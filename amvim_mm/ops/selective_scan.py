@@ -83,7 +83,7 @@ def _check_shapes(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: 
 
 
 def _expand_bc(t: Tensor, dim: int, dtype: torch.dtype) -> Tensor:
-    """B or C as a (batch, E or 1, N, L) tensor of ``dtype`` that broadcasts against (b, E, N, L)."""
+    """B or C as (batch, E or 1, N, L) of ``dtype``, broadcasting against (batch, E, N, L)."""
     t = t.to(dtype)
     if t.dim() == 3:
         return t.unsqueeze(1)
@@ -239,8 +239,9 @@ def selective_scan_torch(u: Tensor,
     recurrence is a chain of affine maps ``h -> a_t * h + b_t`` with ``a_t = exp(delta_t * A)``
     in (0, 1] and ``b_t = delta_t * B_t * u_t`` (batch, E, N per step). Both methods multiply
     only factors in (0, 1] (never ``exp(-cumsum(delta * A))``), so nothing overflows for long
-    sequences (L = 4096) or strong decays (``A <= 0``, as ``A = -exp(A_log)``). When autograd records (grad mode on and an input
-    requires grad) every op is out-of-place; otherwise the chunked steps write into buffers.
+    sequences (L = 4096) or strong decays (``A <= 0``, as ``A = -exp(A_log)``). When autograd
+    records (grad mode on and an input requires grad) every op is out-of-place; otherwise the
+    chunked steps write into buffers.
 
     ``method='chunked'`` (default): L is cut into ``nc`` chunks of ``chunk_size`` steps
     (default about sqrt(L), 8..64; L padded with identity steps ``(1, 0)``), laid out

@@ -1,0 +1,74 @@
+"""Layer-wise learning-rate decay driven by the backbone's ``get_layer_depth``.
+
+One constructor for mmseg, mmdet and mmpretrain configs (registered in mmengine's root
+``OPTIM_WRAPPER_CONSTRUCTORS``)::
+
+    optim_wrapper = dict(
+        type='OptimWrapper',
+        optimizer=dict(type='AdamW', lr=6e-5, weight_decay=0.01),
+        constructor='LayerDecayOptimWrapperConstructor',
+        paramwise_cfg=dict(layer_decay_rate=0.9))
+
+A parameter at layer depth ``d`` of ``n`` (``backbone.get_layer_depth``) gets
+``lr * layer_decay_rate ** (n - 1 - d)``; parameters outside the backbone (neck, heads) get the
+base rate. No weight decay for 1-D parameters (norms, biases), the position embedding, the class
+token and the SSM's ``A_log``/``D`` (as in the reference training code), plus any name listed in
+``no_decay_names``.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import torch.nn as nn
+from mmengine.logging import MMLogger
+from mmengine.model import is_model_wrapper
+from mmengine.optim import DefaultOptimWrapperConstructor
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
+
+NO_DECAY_SUFFIXES = ('pos_embed', 'cls_token')
+
+
+def _no_decay(name: str, param, extra: List[str]) -> bool:
+    leaf = name.rsplit('.', 1)[-1]
+    return (param.ndim <= 1 or leaf in NO_DECAY_SUFFIXES or leaf.startswith('A_')
+            or (leaf.startswith('A') and leaf.endswith('_log')) or leaf.startswith('D_')
+            or leaf == 'D' or any(e in name for e in extra))
+
+
+@OPTIM_WRAPPER_CONSTRUCTORS.register_module()
+class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
+    """``paramwise_cfg``: ``layer_decay_rate`` (default 1.0 = no decay) and ``no_decay_names``."""
+
+    def add_params(self, params: List[dict], module: nn.Module, **kwargs) -> None:
+        cfg = dict(self.paramwise_cfg)
+        rate = float(cfg.pop('layer_decay_rate', 1.0))
+        extra = list(cfg.pop('no_decay_names', []))
+        if cfg:
+            raise ValueError(f'LayerDecayOptimWrapperConstructor: unknown paramwise_cfg keys '
+                             f'{sorted(cfg)}; use layer_decay_rate and no_decay_names')
+        model = module.module if is_model_wrapper(module) else module
+        backbone = getattr(model, 'backbone', model)
+        if not hasattr(backbone, 'get_layer_depth'):
+            raise TypeError(f'{type(backbone).__name__} has no get_layer_depth(); layer-wise '
+                            'decay needs a Vim-family backbone')
+        prefix = 'backbone.' if backbone is not model else ''
+        groups = {}
+        for name, param in model.named_parameters():
+            if not param.requires_grad:
+                continue
+            if name.startswith(prefix):
+                depth, num = backbone.get_layer_depth(name, prefix)
+            else:
+                depth, num = 1, 2  # heads and necks: base rate
+            scale = rate ** (num - 1 - depth)
+            decay = 0.0 if _no_decay(name, param, extra) else self.base_wd
+            key = (depth if name.startswith(prefix) else 'head', decay)
+            g = groups.setdefault(key, dict(params=[], lr=self.base_lr * scale,
+                                            weight_decay=decay, lr_scale=scale, names=[]))
+            g['params'].append(param)
+            g['names'].append(name)
+        MMLogger.get_current_instance().info(
+            f'LayerDecayOptimWrapperConstructor: {len(groups)} groups, decay rate {rate}')
+        for g in groups.values():
+            g.pop('names')
+            params.append(g)
