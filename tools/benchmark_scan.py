@@ -33,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--dstate', type=int, default=16, help='N; Vim: 16')
     p.add_argument('--length', type=int, default=197, help='L; Vim-T at 224: 197')
     p.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32')
-    p.add_argument('--repeats', type=int, default=15, help='timed calls per backend')
+    p.add_argument('--repeats', type=int, default=30, help='timed calls per backend')
     p.add_argument('--warmup', type=int, default=3)
     p.add_argument('--threads', type=int, default=None,
                    help='torch.set_num_threads (default: leave torch\'s default)')
@@ -59,6 +59,18 @@ def make_inputs(args: argparse.Namespace) -> Dict[str, torch.Tensor]:
              B=rnd(b, n, l).to(dtype), C=rnd(b, n, l).to(dtype), D=torch.ones(e),
              z=rnd(b, e, l).to(dtype), delta_bias=dt + torch.log(-torch.expm1(-dt)))
     return x
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux), else ``platform.processor()``."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def time_calls(fns: Dict[str, Callable[[], torch.Tensor]], repeats: int,
@@ -107,10 +119,10 @@ def main(argv=None) -> int:
         speedup_torch_over_reference=ratio,
         max_rel_err_torch_vs_reference=err,
         env=dict(torch=torch.__version__, python=platform.python_version(),
-                 machine=platform.machine(), processor=platform.processor(),
+                 machine=platform.machine(), cpu_model=cpu_model(),
                  cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
                  loadavg_1_5_15=list(os.getloadavg()) if hasattr(os, 'getloadavg') else None),
-        command=' '.join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+        command=' '.join(['python', sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
     )
     for name, s in stats.items():
         print(f'{name:>9}: median {s["median_ms"]:8.2f} ms  (min {s["min_ms"]:.2f}, '

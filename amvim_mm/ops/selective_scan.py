@@ -1,6 +1,6 @@
 """Selective scan (Mamba S6) with three backends, and ToP hidden-state alignment by gap folding.
 
-The math every backend computes (``docs``: /work/shared/spec/models.md, "Selective scan")::
+The math every backend computes (spec: models.md, "Selective scan")::
 
     delta = softplus(delta + delta_bias)          # if delta_softplus
     h_0 = 0
@@ -255,14 +255,17 @@ def selective_scan_torch(u: Tensor,
     ``method='logstep'``: one Hillis-Steele scan over the whole L (log2(L) passes over the
     (batch, E, N, L) tensor, O(L log L) work).
 
-    Choice (measured with ``tools/benchmark_scan.py`` and variants, 2 CPU cores, torch 2.14,
-    fp32, forward, E=384, N=16): the scan is memory-bound on the CPU, so the extra log2(L)
-    factor of traffic of ``logstep`` makes it 2-4x slower than the sequential reference at
-    L = 197 and L = 4096, and its autograd saves log2(L) full-size tensors; ``chunked`` moves
-    about as many bytes as the reference but in large multi-threaded ops and few Python
-    steps, and is the fastest of all variants tried (L-major log-step, log-step inside
-    chunks + sequential carry, chunk lengths 8..64). ``logstep`` is kept as an option (fewer
-    kernel launches on a GPU for short L).
+    Choice (measured on 2 idle CPU cores, torch 2.14, fp32, forward, E=384, N=16, medians;
+    ``tools/benchmark_scan.py`` for the Vim-T shape): the scan is memory-bound on the CPU.
+    ``logstep`` moves log2(L) times the bytes and was 2.9x SLOWER than the sequential
+    reference at batch 2, L = 197 (48 vs 17 ms) and 4.1x slower at L = 4096 (1.8 s vs 0.44 s),
+    and its autograd keeps log2(L) full-size tensors. ``chunked`` moves about as many bytes as
+    the reference but in large multi-threaded ops and few Python steps: 6.5 ms at L = 197
+    (2.5x faster than the reference; chunk 8..32 within noise) and 0.12 s at L = 4096 (3.7x;
+    chunk 64 best). Also tried and dropped: log-step inside chunks with a carry across chunks
+    (about 2x slower than ``chunked``), and (batch, E, N, L)-major layouts (strided steps).
+    Forward + backward (batch 2, L = 197): ``chunked`` 28 ms, ``logstep`` 93 ms, reference
+    192 ms. ``logstep`` stays as an option.
     """
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f'chunk_size must be a positive int or None; got {chunk_size}')

@@ -38,3 +38,5 @@ param_scheduler = [
     dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=True, begin=5, end=300),
 ]
 train_cfg = dict(by_epoch=True, max_epochs=300, val_interval=1)
+# checkpoints are written atomically (amvim_mm.engine.fileio)
+default_hooks = dict(checkpoint=dict(backend_args=dict(backend='atomic_local')))

@@ -63,10 +63,14 @@ class ScanContext:
     """
 
     def __init__(self, grid: Tuple[int, int], cls_index: int = -1,
-                 pos: Optional[torch.Tensor] = None, device=None) -> None:
+                 pos: Optional[torch.Tensor] = None, device=None,
+                 n_patches: Optional[int] = None, has_fused: bool = False) -> None:
         self.grid = (int(grid[0]), int(grid[1]))
         self.cls_index = cls_index
         M = self.grid[0] * self.grid[1]
+        # number of patch tokens present (a Python int: no device sync to read it)
+        self.n_patches = M if n_patches is None else int(n_patches)
+        self.has_fused = has_fused
         if pos is None:
             pos = torch.arange(M, device=device)
             if cls_index >= 0:
@@ -91,8 +95,7 @@ class ScanContext:
         if key not in self._gaps:
             from amvim_mm.models.reduction.state import path_gaps
             idx = self.path_index(spec)
-            gaps = path_gaps(self, spec, idx.perm)
-            self._gaps[key] = gaps if bool((gaps > 0).any()) else None
+            self._gaps[key] = path_gaps(self, spec, idx.perm)
         return self._gaps[key]
 
     def path_index(self, spec) -> PathIndex:
@@ -104,7 +107,7 @@ class ScanContext:
             else:
                 rank = scan_rank(*self.grid, spec)
                 idx = PathIndex(path_permutation(rank, self.pos, self.cls_index,
-                                                 is_reverse(spec)))
+                                                 is_reverse(spec), n_patches=self.n_patches))
             self._cache[key] = idx
         return idx
 

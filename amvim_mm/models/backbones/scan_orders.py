@@ -32,7 +32,7 @@ Orders:
 from __future__ import annotations
 
 import functools
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -143,7 +143,7 @@ def is_reverse(spec) -> bool:
 
 
 def path_permutation(rank: torch.Tensor, pos: torch.Tensor, cls_index: int = -1,
-                     reverse: bool = False) -> torch.Tensor:
+                     reverse: bool = False, n_patches: Optional[int] = None) -> torch.Tensor:
     """Order of the present tokens along one path.
 
     Args:
@@ -153,6 +153,7 @@ def path_permutation(rank: torch.Tensor, pos: torch.Tensor, cls_index: int = -1,
             position (``-2``, EViT's fused token) are appended at the end of every path.
         cls_index: index of the class token in the sequence, or -1 if there is none.
         reverse: run the path backwards (after placing the class token).
+        n_patches: the number of patch tokens per sample, if known (saves a device sync).
 
     Returns:
         Index tensor, same shape as ``pos``: ``seq[..., perm]`` is the path's sequence. The patch
@@ -164,7 +165,7 @@ def path_permutation(rank: torch.Tensor, pos: torch.Tensor, cls_index: int = -1,
     p = pos if batched else pos.unsqueeze(0)
     rank = rank.to(p.device)
     is_patch = p >= 0
-    n = int(is_patch[0].sum())
+    n = int(is_patch[0].sum()) if n_patches is None else n_patches
     big = rank.numel()
     key = torch.where(is_patch, rank[p.clamp(min=0)], torch.full_like(p, big))
     order = torch.argsort(key, dim=1, stable=True)

@@ -508,7 +508,8 @@ class VimFamilyBackbone(BaseModule):
                         stream = hidden if residual is None else residual + hidden
                     removed, dst, weight = reducer.select(i, k, stream, ctx, layer)
                     hidden, residual, ctx = reduce_tokens(
-                        ctx, hidden, residual, removed, dst, weight, reducer.freeze_sources)
+                        ctx, hidden, residual, removed, dst, weight, reducer.freeze_sources,
+                        reducer.merges)
                     ctx.align = reducer.align
                 ctx.want_importance = reducer.needs_importance
             counts.append(hidden.shape[1])

@@ -43,8 +43,7 @@ def build_reducer(cfg: Union[dict, 'TokenReducer', None]) -> Optional['TokenRedu
 def _patch_indices(ctx) -> torch.Tensor:
     """(B, n) sequence indices of the patch tokens, in sequence order."""
     is_patch = ctx.pos >= 0
-    n = int(is_patch[0].sum())
-    return torch.argsort((~is_patch).to(torch.int8), dim=1, stable=True)[:, :n]
+    return torch.argsort((~is_patch).to(torch.int8), dim=1, stable=True)[:, :ctx.n_patches]
 
 
 class TokenReducer:
@@ -79,6 +78,8 @@ class TokenReducer:
         """Return (removed, dst, weight) for :func:`~.state.reduce_tokens`."""
         raise NotImplementedError
 
+    #: the reducer merges removed tokens into survivors (else: they are pruned)
+    merges = False
     freeze_sources = False
 
     def __repr__(self) -> str:
@@ -99,6 +100,8 @@ class ToMe(TokenReducer):
         metric: ``'norm_input'`` (the block's normalised input, default) or ``'stream'`` (the
             raw residual stream).
     """
+
+    merges = True
 
     def __init__(self, *args, metric: str = 'norm_input', **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -206,10 +209,11 @@ class EViT(_ImportanceReducer):
     """
 
     freeze_sources = True
+    merges = True
 
     def select(self, block, k, stream, ctx, layer):
         _, removed = self._lowest(block, k, ctx)
-        fused = (ctx.pos == FUSED_POS).nonzero()
-        dst = fused[:, 1].view(-1, 1).expand(-1, k) if fused.numel() else None
+        # the fused token is the last token of the sequence (see append_fused_slot)
+        dst = torch.full_like(removed, ctx.pos.shape[1] - 1)
         weight = ctx.importance.clamp_min(0)
         return removed, dst, weight

@@ -34,7 +34,8 @@ def init_reduction_state(ctx: ScanContext, batch: int, device) -> ScanContext:
     """Give a full-grid context the per-sample bookkeeping of a reduced one."""
     M = ctx.grid[0] * ctx.grid[1]
     pos = ctx.pos.to(device).unsqueeze(0).expand(batch, -1)
-    new = ScanContext(ctx.grid, ctx.cls_index, pos=pos.contiguous(), device=device)
+    new = ScanContext(ctx.grid, ctx.cls_index, pos=pos.contiguous(), device=device,
+                      n_patches=ctx.n_patches)
     new.size = torch.ones(batch, pos.shape[1], device=device)
     seq_of_patch = torch.arange(pos.shape[1], device=device)
     seq_of_patch = seq_of_patch[pos[0] >= 0]
@@ -47,7 +48,8 @@ def init_reduction_state(ctx: ScanContext, batch: int, device) -> ScanContext:
 
 def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[torch.Tensor],
                   removed: torch.Tensor, dst: torch.Tensor,
-                  weight: Optional[torch.Tensor] = None, freeze_sources: bool = False
+                  weight: Optional[torch.Tensor] = None, freeze_sources: bool = False,
+                  merges: bool = True
                   ) -> Tuple[torch.Tensor, Optional[torch.Tensor], ScanContext]:
     """Remove patch tokens from both streams.
 
@@ -62,6 +64,10 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
             size-weighted average).
         freeze_sources: the patches of merged tokens are frozen as if pruned instead of being
             handed to the destination (EViT: the fused token stands for no grid position).
+        merges: ``False`` when every ``dst`` is -1 (pure pruning): skips the merge arithmetic.
+
+    No value is read back from the device (no host sync), so the step can be captured in a
+    CUDA graph.
 
     Returns:
         The reduced (hidden, residual, ctx). Survivors keep their original order and grid
@@ -83,7 +89,7 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
     w_new = w.scatter_add(1, safe_dst, w_rem)
 
     def merge(t: torch.Tensor) -> torch.Tensor:
-        if not bool(merged.any()):
+        if not merges:
             return t
         tf = t.float()
         acc = tf * w.unsqueeze(-1)
@@ -103,7 +109,7 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
     new_src = torch.where(src >= 0, torch.gather(fate, 1, src.clamp(min=0)), src)
     frozen = ctx.frozen
     pruned_now = (new_src < 0) & (src >= 0)                              # (B, M)
-    if bool(pruned_now.any()):
+    if not merges or freeze_sources:
         if frozen is None:
             frozen = stream.new_zeros(B, src.shape[1], D, dtype=stream.dtype)
         last = _gather_tokens(stream, src.clamp(min=0))
@@ -114,15 +120,14 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
     keep.scatter_(1, removed, False)
     pos = ctx.pos
     is_patch = pos >= 0
-    n_keep_patch = int((keep & is_patch)[0].sum())
+    n_keep_patch = ctx.n_patches - r
     order = torch.argsort((~(keep & is_patch)).to(torch.int8), dim=1, stable=True)
     patches = order[:, :n_keep_patch]                                   # kept patches, in order
     extras = []
     if ctx.cls_index >= 0:
         extras.append(torch.full((B, 1), ctx.cls_index, device=device, dtype=torch.long))
-    fused = (pos == FUSED_POS) & keep
-    if bool(fused.any()):
-        extras.append(torch.argsort((~fused).to(torch.int8), dim=1, stable=True)[:, :1])
+    if ctx.has_fused:   # the fused token is always the last one of the sequence
+        extras.append(torch.full((B, 1), L - 1, device=device, dtype=torch.long))
     mid = n_keep_patch // 2
     if ctx.cls_index >= 0:
         new_order = torch.cat([patches[:, :mid], extras[0], patches[:, mid:]] + extras[1:], 1)
@@ -138,7 +143,8 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
 
     hidden = _gather_tokens(hidden, new_order)
     residual = _gather_tokens(residual, new_order) if residual is not None else None
-    new = ScanContext(ctx.grid, new_cls, pos=torch.gather(pos, 1, new_order), device=device)
+    new = ScanContext(ctx.grid, new_cls, pos=torch.gather(pos, 1, new_order), device=device,
+                      n_patches=n_keep_patch, has_fused=ctx.has_fused)
     new.size = torch.gather(size, 1, new_order)
     new.source = new_src
     new.frozen = frozen
@@ -199,14 +205,15 @@ def path_gaps(ctx: ScanContext, spec, perm: torch.Tensor) -> torch.Tensor:
 def append_fused_slot(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[torch.Tensor]
                       ) -> Tuple[torch.Tensor, Optional[torch.Tensor], ScanContext]:
     """Append an empty token without grid position (EViT's fused token) if there is none."""
-    if bool((ctx.pos == FUSED_POS).any()):
+    if ctx.has_fused:
         return hidden, residual, ctx
     B = hidden.shape[0]
     hidden = torch.cat([hidden, hidden.new_zeros(B, 1, hidden.shape[-1])], 1)
     if residual is not None:
         residual = torch.cat([residual, residual.new_zeros(B, 1, residual.shape[-1])], 1)
     pos = torch.cat([ctx.pos, ctx.pos.new_full((B, 1), FUSED_POS)], 1)
-    new = ScanContext(ctx.grid, ctx.cls_index, pos=pos, device=hidden.device)
+    new = ScanContext(ctx.grid, ctx.cls_index, pos=pos, device=hidden.device,
+                      n_patches=ctx.n_patches, has_fused=True)
     new.size = torch.cat([ctx.size, ctx.size.new_zeros(B, 1)], 1)
     new.source = ctx.source
     new.frozen = ctx.frozen

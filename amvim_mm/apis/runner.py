@@ -1,0 +1,111 @@
+"""Config loading and Runner construction shared by ``tools/train.py`` and ``tools/test.py``.
+
+Which library runs is taken from the config's ``default_scope`` (``mmseg``, ``mmdet`` or
+``mmpretrain``, set by the libraries' own ``default_runtime`` bases), so one set of tools serves
+all three tasks.
+"""
+from __future__ import annotations
+
+import os
+import os.path as osp
+from typing import Optional, Sequence
+
+from mmengine.config import Config
+
+from amvim_mm.utils.compat import trust_directory
+
+SCOPES = ('mmseg', 'mmdet', 'mmpretrain')
+
+
+def load_config(path: str, cfg_options: Optional[dict] = None,
+                work_dir: Optional[str] = None, launcher: str = 'none') -> Config:
+    """Load a config (with ``custom_imports``), apply overrides, set the work dir."""
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'config file not found: {path}')
+    cfg = Config.fromfile(path)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    scope = cfg.get('default_scope')
+    if scope not in SCOPES:
+        raise ValueError(f'{path}: default_scope is {scope!r}; amvim_mm tools run mmseg, mmdet '
+                         f'and mmpretrain configs ({", ".join(SCOPES)})')
+    cfg.launcher = launcher
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(path))[0])
+    # checkpoints of this run are ours: allow resuming them (amvim_mm.utils.compat)
+    trust_directory(cfg.work_dir)
+    # atomic checkpoint writes unless the config chose a backend
+    ckpt = cfg.get('default_hooks', {}).get('checkpoint')
+    if ckpt is not None and not ckpt.get('backend_args'):
+        ckpt['backend_args'] = dict(backend='atomic_local')
+    return cfg
+
+
+def enable_amp(cfg: Config, dtype: str = 'bfloat16') -> None:
+    """Switch the optimizer wrapper to mixed precision (bf16 by default)."""
+    import torch
+    if not torch.cuda.is_available():
+        raise RuntimeError('--amp needs a CUDA device (mmengine\'s AmpOptimWrapper is GPU '
+                           'only); drop --amp to train in fp32 on the CPU')
+    ow = cfg.optim_wrapper
+    if ow.get('type') == 'AmpOptimWrapper':
+        ow.setdefault('dtype', dtype)
+    else:
+        ow.type = 'AmpOptimWrapper'
+        ow.dtype = dtype
+        ow.setdefault('loss_scale', 'dynamic')
+
+
+def make_runner(cfg: Config):
+    """Build the Runner the config asks for (``runner_type``), in its default scope."""
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+    if 'runner_type' in cfg:
+        return RUNNERS.build(cfg)
+    return Runner.from_cfg(cfg)
+
+
+def load_model_weights(model, filename: str, strict: bool = True) -> None:
+    """Load a trained model's weights strictly (every missing/unexpected key is reported).
+
+    Accepts our/mmengine checkpoints (``state_dict``) and, for classifiers, official Vim files
+    (converted on the fly: ``backbone.*`` and ``head.fc.*``).
+    """
+    import torch.nn as nn
+    from mmengine.model import is_model_wrapper
+
+    from amvim_mm.utils.checkpoint import (CheckpointMismatchError, convert_vim_official,
+                                           extract_state_dict, is_official_vim)
+    from amvim_mm.utils.compat import load_checkpoint_file
+    if is_model_wrapper(model):
+        model = model.module
+    sd = extract_state_dict(load_checkpoint_file(filename))
+    if is_official_vim(sd) and not any(k.startswith('backbone.') for k in sd):
+        head = getattr(model, 'head', None)
+        with_head = head is not None and isinstance(getattr(head, 'fc', None), nn.Linear)
+        sd = convert_vim_official(sd, with_head=with_head)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        msg = (f'{filename} vs {type(model).__name__}: '
+               + (f'missing keys ({len(missing)}): {list(missing)[:20]}'
+                  + (' ...' if len(missing) > 20 else '') + '; ' if missing else '')
+               + (f'unexpected keys ({len(unexpected)}): {list(unexpected)[:20]}'
+                  if unexpected else ''))
+        if strict:
+            raise CheckpointMismatchError(msg + '. Is this the checkpoint of this config?')
+        from mmengine.logging import MMLogger
+        MMLogger.get_current_instance().warning(msg)
+
+
+def add_token_reduction_hook(cfg: Config, reduction: dict,
+                             phases: Sequence[str] = ('val', 'test')) -> None:
+    hooks = list(cfg.get('custom_hooks', []) or [])
+    hooks = [h for h in hooks if h.get('type') != 'TokenReductionHook']
+    hooks.append(dict(type='TokenReductionHook', reduction=reduction, phases=tuple(phases)))
+    cfg.custom_hooks = hooks
+
+
+def default_work_dir(path: str) -> str:
+    return os.path.join('./work_dirs', osp.splitext(osp.basename(path))[0])

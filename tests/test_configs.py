@@ -1,0 +1,263 @@
+"""Every shipped config (``configs/*/*.py`` except ``_base_``) loads, builds and runs on a CPU.
+
+Each config is loaded as the tools load it (``amvim_mm.apis.runner.load_config``, so its
+``custom_imports`` run), shrunk to a CPU-sized model by plain edits of the config dict (the test
+architecture, small images, matching neck/head widths, BN instead of SyncBN, no pretrained
+weights), built from its own library's registry in its own default scope, and run forward once.
+The list of configs is globbed, so a new config is covered without touching this file.
+
+It also checks that the backbone is swappable by a one-line override::
+
+    cfg.model.backbone.type = 'AMVim'   # or 'Vim', 'LocalVim'
+
+and the file-name convention
+``{backbone}_{neck}_{head}_{gpus}xb{batch}-{schedule}_{dataset}-{crop}[_tokenreduce].py``
+(classification configs have no neck: ``vim-t_linear_8xb128-300e_in1k-224.py``).
+"""
+import glob
+import os.path as osp
+import re
+import uuid
+from collections.abc import Sequence
+
+import pytest
+import torch
+from mmengine.registry import DefaultScope
+
+from amvim_mm.apis.runner import load_config
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIG_DIR = osp.join(ROOT, 'configs')
+CONFIGS = sorted(c for c in glob.glob(osp.join(CONFIG_DIR, '*', '*.py'))
+                 if osp.basename(osp.dirname(c)) != '_base_')
+IDS = [osp.relpath(c, CONFIG_DIR) for c in CONFIGS]
+
+BACKBONES = ('Vim', 'AMVim', 'LocalVim')
+# constructor arguments that only one backbone type takes
+TYPE_SPECIFIC_KEYS = {
+    'AMVim': ('window_size', 'windowed_path', 'inner', 'seed', 'shift_odd_blocks', 'paths'),
+    'LocalVim': ('directions', ),
+}
+TINY_ARCH = dict(embed_dims=32, num_layers=4, d_state=8)
+TINY_DIMS = 32
+SEG_SIZE = 64
+DET_SIZE = 128
+CLS_SIZE = 64
+
+# {backbone}_{neck}_{head}_{gpus}xb{batch}-{schedule}_{dataset}-{crop}[_tokenreduce].py
+NAME_RE = re.compile(
+    r'^(?P<backbone>(?:vim|amvim|localvim)-[a-z0-9]+)'
+    r'(?:_(?P<neck>[a-z0-9]+(?:-[a-z0-9]+)*))?'
+    r'_(?P<head>[a-z0-9]+(?:-[a-z0-9]+)*)'
+    r'_(?P<gpus>\d+)xb(?P<batch>\d+)'
+    r'-(?P<schedule>[a-z0-9]+(?:-[a-z0-9]+)*)'
+    r'_(?P<dataset>[a-z0-9]+)'
+    r'-(?P<crop>\d+(?:x\d+)?)'
+    r'(?P<suffix>_tokenreduce)?\.py$')
+
+pytestmark = [
+    pytest.mark.filterwarnings('ignore:``build_loss`` would be deprecated:UserWarning'),
+    pytest.mark.filterwarnings('ignore:The ``clip_grad`` is deprecated:UserWarning'),
+]
+
+
+def test_configs_found():
+    assert len(CONFIGS) >= 10, CONFIGS
+    tasks = {osp.basename(c).split('_')[-1 if 'tokenreduce' not in c else -2].split('-')[0]
+             for c in CONFIGS}
+    assert {'ade20k', 'coco', 'in1k'} <= tasks, tasks
+
+
+# --------------------------------------------------------------------------------- helpers
+def _load(path, tmp_path):
+    return load_config(path, work_dir=str(tmp_path / f'work_{uuid.uuid4().hex[:8]}'))
+
+
+def _sync_bn_to_bn(obj):
+    """Replace every ``dict(type='SyncBN', ...)`` by BN in place (single process, CPU)."""
+    if isinstance(obj, dict):
+        if obj.get('type') == 'SyncBN':
+            obj['type'] = 'BN'
+        for v in obj.values():
+            _sync_bn_to_bn(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _sync_bn_to_bn(v)
+
+
+def _num_out(out_indices):
+    if isinstance(out_indices, Sequence) and not isinstance(out_indices, str):
+        return len(out_indices)
+    return 1
+
+
+def shrink(cfg, arch=TINY_ARCH):
+    """CPU-sized copy of ``cfg.model`` by plain dict edits (the same ones a user would make)."""
+    scope = cfg.default_scope
+    model = cfg.model
+    bb = model.backbone
+    n_out = _num_out(bb.get('out_indices', -1))
+    assert 1 <= n_out <= 4, bb.get('out_indices')
+    bb.arch = arch
+    bb.init_cfg = None
+    bb.out_indices = tuple(range(4 - n_out, 4))          # 4 -> (0, 1, 2, 3), 1 -> (3, )
+    if scope == 'mmseg':
+        bb.img_size = SEG_SIZE
+        model.data_preprocessor.size = (SEG_SIZE, SEG_SIZE)
+        model.neck.in_channels = TINY_DIMS
+        model.decode_head.in_channels = [TINY_DIMS] * 4
+        model.decode_head.channels = 16
+        if model.get('auxiliary_head') is not None:
+            model.auxiliary_head.in_channels = TINY_DIMS
+            model.auxiliary_head.channels = 16
+        model.test_cfg = dict(mode='whole')
+    elif scope == 'mmdet':
+        bb.img_size = DET_SIZE
+        model.neck.in_channels = TINY_DIMS
+        for aug in model.data_preprocessor.get('batch_augments') or []:
+            if aug.get('type') == 'BatchFixedSizePad':
+                aug.size = (DET_SIZE, DET_SIZE)
+        # fewer proposals/detections: the ROI heads dominate the CPU time otherwise
+        model.test_cfg.rpn.update(nms_pre=100, max_per_img=50)
+        model.test_cfg.rcnn.max_per_img = 10
+    elif scope == 'mmpretrain':
+        bb.img_size = CLS_SIZE
+        model.head.in_channels = TINY_DIMS
+    else:
+        raise AssertionError(f'unexpected default_scope {scope!r}')
+    _sync_bn_to_bn(model)
+    return cfg
+
+
+def build_model(cfg):
+    import importlib
+    scope = cfg.default_scope
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    with DefaultScope.overwrite_default_scope(scope):
+        model = registry.build(cfg.model)
+    return model.eval()
+
+
+def _img(size, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (3, size, size), generator=g, dtype=torch.uint8)
+
+
+@torch.no_grad()
+def run_forward(cfg, model):
+    """One CPU forward in the config's task; checks the output shapes."""
+    scope = cfg.default_scope
+    with DefaultScope.overwrite_default_scope(scope):
+        if scope == 'mmseg':
+            from mmseg.structures import SegDataSample
+            s = SEG_SIZE
+            out = model(torch.rand(2, 3, s, s), mode='tensor')
+            num_classes = cfg.model.decode_head.num_classes
+            assert out.shape[:2] == (2, num_classes) and out.shape[2] > 0, out.shape
+            assert torch.isfinite(out).all()
+            meta = dict(img_shape=(s, s), ori_shape=(s, s), pad_shape=(s, s))
+            preds = model.test_step(dict(inputs=[_img(s)],
+                                         data_samples=[SegDataSample(metainfo=meta)]))
+            assert preds[0].pred_sem_seg.data.shape == (1, s, s)
+        elif scope == 'mmdet':
+            from mmdet.structures import DetDataSample
+            s = DET_SIZE
+            meta = dict(img_id=0, img_shape=(s, s), ori_shape=(s, s), scale_factor=(1.0, 1.0))
+            preds = model.test_step(dict(inputs=[_img(s)],
+                                         data_samples=[DetDataSample(metainfo=meta)]))
+            inst = preds[0].pred_instances
+            assert inst.bboxes.ndim == 2 and inst.bboxes.shape[-1] == 4
+            assert len(inst.scores) == len(inst.labels) == len(inst.bboxes)
+            if 'masks' in inst:
+                assert inst.masks.shape[1:] == (s, s)
+            assert inst.labels.numel() == 0 or int(inst.labels.max()) < 80
+        else:
+            out = model(torch.rand(2, 3, CLS_SIZE, CLS_SIZE), mode='tensor')
+            assert out.shape == (2, cfg.model.head.num_classes), out.shape
+            assert torch.isfinite(out).all()
+
+
+# ----------------------------------------------------------------------------------- tests
+@pytest.mark.parametrize('path', CONFIGS, ids=IDS)
+def test_config_builds_and_runs(path, tmp_path):
+    cfg = _load(path, tmp_path)
+    assert cfg.default_scope in ('mmseg', 'mmdet', 'mmpretrain')
+    assert 'amvim_mm' in cfg.custom_imports['imports']
+    assert cfg.model.backbone.type in BACKBONES
+    # the config names its backbone type as the first part of its file name
+    assert osp.basename(path).split('-')[0] == cfg.model.backbone.type.lower()
+    shrink(cfg)
+    model = build_model(cfg)
+    assert type(model.backbone).__name__ == cfg.model.backbone.type
+    assert model.backbone.embed_dims == TINY_DIMS and model.backbone.num_layers == 4
+    run_forward(cfg, model)
+
+
+@pytest.mark.parametrize('target', BACKBONES)
+@pytest.mark.parametrize('path', CONFIGS, ids=IDS)
+def test_backbone_swappable_by_one_line(path, target, tmp_path):
+    """``cfg.model.backbone.type = TARGET`` is the only change needed to swap the backbone."""
+    cfg = _load(path, tmp_path)
+    if cfg.model.backbone.type == target:
+        pytest.skip('same type: covered by test_config_builds_and_runs')
+    cfg.model.backbone.type = target          # the one-line override
+    shrink(cfg, arch='test')
+    own_keys = {k for t, keys in TYPE_SPECIFIC_KEYS.items() if t != target for k in keys}
+    extra = sorted(own_keys & set(cfg.model.backbone))
+    if extra:
+        # A config that sets arguments only its own type takes cannot be swapped by one line.
+        with pytest.raises(TypeError, match=extra[0]):
+            build_model(cfg)
+        pytest.xfail(f'{osp.basename(path)} sets {extra} in its backbone, which {target} does '
+                     'not take: the one-line swap needs these keys removed too')
+    model = build_model(cfg)
+    assert type(model.backbone).__name__ == target
+    run_forward(cfg, model)
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=IDS)
+def test_config_file_name_convention(path):
+    name = osp.basename(path)
+    m = NAME_RE.match(name)
+    assert m, (f'{name} does not follow {{backbone}}_{{neck}}_{{head}}_{{gpus}}xb{{batch}}-'
+               f'{{schedule}}_{{dataset}}-{{crop}}[_tokenreduce].py')
+    folder = osp.basename(osp.dirname(path))
+    backbone = m['backbone'].split('-')[0]
+    if folder == 'demo':
+        assert m['backbone'].endswith('-demo')
+        assert (m['neck'], m['head']) == ('pyramid', 'upernet')
+    else:
+        assert backbone == folder, f'{name} is in configs/{folder}/'
+    if m['dataset'] == 'ade20k':
+        assert (m['neck'], m['head']) == ('pyramid', 'upernet')
+    elif m['dataset'] == 'coco':
+        assert m['neck'] == 'sfp' and m['head'] in ('mask-rcnn', 'cascade-mask-rcnn')
+    elif m['dataset'] == 'in1k':
+        assert m['neck'] is None and m['head'] == 'linear'
+    assert int(m['gpus']) >= 1 and int(m['batch']) >= 1
+
+
+def test_file_name_regex_rejects_bad_names():
+    assert NAME_RE.match('vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512.py')
+    assert NAME_RE.match('amvim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_tokenreduce.py')
+    assert NAME_RE.match('vim-t_linear_8xb128-300e_in1k-224.py')
+    assert not NAME_RE.match('vim-t_pyramid_upernet_8x2-160k_ade20k-512x512.py')
+    assert not NAME_RE.match('vim-t_pyramid_upernet_8xb2_ade20k-512x512.py')
+    assert not NAME_RE.match('vim_pyramid_upernet_8xb2-160k_ade20k-512x512.py')
+    assert not NAME_RE.match('vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_reduce.py')
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=IDS)
+def test_tokenreduce_configs_have_the_hook(path, tmp_path):
+    cfg = _load(path, tmp_path)
+    hooks = [h for h in (cfg.get('custom_hooks') or []) if h.get('type') == 'TokenReductionHook']
+    if path.endswith('_tokenreduce.py'):
+        assert len(hooks) == 1, cfg.get('custom_hooks')
+        red = hooks[0].reduction
+        assert red['type'] in ('ToMe', 'RandomPrune') and 0 < red['ratio'] < 1
+        assert 'train' not in tuple(hooks[0].get('phases', ('val', 'test')))
+        # everything else equals the config it extends
+        base = _load(path.replace('_tokenreduce.py', '.py'), tmp_path)
+        assert cfg.model == base.model
+    else:
+        assert not hooks, f'{osp.basename(path)} reduces tokens but has no _tokenreduce suffix'

@@ -1,0 +1,59 @@
+"""Training-free token-reduction sweep for one or several models side by side.
+
+    python tools/prune_eval.py CONFIG CHECKPOINT [CONFIG CHECKPOINT ...] \
+        --methods tome random --ratios 0 0.17 0.27 0.36 0.46 [--out-dir DIR] [--names A B]
+
+Prints a markdown table (metric, drop vs ratio 0, GFLOPs, realised ratio, img/s on a GPU),
+writes DIR/results.json and DIR/prune_eval.png (metric vs ratio, one line per model/method).
+An interrupted sweep keeps what it finished; running the same command again resumes it.
+"""
+import argparse
+import os.path as osp
+import sys
+
+import warnings
+
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
+from mmengine.config import DictAction
+
+from amvim_mm.apis.prune_eval import METHODS, markdown_table, plot, run_sweep
+from amvim_mm.utils.checkpoint import CheckpointMismatchError
+from amvim_mm.utils.compat import UnsafeCheckpointError
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('pairs', nargs='+', metavar='CONFIG CHECKPOINT',
+                   help='one or more config/checkpoint pairs')
+    p.add_argument('--methods', nargs='+', default=['tome', 'random'], choices=sorted(METHODS))
+    p.add_argument('--ratios', nargs='+', type=float, default=[0, 0.17, 0.27, 0.36, 0.46])
+    p.add_argument('--out-dir', default='work_dirs/prune_eval')
+    p.add_argument('--names', nargs='+', help='display names of the models')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction,
+                   help='overrides applied to every config')
+    p.add_argument('--verbose', action='store_true', help='keep the runners\' logs')
+    args = p.parse_args(argv)
+    if len(args.pairs) % 2:
+        p.error(f'expected CONFIG CHECKPOINT pairs, got {len(args.pairs)} paths')
+    args.models = list(zip(args.pairs[0::2], args.pairs[1::2]))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        data = run_sweep(args.models, args.methods, args.ratios, args.out_dir,
+                         names=args.names, cfg_options=args.cfg_options, verbose=args.verbose)
+    except (FileNotFoundError, ValueError, KeyError, UnsafeCheckpointError,
+            CheckpointMismatchError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    print(markdown_table(data))
+    png = plot(data, osp.join(args.out_dir, 'prune_eval.png'))
+    print(f'\nresults: {osp.join(args.out_dir, "results.json")}\nplot:    {png}')
+    print(f"FLOPs convention: {data['meta']['convention']}")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Train a model from a config (mmseg, mmdet or mmpretrain; the config's default_scope decides).
+
+Same flags as the libraries' own train.py:
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
+                                 [--cfg-options k=v ...] [--launcher none|pytorch|slurm|mpi]
+Multi-GPU: torchrun --nproc_per_node=N tools/train.py CONFIG --launcher pytorch
+Checkpoints are written atomically; --resume with no path resumes the latest one of the work dir.
+"""
+import argparse
+import os
+
+import warnings
+
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
+from mmengine.config import DictAction
+
+from amvim_mm.apis.runner import enable_amp, load_config, make_runner
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description='Train a model')
+    p.add_argument('config', help='train config file path')
+    p.add_argument('--work-dir', help='the dir to save logs and models')
+    p.add_argument('--resume', nargs='?', type=str, const='auto',
+                   help='resume from the given checkpoint, or from the latest one in the work '
+                        'dir when no path is given')
+    p.add_argument('--amp', action='store_true', help='mixed precision training (bf16)')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction,
+                   help='override settings of the config, xxx=yyy format')
+    p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
+    p.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = p.parse_args()
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def main():
+    args = parse_args()
+    cfg = load_config(args.config, args.cfg_options, args.work_dir, args.launcher)
+    if args.amp:
+        enable_amp(cfg)
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        cfg.resume = True
+        cfg.load_from = args.resume
+    runner = make_runner(cfg)
+    runner.train()
+
+
+if __name__ == '__main__':
+    main()
