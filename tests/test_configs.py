@@ -193,8 +193,13 @@ def test_config_builds_and_runs(path, tmp_path):
     run_forward(cfg, model)
 
 
-@pytest.mark.parametrize('target', BACKBONES)
-@pytest.mark.parametrize('path', CONFIGS, ids=IDS)
+# every config x every other backbone type (the config's own type is the file-name prefix,
+# which test_config_builds_and_runs checks)
+SWAPS = [pytest.param(c, t, id=f'{i}->{t}') for c, i in zip(CONFIGS, IDS) for t in BACKBONES
+         if t.lower() != osp.basename(c).split('-')[0]]
+
+
+@pytest.mark.parametrize('path,target', SWAPS)
 def test_backbone_swappable_by_one_line(path, target, tmp_path):
     """``cfg.model.backbone.type = TARGET`` is the only change needed to swap the backbone."""
     cfg = _load(path, tmp_path)
@@ -245,6 +250,27 @@ def test_file_name_regex_rejects_bad_names():
     assert not NAME_RE.match('vim-t_pyramid_upernet_8xb2_ade20k-512x512.py')
     assert not NAME_RE.match('vim_pyramid_upernet_8xb2-160k_ade20k-512x512.py')
     assert not NAME_RE.match('vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_reduce.py')
+
+
+def _delete_keys(obj, where=''):
+    found = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == '_delete_':
+                found.append(where or '<root>')
+            found += _delete_keys(v, f'{where}.{k}' if where else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            found += _delete_keys(v, f'{where}[{i}]')
+    return found
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=IDS)
+def test_no_leftover_delete_keys(path, tmp_path):
+    """A ``_delete_`` with nothing to delete in the bases stays in the merged config, and the
+    object built from it gets an unexpected ``_delete_`` argument (e.g. the train loop)."""
+    cfg = _load(path, tmp_path)
+    assert _delete_keys(cfg.to_dict()) == []
 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=IDS)

@@ -86,9 +86,11 @@ class LocalMambaMixer(BiMambaMixer):
                     A_log=f'A_log_{k}', D=f'D_{k}')
 
     def merge_paths(self, ys: List[torch.Tensor]) -> torch.Tensor:
-        out = self.attn(ys[0])
-        for y in ys[1:]:
-            out = out + self.attn(y)
+        """Gate each (B, E, L) path output by the shared channel attention, then sum."""
+        out = None
+        for y in ys:
+            g = self.attn(y.transpose(1, 2)).transpose(1, 2)
+            out = g if out is None else out + g
         return out
 
 

@@ -42,6 +42,28 @@ class PathIndex:
             return x.flip(1)
         return self._take(x, self.perm)
 
+    @staticmethod
+    def _take_cf(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        if idx.dim() == 1:
+            return x.index_select(2, idx)
+        return torch.gather(x, 2, idx.unsqueeze(1).expand(-1, x.shape[1], -1))
+
+    def to_path_cf(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, L) channel-first in token order -> path order."""
+        if self.kind == 'identity':
+            return x
+        if self.kind == 'flip':
+            return x.flip(2)
+        return self._take_cf(x, self.perm)
+
+    def to_tokens_cf(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, L) channel-first in path order -> token order."""
+        if self.kind == 'identity':
+            return x
+        if self.kind == 'flip':
+            return x.flip(2)
+        return self._take_cf(x, self.inv)
+
     def to_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, C) in path order -> (B, L, C) in token order."""
         if self.kind == 'identity':

@@ -100,38 +100,40 @@ class BiMambaMixer(nn.Module):
 
     def scan_path(self, k: int, xz: torch.Tensor, gaps: Optional[torch.Tensor] = None,
                   gap_delta: str = 'bias') -> torch.Tensor:
-        """Run path ``k`` on ``xz`` (B, L, 2E) already in the path's order -> y (B, L, E).
+        """Run path ``k`` on ``xz`` (B, 2E, L), already in the path's order -> y (B, E, L).
 
-        ``gaps`` (B, L): pruned positions right before each token in this path's order; the scan
-        then runs as if they were there with zero input (ToP hidden-state alignment), their
-        step size being ``softplus(dt_bias)`` (``gap_delta='bias'``) or the next kept token's
-        own (``'token'``).
+        Channel-first like the official code, so ``x``, ``z`` and ``delta`` reach the scan with
+        unit stride along L (no copies). ``gaps`` (B, L): pruned positions right before each
+        token in this path's order; the scan then runs as if they were there with zero input
+        (ToP hidden-state alignment), their step size being ``softplus(dt_bias)``
+        (``gap_delta='bias'``) or the next kept token's own (``'token'``).
         """
         conv, x_proj, dt_proj, A_log, D = self.path_params(k)
-        x, z = xz.transpose(1, 2).chunk(2, dim=1)                      # (B, E, L) each
+        Bsz, _, L = xz.shape
+        x, z = xz.chunk(2, dim=1)                                       # (B, E, L) each
         x = causal_conv1d_fn(x, conv.weight, conv.bias, activation='silu')
-        x_dbl = F.linear(x.transpose(1, 2), x_proj.weight)             # (B, L, R + 2N)
-        dt, B, C = torch.split(x_dbl, [self.dt_rank, self.d_state, self.d_state], dim=-1)
-        dt = F.linear(dt, dt_proj.weight).transpose(1, 2)              # (B, E, L)
+        x_dbl = F.linear(x.transpose(1, 2).reshape(Bsz * L, -1), x_proj.weight)
+        R, N = self.dt_rank, self.d_state
+        # (E, R) @ (R, B*L) -> (B, E, L) view with unit stride along L
+        dt = (dt_proj.weight @ x_dbl[:, :R].t()).view(-1, Bsz, L).transpose(0, 1)
+        Bm = x_dbl[:, R:R + N].view(Bsz, L, N).transpose(1, 2).contiguous()
+        Cm = x_dbl[:, R + N:].view(Bsz, L, N).transpose(1, 2).contiguous()
         A = -torch.exp(A_log.float())
         if gaps is None:
-            y = selective_scan_fn(x, dt, A, B.transpose(1, 2), C.transpose(1, 2), D.float(), z,
-                                  delta_bias=dt_proj.bias.float(), delta_softplus=True,
-                                  backend=self.scan_backend)
+            return selective_scan_fn(x, dt, A, Bm, Cm, D.float(), z,
+                                     delta_bias=dt_proj.bias.float(), delta_softplus=True,
+                                     backend=self.scan_backend)
+        g = gaps.unsqueeze(1).to(torch.float32)                         # (B, 1, L)
+        bias = dt_proj.bias.float()
+        if gap_delta == 'bias':
+            step = F.softplus(bias)[None, :, None]
         else:
-            g = gaps.unsqueeze(1).to(torch.float32)                     # (B, 1, L)
-            bias = dt_proj.bias.float()
-            if gap_delta == 'bias':
-                step = F.softplus(bias)[None, :, None]
-            else:
-                step = F.softplus(dt.float() + bias[None, :, None])
-            y = aligned_selective_scan(x, dt, A, B.transpose(1, 2), C.transpose(1, 2),
-                                       D.float(), z, delta_bias=bias, gap_delta=g * step,
-                                       backend=self.scan_backend)
-        return y.transpose(1, 2)
+            step = F.softplus(dt.float() + bias[None, :, None])
+        return aligned_selective_scan(x, dt, A, Bm, Cm, D.float(), z, delta_bias=bias,
+                                      gap_delta=g * step, backend=self.scan_backend)
 
     def merge_paths(self, ys: List[torch.Tensor]) -> torch.Tensor:
-        """Vim's merge: the mean of the paths (the released "divide_out"; keeps bf16 stable)."""
+        """Vim's merge of (B, E, L) path outputs: their mean (the released "divide_out")."""
         out = ys[0]
         for y in ys[1:]:
             out = out + y
@@ -141,16 +143,19 @@ class BiMambaMixer(nn.Module):
         if len(paths) != self.num_paths:
             raise ValueError(f'{type(self).__name__} has {self.num_paths} paths, '
                              f'got {len(paths)} scan orders')
-        xz = self.in_proj(hidden)
+        Bsz, L, _ = hidden.shape
+        # (2E, D) @ (D, B*L) -> (B, 2E, L) view with unit stride along L (official layout)
+        xz = (self.in_proj.weight @ hidden.reshape(Bsz * L, -1).t()).view(-1, Bsz, L)
+        xz = xz.transpose(0, 1)
         ys = []
         for k, spec in enumerate(paths):
             index = ctx.path_index(spec)
-            y = self.scan_path(k, index.to_path(xz), ctx.path_gaps(spec), ctx.align or 'bias')
-            ys.append(index.to_tokens(y))
+            y = self.scan_path(k, index.to_path_cf(xz), ctx.path_gaps(spec), ctx.align or 'bias')
+            ys.append(index.to_tokens_cf(y))
         if ctx.want_importance:
             # ToP importance: sum over channels of max(0, y), both paths, token order
-            ctx.importance = sum(y.float().clamp_min(0).sum(-1) for y in ys).detach()
-        return self.out_proj(self.merge_paths(ys))
+            ctx.importance = sum(y.float().clamp_min(0).sum(1) for y in ys).detach()
+        return F.linear(self.merge_paths(ys).transpose(1, 2), self.out_proj.weight)
 
 
 class VimBlock(nn.Module):

@@ -37,8 +37,10 @@ def init_reduction_state(ctx: ScanContext, batch: int, device) -> ScanContext:
     new = ScanContext(ctx.grid, ctx.cls_index, pos=pos.contiguous(), device=device,
                       n_patches=ctx.n_patches)
     new.size = torch.ones(batch, pos.shape[1], device=device)
-    seq_of_patch = torch.arange(pos.shape[1], device=device)
-    seq_of_patch = seq_of_patch[pos[0] >= 0]
+    # sequence index of each grid patch: raster order with the class token at cls_index
+    seq_of_patch = torch.arange(M, device=device)
+    if ctx.cls_index >= 0:
+        seq_of_patch = seq_of_patch + (seq_of_patch >= ctx.cls_index).long()
     new.source = seq_of_patch.unsqueeze(0).expand(batch, -1).clone()      # (B, M)
     new.frozen = None
     new.num_patches = M

@@ -1,0 +1,144 @@
+"""Throughput, latency and peak memory of Vim-family models (see ``tools/benchmark.py``).
+
+Measurement (``../shared/spec/performance.md``): warm up, then time many iterations with CUDA
+events (or ``perf_counter`` after a synchronize on the CPU), report the median of several
+repeats and their spread; record the device, torch/CUDA versions, dtype, batch, resolution and
+scan backend. ``mode='graph'`` captures the whole forward pass in a CUDA graph and times its
+replays (static shapes: fine for inference at a fixed batch and resolution).
+"""
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.nn as nn
+
+# measured anchors of the official code (one H200, PyTorch 2.11 + CUDA 13.0, 2026-11-29),
+# inference, 224x224, batch 128, images/s (../shared/spec/performance.md)
+OFFICIAL_ANCHORS = {
+    ('vim-t', 'fp32'): 3599, ('vim-t', 'bf16'): 4377, ('vim-t', 'fp16'): 3473,
+    ('vim-s', 'fp32'): 1625, ('vim-s', 'bf16'): 2318, ('vim-s', 'fp16'): 2324,
+}
+OFFICIAL_RESOLUTION_BF16 = {('vim-t', 448): 1294, ('vim-t', 768): 330, ('vim-t', 1024): 210}
+
+MODELS = {
+    'vim-t': dict(type='Vim', arch='tiny'),
+    'vim-s': dict(type='Vim', arch='small'),
+    'vim-b': dict(type='Vim', arch='base'),
+    'amvim-t': dict(type='AMVim', arch='tiny'),
+    'amvim-s': dict(type='AMVim', arch='small'),
+    'localvim-t': dict(type='LocalVim', arch='tiny'),
+    'vim-test': dict(type='Vim', arch='test'),
+    'amvim-test': dict(type='AMVim', arch='test'),
+}
+
+
+class Classifier(nn.Module):
+    """Backbone + linear head: the whole ImageNet model, as the official code benchmarks it."""
+
+    def __init__(self, backbone: nn.Module, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(backbone.embed_dims, num_classes)
+
+    def forward(self, x):
+        return self.head(self.backbone(x)[-1])
+
+
+def build(name: str, img_size: int = 224, head: bool = True,
+          token_reduction: Optional[dict] = None, scan_backend: Optional[str] = None,
+          device: str = 'cuda') -> nn.Module:
+    from amvim_mm.registry import MODELS as REG
+    if name not in MODELS:
+        raise KeyError(f'unknown model {name!r}; choose from {", ".join(MODELS)}')
+    cfg = dict(MODELS[name], img_size=img_size, out_type='cls_token',
+               token_reduction=token_reduction, scan_backend=scan_backend)
+    backbone = REG.build(cfg)
+    model = Classifier(backbone) if head else backbone
+    return model.to(device).eval()
+
+
+def _timer(fn: Callable, iters: int, device: str) -> float:
+    """Seconds per call of ``fn`` over ``iters`` calls."""
+    if device == 'cuda':
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1000 / iters
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t) / iters
+
+
+@torch.no_grad()
+def measure(model: nn.Module, batch: int, res: int, dtype: str = 'fp32', mode: str = 'eager',
+            warmup: int = 5, iters: int = 20, repeats: int = 5) -> Dict[str, object]:
+    """Images/s (median of ``repeats``), latency and peak memory of one forward pass."""
+    device = next(model.parameters()).device.type
+    x = torch.randn(batch, 3, res, res, device=device)
+    amp = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}[dtype]
+
+    def fwd():
+        if amp is None:
+            return model(x)
+        with torch.autocast(device, dtype=amp):
+            return model(x)
+
+    if device == 'cuda':
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    fn = fwd
+    if mode == 'graph':
+        if device != 'cuda':
+            raise RuntimeError('mode="graph" needs CUDA')
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fwd()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fwd()
+        fn = graph.replay
+    elif mode != 'eager':
+        raise ValueError(f'mode must be eager or graph, got {mode!r}')
+    for _ in range(warmup):
+        fn()
+    if device == 'cuda':
+        torch.cuda.synchronize()
+    times = [_timer(fn, iters, device) for _ in range(repeats)]
+    med = statistics.median(times)
+    out = dict(batch=batch, res=res, dtype=dtype, mode=mode, img_per_s=round(batch / med, 1),
+               latency_ms=round(med * 1000, 3),
+               spread_pct=round(100 * (max(times) - min(times)) / med, 2))
+    if device == 'cuda':
+        out['peak_mem_mib'] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return out
+
+
+def environment() -> Dict[str, object]:
+    from amvim_mm.ops.backends import mamba_selective_scan
+    env = dict(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(),
+               mamba_ssm='usable' if mamba_selective_scan()[0] is not None else 'absent',
+               cpu=platform.processor() or platform.machine(),
+               threads=torch.get_num_threads())
+    if torch.cuda.is_available():
+        env['gpu'] = torch.cuda.get_device_name(0)
+        env['gpus'] = torch.cuda.device_count()
+    return env
+
+
+def table(rows: List[Dict[str, object]], cols: List[str]) -> str:
+    lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
+    for r in rows:
+        lines.append('| ' + ' | '.join('' if r.get(c) is None else str(r.get(c))
+                                       for c in cols) + ' |')
+    return '\n'.join(lines)

@@ -1,0 +1,109 @@
+"""GPU checks of whole models (skipped with the reason on machines without CUDA).
+
+Run on the GPU machine by ``tools/gpu/run.sh``; the log is committed under ``benchmarks/``.
+"""
+import pytest
+import torch
+
+import amvim_mm  # noqa: F401
+from amvim_mm.ops.backends import mamba_selective_scan
+from amvim_mm.registry import MODELS
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA is not available'),
+]
+needs_kernel = pytest.mark.skipif(mamba_selective_scan()[0] is None,
+                                  reason='mamba-ssm CUDA kernel is not importable')
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32():
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+
+
+def pair(typ, **kw):
+    torch.manual_seed(0)
+    cpu = MODELS.build(dict(type=typ, arch='tiny', img_size=224, **kw)).eval()
+    gpu = MODELS.build(dict(type=typ, arch='tiny', img_size=224, **kw)).eval().cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    return cpu, gpu
+
+
+@needs_kernel
+@pytest.mark.parametrize('typ', ['Vim', 'AMVim', 'LocalVim'])
+@pytest.mark.parametrize('out_type', ['cls_token', 'featmap'])
+def test_gpu_cuda_kernel_matches_cpu(typ, out_type):
+    kw = dict(out_type=out_type, out_indices=(-1, ) if out_type == 'cls_token' else (3, 11, 19))
+    cpu, gpu = pair(typ, **kw)
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        a = cpu(x)
+        b = gpu(x.cuda())
+    for p, q in zip(a, b):
+        assert rel(q.cpu(), p) < 1e-4
+
+
+@needs_kernel
+def test_gpu_bf16_autocast_close_to_fp32():
+    _, gpu = pair('AMVim')
+    x = torch.randn(4, 3, 224, 224, device='cuda')
+    with torch.no_grad():
+        ref = gpu(x)[0]
+        with torch.autocast('cuda', dtype=torch.bfloat16):
+            out = gpu(x)[0]
+    assert torch.isfinite(out).all() and rel(out, ref) < 5e-2
+
+
+@needs_kernel
+@pytest.mark.parametrize('red', [dict(type='ToMe', ratio=0.36), dict(type='RandomPrune', ratio=0.36),
+                                 dict(type='ToP', keep_rate=0.7, locations=(5, 11)),
+                                 dict(type='EViT', keep_rate=0.7, locations=(5, 11))])
+def test_gpu_reducers_match_cpu(red):
+    cpu, gpu = pair('AMVim', out_type='featmap', out_indices=(5, 23), token_reduction=red)
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        a = cpu(x)
+        b = gpu(x.cuda())
+    assert cpu.token_counts == gpu.token_counts
+    for p, q in zip(a, b):
+        assert q.shape == p.shape and rel(q.cpu(), p) < 1e-3
+
+
+@needs_kernel
+def test_gpu_training_step_with_tome():
+    _, gpu = pair('Vim', token_reduction=dict(type='ToMe', r=5))
+    gpu.train()
+    x = torch.randn(4, 3, 224, 224, device='cuda')
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        loss = gpu(x)[0].float().pow(2).mean()
+    loss.backward()
+    g = gpu.patch_embed.proj.weight.grad
+    assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0
+
+
+@needs_kernel
+def test_gpu_cuda_graph_capture_with_reduction():
+    _, gpu = pair('AMVim', token_reduction=dict(type='ToMe', ratio=0.27))
+    x = torch.randn(8, 3, 224, 224, device='cuda')
+    with torch.no_grad():
+        ref = gpu(x)[0].clone()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            gpu(x)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = gpu(x)[0]
+        g.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(out, ref)

@@ -1,0 +1,192 @@
+"""Benchmark Vim-family models: throughput, latency, peak memory; JSON + markdown results.
+
+    python tools/benchmark.py --suite cpu [--out-dir benchmarks]
+    python tools/benchmark.py --suite gpu [--out-dir DIR] [--parts main reduction resolution]
+
+Suites:
+  cpu: Vim-T at 224 on the CPU, the ``torch`` scan backend against the ``reference`` loop
+       (ratio in one run), and AMVim-T against Vim-T.
+  gpu: (main) Vim-T/S and AMVim-T/S whole classifiers, batch 128, 224, fp32 and bf16, eager
+       and CUDA-graph, next to the official code's anchors; (reduction) ToMe at ratios
+       0/0.17/0.27/0.36/0.46: measured speed-up against the FLOPs ratio; (resolution) 224 to
+       1024 with the batch scaled to keep pixels constant.
+Every row records the command, device and versions.
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import sys
+import warnings
+
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
+import torch  # noqa: E402
+
+from amvim_mm.analysis import benchmark as B  # noqa: E402
+from amvim_mm.analysis.flops import vim_family_flops  # noqa: E402
+
+RATIOS = (0.0, 0.17, 0.27, 0.36, 0.46)
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def cpu_suite(args):
+    rows = []
+    torch.manual_seed(0)
+    for backend in ('torch', 'reference'):
+        m = B.build('vim-t', head=True, scan_backend=backend, device='cpu')
+        r = B.measure(m, 1, 224, 'fp32', 'eager', warmup=1, iters=args.cpu_iters, repeats=3)
+        rows.append(dict(model='vim-t', scan_backend=backend, **r))
+        log(f'  vim-t {backend}: {r}')
+    m = B.build('amvim-t', head=True, scan_backend='torch', device='cpu')
+    r = B.measure(m, 1, 224, 'fp32', 'eager', warmup=1, iters=args.cpu_iters, repeats=3)
+    rows.append(dict(model='amvim-t', scan_backend='torch', **r))
+    log(f'  amvim-t torch: {r}')
+    t, ref, am = rows[0]['img_per_s'], rows[1]['img_per_s'], rows[2]['img_per_s']
+    summary = dict(torch_over_reference=round(t / ref, 2), amvim_over_vim=round(am / t, 3))
+    return dict(rows=rows, summary=summary)
+
+
+def gpu_main(args):
+    rows = []
+    for name in args.models:
+        for dtype in ('fp32', 'bf16'):
+            for mode in ('eager', 'graph'):
+                m = B.build(name, 224, head=True)
+                r = B.measure(m, 128, 224, dtype, mode)
+                r.update(model=name, official=B.OFFICIAL_ANCHORS.get((name, dtype)))
+                if r['official']:
+                    r['vs_official'] = round(r['img_per_s'] / r['official'], 3)
+                rows.append(r)
+                log(f'  {name} {dtype} {mode}: {r["img_per_s"]} img/s '
+                    f'(official {r["official"]}), {r.get("peak_mem_mib")} MiB')
+                del m
+                torch.cuda.empty_cache()
+    return rows
+
+
+def gpu_reduction(args):
+    rows = []
+    for name in ('vim-t', 'amvim-t'):
+        for mode in ('eager', 'graph'):
+            base = None
+            for ratio in RATIOS:
+                red = dict(type='ToMe', ratio=ratio) if ratio else None
+                m = B.build(name, 224, head=True, token_reduction=red)
+                r = B.measure(m, 128, 224, 'bf16', mode)
+                fl = vim_family_flops(m.backbone, 224, 'model')
+                r.update(model=name, method='ToMe', ratio=ratio, gflops=round(fl['gflops'], 3),
+                         realised=round(fl['realised_ratio'], 3))
+                if base is None:
+                    base = r
+                r['speedup'] = round(r['img_per_s'] / base['img_per_s'], 3)
+                r['flops_ratio'] = round(base['gflops'] / r['gflops'], 3)
+                r['speedup_over_ideal'] = round(r['speedup'] / r['flops_ratio'], 3)
+                rows.append(r)
+                log(f'  {name} {mode} ToMe {ratio}: {r["img_per_s"]} img/s, speed-up '
+                    f'{r["speedup"]} vs FLOPs ratio {r["flops_ratio"]}')
+                del m
+                torch.cuda.empty_cache()
+    return rows
+
+
+def gpu_resolution(args):
+    rows = []
+    for name in ('vim-t', 'amvim-t'):
+        for res in (224, 448, 768, 1024):
+            batch = max(1, round(128 * 224 ** 2 / res ** 2))
+            m = B.build(name, res, head=True)
+            r = B.measure(m, batch, res, 'bf16', 'graph', iters=10)
+            r.update(model=name, official=B.OFFICIAL_RESOLUTION_BF16.get((name, res)))
+            rows.append(r)
+            log(f'  {name} {res} b{batch}: {r["img_per_s"]} img/s (official {r["official"]})')
+            del m
+            torch.cuda.empty_cache()
+    return rows
+
+
+def gpu_profile(args):
+    """Top CUDA kernels of one Vim-T bf16 forward (batch 128, 224), per conv backend."""
+    from torch.profiler import ProfilerActivity, profile
+    out = {}
+    for conv in ('torch', 'auto'):
+        os.environ['AMVIM_CONV_BACKEND'] = conv
+        m = B.build('vim-t', 224, head=True)
+        x = torch.randn(128, 3, 224, 224, device='cuda')
+        with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+            for _ in range(3):
+                m(x)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                m(x)
+                torch.cuda.synchronize()
+        t = prof.key_averages().table(sort_by='cuda_time_total', row_limit=15)
+        out[conv] = t
+        log(f'profile, AMVIM_CONV_BACKEND={conv}:\n{t}')
+        r = B.measure(m, 128, 224, 'bf16', 'eager')
+        log(f'  vim-t bf16 eager with conv backend {conv}: {r["img_per_s"]} img/s')
+        out[conv + '_img_per_s'] = r['img_per_s']
+    os.environ.pop('AMVIM_CONV_BACKEND')
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--suite', choices=['cpu', 'gpu'], required=True)
+    p.add_argument('--parts', nargs='+', default=['main', 'reduction', 'resolution'],
+                   choices=['main', 'reduction', 'resolution', 'profile'])
+    p.add_argument('--models', nargs='+', default=['vim-t', 'amvim-t', 'vim-s', 'amvim-s'])
+    p.add_argument('--cpu-iters', type=int, default=3)
+    p.add_argument('--out-dir', default='benchmarks')
+    args = p.parse_args(argv)
+    if args.suite == 'gpu' and not torch.cuda.is_available():
+        print('error: --suite gpu needs a CUDA device', file=sys.stderr)
+        return 2
+    os.makedirs(args.out_dir, exist_ok=True)
+    result = dict(command='python tools/benchmark.py ' + ' '.join(argv or sys.argv[1:]),
+                  environment=B.environment())
+    log(f'environment: {result["environment"]}')
+    if args.suite == 'cpu':
+        result['cpu'] = cpu_suite(args)
+    else:
+        if 'profile' in args.parts:
+            result['profile'] = gpu_profile(args)
+        if 'main' in args.parts:
+            log('main: whole classifiers, batch 128, 224')
+            result['main'] = gpu_main(args)
+        if 'reduction' in args.parts:
+            log('reduction: ToMe, bf16, batch 128, 224')
+            result['reduction'] = gpu_reduction(args)
+        if 'resolution' in args.parts:
+            log('resolution: bf16, CUDA graph, pixels per batch constant')
+            result['resolution'] = gpu_resolution(args)
+    path = osp.join(args.out_dir, f'benchmark_{args.suite}.json')
+    with open(path, 'w') as f:
+        json.dump(result, f, indent=2)
+    md = [f'# benchmark ({args.suite})', '', f'`{result["command"]}`', '',
+          f'environment: `{json.dumps(result["environment"])}`', '']
+    if 'cpu' in result:
+        md += [B.table(result['cpu']['rows'], ['model', 'scan_backend', 'batch', 'res', 'dtype',
+                                               'img_per_s', 'latency_ms', 'spread_pct']), '',
+               f'summary: {result["cpu"]["summary"]}']
+    if 'main' in result:
+        md += ['## main', B.table(result['main'], ['model', 'dtype', 'mode', 'img_per_s',
+                                                   'official', 'vs_official', 'latency_ms',
+                                                   'spread_pct', 'peak_mem_mib']), '']
+    if 'reduction' in result:
+        md += ['## reduction (ToMe, bf16)', B.table(result['reduction'], [
+            'model', 'mode', 'ratio', 'realised', 'gflops', 'img_per_s', 'speedup',
+            'flops_ratio', 'speedup_over_ideal']), '']
+    if 'resolution' in result:
+        md += ['## resolution (bf16, graph)', B.table(result['resolution'], [
+            'model', 'res', 'batch', 'img_per_s', 'official', 'peak_mem_mib']), '']
+    with open(osp.join(args.out_dir, f'benchmark_{args.suite}.md'), 'w') as f:
+        f.write('\n'.join(md) + '\n')
+    print('\n'.join(md))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

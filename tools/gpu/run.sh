@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# On the GPU machine (the device tool, with `.whl` carried; see tools/gpu/README.md):
+#   bash tools/gpu/run.sh [build] [tests] [bench] [bench-main] [bench-reduction] [bench-resolution]
+# Installs the carried wheels into .gpu_build/site, builds mamba-ssm for this GPU's architecture
+# only (about 140 s for sm_90; reused while the machine stays warm), then runs the GPU tests and
+# the benchmarks. Results and logs go to $OUT (default .gpu_build/out).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/.gpu_build/out}
+SITE=$ROOT/.gpu_build/site
+mkdir -p "$SITE" "$OUT"
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build tests bench)
+# bench-profile: torch.profiler table of one Vim-T bf16 forward (top CUDA kernels)
+has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target "$SITE" .whl/*.whl || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH=$SITE:$ROOT
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+
+build_ext() {  # build_ext SDIST_GLOB PREFIX (the package's env-var prefix) MODULE
+  local glob=$1 prefix=$2 module=$3 src t0
+  ls "$SITE"/${module}*.so >/dev/null 2>&1 && return 0
+  arch=$(python3 -c 'import torch; m, n = torch.cuda.get_device_capability(); print(f"{m}{n}")')
+  echo "building $glob for sm_$arch"
+  rm -rf .gpu_build/src/$glob && mkdir -p .gpu_build/src
+  tar xzf .whl/$glob-*.tar.gz -C .gpu_build/src
+  src=$(ls -d .gpu_build/src/$glob-*/ | head -1)
+  # keep only this GPU's gencode pair (CUDA 13 also rejects old sm_5x-7x entries)
+  python3 - "$src/setup.py" "$arch" <<'PY'
+import sys
+path, arch = sys.argv[1], sys.argv[2]
+s = open(path).read()
+marker = '    # HACK: The compiler flag -D_GLIBCXX_USE_CXX11_ABI'
+assert marker in s, 'unexpected setup.py'
+fix = (f'    cc_flag = [f for f in cc_flag if f != "-gencode" and not f.startswith("arch=")] '
+       f'+ ["-gencode", "arch=compute_{arch},code=sm_{arch}"]\n')
+open(path, 'w').write(s.replace(marker, fix + marker, 1))
+PY
+  t0=$(date +%s)
+  (cd "$src" && env ${prefix}_FORCE_BUILD=TRUE MAX_JOBS=$(nproc) python3 -m pip wheel -q \
+      --no-deps --no-build-isolation -w "$ROOT/.gpu_build/dist" .) > "$OUT/${glob}_build.log" 2>&1 \
+    || { tail -40 "$OUT/${glob}_build.log"; echo "$glob build failed"; return 1; }
+  python3 -m pip install -q --no-deps --no-compile --target "$SITE" .gpu_build/dist/${glob}-*.whl
+  echo "$glob built in $(( $(date +%s) - t0 )) s"
+}
+if has build; then
+  build_ext causal_conv1d CAUSAL_CONV1D causal_conv1d_cuda &
+  conv_pid=$!
+  build_ext mamba_ssm MAMBA selective_scan_cuda || exit 1
+  wait $conv_pid || echo "causal-conv1d build failed: the conv runs on F.conv1d"
+  # mamba_ssm's package __init__ imports optional model code (transformers...): keep the ops only
+  : > "$SITE/mamba_ssm/__init__.py"
+fi
+python3 -c 'from amvim_mm.utils.env import collect_env; i, _ = collect_env(); print(i)' | tee "$OUT/env.txt"
+
+rc=0
+if has tests; then
+  python3 -m pytest -p no:cacheprovider -m gpu -rs -q tests/ops tests/models/test_gpu.py \
+    2>&1 | tee "$OUT/gpu_tests.log"
+  rc=${PIPESTATUS[0]}
+fi
+parts=()
+has bench && parts=(main reduction resolution)
+has bench-main && parts+=(main)
+has bench-reduction && parts+=(reduction)
+has bench-resolution && parts+=(resolution)
+has bench-profile && parts+=(profile)
+if [ ${#parts[@]} -gt 0 ]; then
+  python3 tools/benchmark.py --suite gpu --parts "${parts[@]}" --out-dir "$OUT" 2>&1 \
+    | tee "$OUT/benchmark.log"
+fi
+exit $rc
