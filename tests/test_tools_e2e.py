@@ -47,6 +47,9 @@ def _env():
     env.pop('AMVIM_TRUSTED_DIRS', None)
     env.pop('AMVIM_ALLOW_UNSAFE_LOAD', None)
     env['PYTHONUNBUFFERED'] = '1'
+    # one OpenMP thread per tool process: with other torch processes on the same 2 cores,
+    # spinning OpenMP threads make a 4-iteration training ~10x slower
+    env.setdefault('OMP_NUM_THREADS', '1')
     return env
 
 
@@ -224,7 +227,15 @@ def prune_models(seg_run):
 
 
 def _table_rows(out):
-    lines = [ln for ln in out.splitlines() if ln.startswith('|')]
+    """The markdown table of prune_eval (the training logs print other '|' tables)."""
+    all_lines = out.splitlines()
+    starts = [i for i, ln in enumerate(all_lines) if ln.startswith('| model | method |')]
+    assert starts, out[-3000:]
+    lines = []
+    for ln in all_lines[starts[-1]:]:
+        if not ln.startswith('|'):
+            break
+        lines.append(ln)
     assert len(lines) >= 2, out[-3000:]
     header = [c.strip() for c in lines[0].strip('|').split('|')]
     assert set(lines[1].replace('|', '').replace('-', '').strip()) == set()
@@ -478,12 +489,14 @@ def test_cls_train_and_test(cls_setup):
 
 
 def test_cls_test_official_vim_file(cls_setup, tmp_path):
-    """An official Vim classifier file (``{'model': {...backbone keys, head.weight/bias}}``)."""
+    """An official Vim classifier file (``{'model': {...backbone keys, head.weight/bias}}``),
+    made at 224 like the released ones (the position embedding is resized to the config's 64)."""
     from amvim_mm.models.backbones import Vim
     torch.manual_seed(0)
-    backbone = Vim(arch='test', img_size=64, out_type='cls_token')
+    backbone = Vim(arch='test', img_size=224, out_type='cls_token')
     sd = {k: v.clone() for k, v in backbone.state_dict().items()}
     assert not any(k.startswith('backbone.') for k in sd)
+    assert sd['pos_embed'].shape == (1, 14 * 14 + 1, 32)
     # a head that always answers the last class: top-1 is then exactly the share of that class
     sd['head.weight'] = torch.zeros(NUM_CLASSES, 32)
     sd['head.bias'] = torch.tensor([0.0] * (NUM_CLASSES - 1) + [50.0])

@@ -147,7 +147,7 @@ def test_survivors_in_rank_order_sizes_and_middle_cls(typ, method):
     patches = ctx.pos[ctx.pos >= 0].view(3, -1)
     assert torch.equal(patches, patches.sort(1).values)
     for spec in m.layers[-1].paths:
-        perm = ctx.path_index(spec).perm
+        perm = ctx.path_index(spec).indices(ctx.pos)
         seq = torch.gather(ctx.pos, 1, perm)
         fwd = seq.flip(1) if is_reverse(spec) else seq
         assert (fwd[:, n_patch // 2] == -1).all()          # class token mid-path
@@ -217,7 +217,7 @@ def test_path_gaps_match_bruteforce():
     ctx = _state_after(m, torch.randn(2, 3, 128, 128))
     for spec in [dict(order='raster'), dict(order='raster', reverse=True),
                  dict(order='window', size=3, inner='col', reverse=True)]:
-        perm = ctx.path_index(spec).perm
+        perm = ctx.path_index(spec).indices(ctx.pos)
         gaps = path_gaps(ctx, spec, perm)
         rank = scan_rank(8, 8, spec)
         full = torch.argsort(rank)

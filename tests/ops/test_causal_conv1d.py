@@ -140,7 +140,10 @@ def test_gpu_cuda_kernel_vs_torch(dtype, tol, activation):
         assert y.dtype == dtype
         gx, gw, gb = torch.autograd.grad(y.float().square().sum(), (x, w, b))
         outs[backend], grads[backend] = y.float(), (gx.float(), gw, gb)
-    assert torch.allclose(outs['cuda'], outs['torch'], rtol=tol, atol=tol)
+    # bf16: the kernel accumulates in fp32, F.conv1d in bf16: compare relative to the max
+    # (bf16 rounding is 2^-8 relative; a few ulps apart is the expected gap)
+    err = (outs['cuda'] - outs['torch']).abs().max() / outs['torch'].abs().max()
+    assert err <= (tol if dtype == torch.float32 else 2e-2)
     for g_c, g_t in zip(grads['cuda'], grads['torch']):
         scale = g_t.abs().max()
         assert (g_c - g_t).abs().max() <= 10 * tol * scale

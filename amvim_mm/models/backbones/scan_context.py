@@ -6,7 +6,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .scan_orders import is_reverse, normalize_order, path_permutation, scan_rank
+from .scan_orders import (is_reverse, normalize_order, path_permutation, scan_rank,
+                          scan_rank_on)
 
 
 class PathIndex:
@@ -15,6 +16,13 @@ class PathIndex:
     The canonical Vim layouts are recognised: the identity (Vim's forward path) costs nothing and
     the full reversal (Vim's backward path) is a ``flip``, exactly as in the official code.
     """
+
+    @classmethod
+    def trivial(cls, kind: str) -> 'PathIndex':
+        """The identity or the full reversal, for any sequence length."""
+        idx = cls.__new__(cls)
+        idx.kind, idx.perm, idx.inv = kind, None, None
+        return idx
 
     def __init__(self, perm: torch.Tensor) -> None:
         self.kind = 'gather'
@@ -27,6 +35,14 @@ class PathIndex:
                 self.kind = 'flip'
         self.perm = perm
         self.inv = torch.argsort(perm, dim=-1) if self.kind == 'gather' else None
+
+    def indices(self, pos: torch.Tensor) -> torch.Tensor:
+        """The gather indices as a (B, L) tensor (materialised for identity/flip)."""
+        if self.kind == 'gather':
+            return self.perm if self.perm.dim() == 2 else self.perm.expand(pos.shape[0], -1)
+        ar = torch.arange(pos.shape[-1], device=pos.device)
+        ar = ar.flip(0) if self.kind == 'flip' else ar
+        return ar.expand(pos.shape[0], -1)
 
     @staticmethod
     def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -116,8 +132,7 @@ class ScanContext:
         key = normalize_order(spec)
         if key not in self._gaps:
             from amvim_mm.models.reduction.state import path_gaps
-            idx = self.path_index(spec)
-            self._gaps[key] = path_gaps(self, spec, idx.perm)
+            self._gaps[key] = path_gaps(self, spec, self.path_index(spec).indices(self.pos))
         return self._gaps[key]
 
     def path_index(self, spec) -> PathIndex:
@@ -126,8 +141,12 @@ class ScanContext:
         if idx is None:
             if self.full_grid:
                 idx = _full_grid_index(self.grid, self.cls_index, key, self.pos.device)
+            elif dict(key)['order'] == 'raster' and not (self.has_fused and dict(key)['reverse']):
+                # the reduced sequence keeps raster order with the class token in the middle:
+                # the raster path is the sequence itself, its reverse a flip (no gathers)
+                idx = PathIndex.trivial('flip' if dict(key)['reverse'] else 'identity')
             else:
-                rank = scan_rank(*self.grid, spec)
+                rank = scan_rank_on(*self.grid, spec, self.pos.device)
                 idx = PathIndex(path_permutation(rank, self.pos, self.cls_index,
                                                  is_reverse(spec), n_patches=self.n_patches))
             self._cache[key] = idx

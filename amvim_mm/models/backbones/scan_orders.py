@@ -138,6 +138,20 @@ def scan_rank(H: int, W: int, spec) -> torch.Tensor:
     return _rank_cached(int(H), int(W), key)
 
 
+@functools.lru_cache(maxsize=256)
+def _rank_on(H: int, W: int, key: tuple, device: str) -> torch.Tensor:
+    return _rank_cached(H, W, key).to(device)
+
+
+def scan_rank_on(H: int, W: int, spec, device) -> torch.Tensor:
+    """:func:`scan_rank` on ``device``, cached there (no host-to-device copy per forward,
+    which also keeps the forward pass capturable in a CUDA graph)."""
+    if H < 1 or W < 1:
+        raise ValueError(f'grid must be at least 1x1, got {H}x{W}')
+    key = tuple(kv for kv in normalize_order(spec) if kv[0] != 'reverse')
+    return _rank_on(int(H), int(W), key, str(torch.device(device)))
+
+
 def is_reverse(spec) -> bool:
     return dict(normalize_order(spec))['reverse']
 

@@ -150,7 +150,11 @@ class RandomPrune(TokenReducer):
             raise ValueError(f'RandomPrune: cannot drop {k} of {n} tokens before block {block}')
         if self._gen is None:
             self.start()
-        noise = torch.rand(B, n, generator=self._gen).to(idx.device)
+        noise = torch.rand(B, n, generator=self._gen)   # CPU stream: same choices on any device
+        if idx.is_cuda:
+            noise = noise.pin_memory().to(idx.device, non_blocking=True)
+        else:
+            noise = noise.to(idx.device)
         pick = noise.argsort(dim=1)[:, :k]
         removed = torch.gather(idx, 1, pick)
         return removed, torch.full_like(removed, -1), None

@@ -174,8 +174,8 @@ def path_gaps(ctx: ScanContext, spec, perm: torch.Tensor) -> torch.Tensor:
     gap counts the pruned grid positions between the previous present patch token and ``k`` in
     the path's order over the full grid (class and fused tokens get 0 and are skipped).
     """
-    from ..backbones.scan_orders import is_reverse, scan_rank
-    rank = scan_rank(*ctx.grid, spec).to(perm.device)
+    from ..backbones.scan_orders import is_reverse, scan_rank_on
+    rank = scan_rank_on(*ctx.grid, spec, perm.device)
     B, L = perm.shape
     pos_path = torch.gather(ctx.pos, 1, perm)                            # (B, L)
     is_patch = pos_path >= 0
