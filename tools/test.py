@@ -51,7 +51,8 @@ def main():
     runner = make_runner(cfg)
     load_model_weights(runner.model, args.checkpoint, strict=True)
     metrics = runner.test()
-    print({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
+    print({k: round(float(v), 4) if isinstance(v, (int, float)) or hasattr(v, 'item') else v
+           for k, v in metrics.items()})
 
 
 if __name__ == '__main__':

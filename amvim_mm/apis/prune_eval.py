@@ -32,7 +32,11 @@ def load_results(path: str) -> Dict[str, object]:
     if not osp.isfile(path):
         return dict(results=[])
     with open(path) as f:
-        data = json.load(f)
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f'{path} is not valid JSON ({e}); move it away or pick another '
+                             '--out-dir') from None
     if not isinstance(data, dict) or 'results' not in data:
         raise ValueError(f'{path} is not a results file of prune_eval (no "results" list); '
                          'move it away or pick another --out-dir')

@@ -86,7 +86,11 @@ def load_model_weights(model, filename: str, strict: bool = True) -> None:
         head = getattr(model, 'head', None)
         with_head = head is not None and isinstance(getattr(head, 'fc', None), nn.Linear)
         sd = convert_vim_official(sd, with_head=with_head)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        raise CheckpointMismatchError(f'{filename} does not fit {type(model).__name__}: '
+                                      f'{e}') from None
     if missing or unexpected:
         msg = (f'{filename} vs {type(model).__name__}: '
                + (f'missing keys ({len(missing)}): {list(missing)[:20]}'

@@ -44,8 +44,7 @@ optim_wrapper = dict(
     paramwise_cfg=dict(layer_decay_rate=0.7))
 max_iters = 184375
 interval = 5000
-train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters,
-                 val_interval=interval)
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=interval)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 param_scheduler = [

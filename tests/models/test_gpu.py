@@ -106,4 +106,5 @@ def test_gpu_cuda_graph_capture_with_reduction():
             out = gpu(x)[0]
         g.replay()
         torch.cuda.synchronize()
-    assert torch.equal(out, ref)
+    # ToMe merges with scatter_add, whose float summation order on CUDA is not fixed
+    assert rel(out, ref) < 1e-5

@@ -1,0 +1,49 @@
+"""GFLOPs of a Vim-family backbone, with or without token reduction (analytic counter).
+
+    python tools/get_flops.py --model Vim --arch tiny [--size 224] [--ratios 0 0.17 0.27 0.36 0.46]
+                              [--method ToMe] [--num-classes 1000]
+
+Convention: MACs of the linear/conv layers + the selective scan as 9*L*E*N per path (mamba-ssm's
+convention) with the per-block token counts of the reduction schedule
+(amvim_mm.analysis.flops).
+"""
+import argparse
+import sys
+import warnings
+
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
+import amvim_mm  # noqa: F401,E402
+from amvim_mm.analysis.flops import vim_family_flops  # noqa: E402
+from amvim_mm.registry import MODELS  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--model', default='Vim', choices=['Vim', 'AMVim', 'LocalVim'])
+    p.add_argument('--arch', default='tiny')
+    p.add_argument('--size', type=int, default=224)
+    p.add_argument('--method', default='ToMe', choices=['ToMe', 'RandomPrune'])
+    p.add_argument('--ratios', nargs='+', type=float, default=[0])
+    p.add_argument('--num-classes', type=int, default=1000)
+    args = p.parse_args(argv)
+    try:
+        model = MODELS.build(dict(type=args.model, arch=args.arch, img_size=args.size))
+        rows = []
+        for r in args.ratios:
+            red = dict(type=args.method, ratio=r) if r else None
+            f = vim_family_flops(model, args.size, red, num_classes=args.num_classes)
+            rows.append((r, f))
+    except (KeyError, ValueError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    print(f'| {args.model}-{args.arch} {args.size} | ratio | realised | final tokens | GFLOPs |')
+    print('|---|---|---|---|---|')
+    for r, f in rows:
+        print(f"| {args.method if r else 'none'} | {r:.2f} | {f['realised_ratio']:.3f} | "
+              f"{f['tokens'][-1]} | {f['gflops']:.3f} |")
+    print(f"\nconvention: {rows[0][1]['convention']}")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
