@@ -44,49 +44,33 @@ class PathIndex:
         ar = ar.flip(0) if self.kind == 'flip' else ar
         return ar.expand(pos.shape[0], -1)
 
-    @staticmethod
-    def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    def _apply(self, x: torch.Tensor, dim: int, inverse: bool) -> torch.Tensor:
+        if self.kind == 'identity':
+            return x
+        if self.kind == 'flip':
+            return x.flip(dim)
+        idx = self.inv if inverse else self.perm
         if idx.dim() == 1:
-            return x.index_select(1, idx)
-        return torch.gather(x, 1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+            return x.index_select(dim, idx)
+        # per-sample indices (B, L): broadcast over the channel dimension
+        idx = idx.unsqueeze(3 - dim) if dim == 2 else idx.unsqueeze(-1)
+        return torch.gather(x, dim, idx.expand_as(x))
 
     def to_path(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, C) in token order -> (B, L, C) in path order."""
-        if self.kind == 'identity':
-            return x
-        if self.kind == 'flip':
-            return x.flip(1)
-        return self._take(x, self.perm)
-
-    @staticmethod
-    def _take_cf(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        if idx.dim() == 1:
-            return x.index_select(2, idx)
-        return torch.gather(x, 2, idx.unsqueeze(1).expand(-1, x.shape[1], -1))
-
-    def to_path_cf(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, L) channel-first in token order -> path order."""
-        if self.kind == 'identity':
-            return x
-        if self.kind == 'flip':
-            return x.flip(2)
-        return self._take_cf(x, self.perm)
-
-    def to_tokens_cf(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, L) channel-first in path order -> token order."""
-        if self.kind == 'identity':
-            return x
-        if self.kind == 'flip':
-            return x.flip(2)
-        return self._take_cf(x, self.inv)
+        return self._apply(x, 1, inverse=False)
 
     def to_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, C) in path order -> (B, L, C) in token order."""
-        if self.kind == 'identity':
-            return x
-        if self.kind == 'flip':
-            return x.flip(1)
-        return self._take(x, self.inv)
+        return self._apply(x, 1, inverse=True)
+
+    def to_path_cf(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, L) channel-first in token order -> path order."""
+        return self._apply(x, 2, inverse=False)
+
+    def to_tokens_cf(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, L) channel-first in path order -> token order."""
+        return self._apply(x, 2, inverse=True)
 
 
 class ScanContext:
