@@ -171,10 +171,13 @@ def plot(data: Dict[str, object], path: str) -> str:
     series: Dict[Tuple[str, str], List[dict]] = {}
     for r in data['results']:
         series.setdefault((r['model'], r['method']), []).append(r)
+    models = sorted({m for m, _ in series})
+    colors = {m: plt.get_cmap('tab10')(i % 10) for i, m in enumerate(models)}
+    styles = {'tome': '-', 'random': '--'}
     for (model, method), rs in sorted(series.items()):
         rs = sorted(rs, key=lambda r: r['ratio'])
-        ax.plot([r['ratio'] for r in rs], [r['metric'] for r in rs],
-                marker='o', linestyle='-' if method == 'tome' else '--',
+        ax.plot([r['ratio'] for r in rs], [r['metric'] for r in rs], color=colors[model],
+                marker='o' if method == 'tome' else 's', linestyle=styles.get(method, ':'),
                 label=f'{model} / {method}')
     name = data['results'][0]['metric_name'] if data['results'] else 'metric'
     ax.set_xlabel('token reduction ratio (training-free)')

@@ -21,7 +21,10 @@ def atomic_write_bytes(data: bytes, filepath: Union[str, Path]) -> None:
     filepath = Path(filepath)
     filepath.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f'.{filepath.name}.', suffix='.tmp', dir=filepath.parent)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)   # mkstemp creates 0600; give the usual file mode
         with os.fdopen(fd, 'wb') as f:
             f.write(data)
             f.flush()
