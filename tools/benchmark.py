@@ -35,15 +35,11 @@ def log(msg):
 def cpu_suite(args):
     rows = []
     torch.manual_seed(0)
-    for backend in ('torch', 'reference'):
-        m = B.build('vim-t', head=True, scan_backend=backend, device='cpu')
-        r = B.measure(m, 1, 224, 'fp32', 'eager', warmup=1, iters=args.cpu_iters, repeats=3)
-        rows.append(dict(model='vim-t', scan_backend=backend, **r))
-        log(f'  vim-t {backend}: {r}')
-    m = B.build('amvim-t', head=True, scan_backend='torch', device='cpu')
-    r = B.measure(m, 1, 224, 'fp32', 'eager', warmup=1, iters=args.cpu_iters, repeats=3)
-    rows.append(dict(model='amvim-t', scan_backend='torch', **r))
-    log(f'  amvim-t torch: {r}')
+    for name, backend in (('vim-t', 'torch'), ('vim-t', 'reference'), ('amvim-t', 'torch')):
+        m = B.build(name, head=True, scan_backend=backend, device='cpu')
+        r = B.measure(m, 1, 224, 'fp32', 'eager', warmup=2, iters=args.cpu_iters, repeats=5)
+        rows.append(dict(model=name, scan_backend=backend, **r))
+        log(f'  {name} {backend}: {r}')
     t, ref, am = rows[0]['img_per_s'], rows[1]['img_per_s'], rows[2]['img_per_s']
     summary = dict(torch_over_reference=round(t / ref, 2), amvim_over_vim=round(am / t, 3))
     return dict(rows=rows, summary=summary)
@@ -138,7 +134,7 @@ def main(argv=None):
     p.add_argument('--parts', nargs='+', default=['main', 'reduction', 'resolution'],
                    choices=['main', 'reduction', 'resolution', 'profile'])
     p.add_argument('--models', nargs='+', default=['vim-t', 'amvim-t', 'vim-s', 'amvim-s'])
-    p.add_argument('--cpu-iters', type=int, default=3)
+    p.add_argument('--cpu-iters', type=int, default=5)
     p.add_argument('--out-dir', default='benchmarks')
     args = p.parse_args(argv)
     if args.suite == 'gpu' and not torch.cuda.is_available():

@@ -100,7 +100,7 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
             continue
         cfg = load_config(config, cfg_options, work_dir=osp.join(out_dir, 'work', names[i]))
         if not verbose:
-            cfg.log_level = 'WARNING'
+            cfg.log_level = 'ERROR'
             cfg.default_hooks.logger = dict(type='LoggerHook', interval=10**9)
         scope = cfg.default_scope
         metric_key = PRIMARY_METRICS[scope]
