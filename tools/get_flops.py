@@ -3,8 +3,9 @@
     python tools/get_flops.py --model Vim --arch tiny [--size 224] [--ratios 0 0.17 0.27 0.36 0.46]
                               [--method ToMe] [--num-classes 1000]
 
-Convention: MACs of the linear/conv layers + the selective scan as 9*L*E*N per path (mamba-ssm's
-convention) with the per-block token counts of the reduction schedule
+Default convention: MACs of the linear/conv layers + the selective scan as 9*L*E*N per path
+(mamba-ssm's convention) with the per-block token counts of the reduction schedule;
+``--convention localmamba`` uses LocalMamba's flops() formula, the one behind the papers' tables
 (amvim_mm.analysis.flops).
 """
 import argparse
@@ -25,13 +26,20 @@ def main(argv=None) -> int:
     p.add_argument('--method', default='ToMe', choices=['ToMe', 'RandomPrune'])
     p.add_argument('--ratios', nargs='+', type=float, default=[0])
     p.add_argument('--num-classes', type=int, default=1000)
+    p.add_argument('--convention', default='mamba', choices=['mamba', 'localmamba'],
+                   help='FLOPs convention (amvim_mm.analysis.flops)')
+    p.add_argument('--count-after-merge', action='store_true',
+                   help='count each reduction from the block after it (compare with counters '
+                        'that merge at the end of a block)')
     args = p.parse_args(argv)
     try:
         model = MODELS.build(dict(type=args.model, arch=args.arch, img_size=args.size))
         rows = []
         for r in args.ratios:
             red = dict(type=args.method, ratio=r) if r else None
-            f = vim_family_flops(model, args.size, red, num_classes=args.num_classes)
+            f = vim_family_flops(model, args.size, red, num_classes=args.num_classes,
+                                 convention=args.convention,
+                                 count_after_merge=args.count_after_merge)
             rows.append((r, f))
     except (KeyError, ValueError) as e:
         print(f'error: {e}', file=sys.stderr)

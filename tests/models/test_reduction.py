@@ -97,6 +97,25 @@ def test_flops_counter_tiny():
     assert g[0] == pytest.approx((196 * 3 * 256 * D + 24 * per + D * 1000) / 1e9)
 
 
+def test_flops_localmamba_convention_vs_published():
+    """The papers' counter (LocalMamba's flops()) against the AMVim paper's Vim-T row."""
+    m = MODELS.build(dict(type='Vim', arch='tiny'))
+    published = [1.45, 1.27, 1.13, 1.00, 0.86]
+    ratios = (0, 0.17, 0.27, 0.36, 0.46)
+
+    def g(after):
+        return [vim_family_flops(m, 224, dict(type='ToMe', ratio=r) if r else None,
+                                 num_classes=1000, convention='localmamba',
+                                 count_after_merge=after)['gflops'] for r in ratios]
+    # merges counted from the block after each even block: every row within 3 %
+    for ours, pub in zip(g(True), published):
+        assert abs(ours / pub - 1) < 0.03
+    # as our protocol applies them (before the even blocks) the strongest ratio is 6 % lower
+    assert abs(g(False)[-1] / published[-1] - 1) > 0.05
+    with pytest.raises(ValueError, match="unknown FLOPs convention 'fvcore'"):
+        vim_family_flops(m, 224, None, convention='fvcore')
+
+
 @pytest.mark.parametrize('typ', ['Vim', 'AMVim', 'LocalVim'])
 @pytest.mark.parametrize('method', [dict(type='ToMe', r=2), dict(type='RandomPrune', r=3),
                                     dict(type='ToP', keep_rate=0.6, locations=(0, 1)),
