@@ -46,7 +46,13 @@ _KEYS = {
 
 
 def normalize_order(spec) -> Tuple[Tuple[str, object], ...]:
-    """Validate a scan-order dict and return a hashable, canonical form."""
+    """Validate a scan-order dict and return a hashable, canonical form.
+
+    An already canonical form (the tuple this returns) is passed through unchecked, so hot
+    paths can normalise once and reuse the key.
+    """
+    if isinstance(spec, tuple):
+        return spec
     if isinstance(spec, str):
         spec = dict(order=spec)
     if not isinstance(spec, dict) or 'order' not in spec:

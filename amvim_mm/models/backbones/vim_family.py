@@ -167,14 +167,15 @@ class VimBlock(nn.Module):
         self.norm = RMSNorm(embed_dims, eps=norm_eps)
         self.mixer = mixer
         self.drop_path = DropPath(drop_path)
-        self.paths = tuple(dict(normalize_order(p)) for p in paths)
+        self.path_keys = tuple(normalize_order(p) for p in paths)   # validated once
+        self.paths = tuple(dict(k) for k in self.path_keys)
 
     def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
                 ctx: ScanContext) -> Tuple[torch.Tensor, torch.Tensor]:
         residual = hidden if residual is None else residual + self.drop_path(hidden)
         hidden = self.norm(residual.to(self.norm.weight.dtype))
         residual = residual.float()
-        return self.mixer(hidden, ctx, self.paths), residual
+        return self.mixer(hidden, ctx, self.path_keys), residual
 
 
 def _canonical_arch(arch_zoo: Dict[str, dict], arch: Union[str, dict],
