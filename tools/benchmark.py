@@ -6,8 +6,10 @@
 Suites:
   cpu: Vim-T at 224 on the CPU, the ``torch`` scan backend against the ``reference`` loop
        (ratio in one run), and AMVim-T against Vim-T.
-  gpu: (main) Vim-T/S and AMVim-T/S whole classifiers, batch 128, 224, fp32 and bf16, eager
-       and CUDA-graph, next to the official code's anchors; (reduction) ToMe at ratios
+  gpu: (tune) launch configuration of the fused scan kernel; (main) Vim-T/S and AMVim-T/S
+       whole classifiers, batch 128, 224, fp32 and bf16, eager and CUDA-graph, the unfused
+       mixer (mamba-ssm kernels) and the fused Triton mixer side by side, next to the official
+       code's anchors; (reduction) ToMe at ratios
        0/0.17/0.27/0.36/0.46: measured speed-up against the FLOPs ratio; (resolution) 224 to
        1024 with the batch scaled to keep pixels constant.
 Every row records the command, device and versions.
@@ -45,21 +47,47 @@ def cpu_suite(args):
     return dict(rows=rows, summary=summary)
 
 
+MIXERS = {'fused': True, 'unfused': False}
+
+
+def gpu_tune(args):
+    """Launch configuration of the fused scan kernel: Vim-T bf16 graph throughput per
+    (BLOCK_E, num_warps); the best is used for the rest of the run."""
+    from amvim_mm.ops import fused_mixer as FM
+    rows = []
+    m = B.build('vim-t', 224, head=True, fused_mixer=True)
+    for block_e in (8, 16, 32, 64):
+        for warps in (1, 2, 4):
+            if block_e * 16 < 32 * warps:   # fewer state elements than threads
+                continue
+            FM.SCAN_BLOCK_E, FM.SCAN_WARPS = block_e, warps
+            r = B.measure(m, 128, 224, 'bf16', 'graph', warmup=3, iters=10, repeats=3)
+            r.update(block_e=block_e, warps=warps)
+            rows.append(r)
+            log(f'  BLOCK_E {block_e} warps {warps}: {r["img_per_s"]} img/s')
+    best = max(rows, key=lambda r: r['img_per_s'])
+    FM.SCAN_BLOCK_E, FM.SCAN_WARPS = best['block_e'], best['warps']
+    log(f'  using BLOCK_E {best["block_e"]} warps {best["warps"]}')
+    return rows
+
+
 def gpu_main(args):
     rows = []
     for name in args.models:
         for dtype in ('fp32', 'bf16'):
             for mode in ('eager', 'graph'):
-                m = B.build(name, 224, head=True)
-                r = B.measure(m, 128, 224, dtype, mode)
-                r.update(model=name, official=B.OFFICIAL_ANCHORS.get((name, dtype)))
-                if r['official']:
-                    r['vs_official'] = round(r['img_per_s'] / r['official'], 3)
-                rows.append(r)
-                log(f'  {name} {dtype} {mode}: {r["img_per_s"]} img/s '
-                    f'(official {r["official"]}), {r.get("peak_mem_mib")} MiB')
-                del m
-                torch.cuda.empty_cache()
+                for mixer in args.mixers:
+                    m = B.build(name, 224, head=True, fused_mixer=MIXERS[mixer])
+                    r = B.measure(m, 128, 224, dtype, mode)
+                    r.update(model=name, mixer=mixer,
+                             official=B.OFFICIAL_ANCHORS.get((name, dtype)))
+                    if r['official']:
+                        r['vs_official'] = round(r['img_per_s'] / r['official'], 3)
+                    rows.append(r)
+                    log(f'  {name} {dtype} {mode} {mixer}: {r["img_per_s"]} img/s '
+                        f'(official {r["official"]}), {r.get("peak_mem_mib")} MiB')
+                    del m
+                    torch.cuda.empty_cache()
     return rows
 
 
@@ -104,12 +132,11 @@ def gpu_resolution(args):
 
 
 def gpu_profile(args):
-    """Top CUDA kernels of one Vim-T bf16 forward (batch 128, 224), per conv backend."""
+    """Top CUDA kernels of one Vim-T and AMVim-T bf16 forward (batch 128, 224), per mixer."""
     from torch.profiler import ProfilerActivity, profile
     out = {}
-    for conv in ('torch', 'auto'):
-        os.environ['AMVIM_CONV_BACKEND'] = conv
-        m = B.build('vim-t', 224, head=True)
+    for name, mixer in (('vim-t', 'unfused'), ('vim-t', 'fused'), ('amvim-t', 'fused')):
+        m = B.build(name, 224, head=True, fused_mixer=MIXERS[mixer])
         x = torch.randn(128, 3, 224, 224, device='cuda')
         with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
             for _ in range(3):
@@ -119,12 +146,8 @@ def gpu_profile(args):
                 m(x)
                 torch.cuda.synchronize()
         t = prof.key_averages().table(sort_by='cuda_time_total', row_limit=15)
-        out[conv] = t
-        log(f'profile, AMVIM_CONV_BACKEND={conv}:\n{t}')
-        r = B.measure(m, 128, 224, 'bf16', 'eager')
-        log(f'  vim-t bf16 eager with conv backend {conv}: {r["img_per_s"]} img/s')
-        out[conv + '_img_per_s'] = r['img_per_s']
-    os.environ.pop('AMVIM_CONV_BACKEND')
+        out[f'{name}_{mixer}'] = t
+        log(f'profile, {name} {mixer} mixer:\n{t}')
     return out
 
 
@@ -132,7 +155,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--suite', choices=['cpu', 'gpu'], required=True)
     p.add_argument('--parts', nargs='+', default=['main', 'reduction', 'resolution'],
-                   choices=['main', 'reduction', 'resolution', 'profile'])
+                   choices=['tune', 'main', 'reduction', 'resolution', 'profile'])
+    p.add_argument('--mixers', nargs='+', default=['unfused', 'fused'], choices=list(MIXERS),
+                   help='main part: the mixer implementations to time side by side')
     p.add_argument('--models', nargs='+', default=['vim-t', 'amvim-t', 'vim-s', 'amvim-s'])
     p.add_argument('--cpu-iters', type=int, default=5)
     p.add_argument('--out-dir', default='benchmarks')
@@ -147,6 +172,9 @@ def main(argv=None):
     if args.suite == 'cpu':
         result['cpu'] = cpu_suite(args)
     else:
+        if 'tune' in args.parts:
+            log('tune: fused scan kernel launch configuration (Vim-T bf16 graph)')
+            result['tune'] = gpu_tune(args)
         if 'profile' in args.parts:
             result['profile'] = gpu_profile(args)
         if 'main' in args.parts:
@@ -168,9 +196,12 @@ def main(argv=None):
                                                'img_per_s', 'latency_ms', 'spread_pct']), '',
                f'summary: {result["cpu"]["summary"]}']
     if 'main' in result:
-        md += ['## main', B.table(result['main'], ['model', 'dtype', 'mode', 'img_per_s',
+        md += ['## main', B.table(result['main'], ['model', 'dtype', 'mode', 'mixer', 'img_per_s',
                                                    'official', 'vs_official', 'latency_ms',
                                                    'spread_pct', 'peak_mem_mib']), '']
+    if 'tune' in result:
+        md += ['## tune (fused scan kernel, Vim-T bf16 graph)', B.table(
+            result['tune'], ['block_e', 'warps', 'img_per_s', 'spread_pct']), '']
     if 'reduction' in result:
         md += ['## reduction (ToMe, bf16)', B.table(result['reduction'], [
             'model', 'mode', 'ratio', 'realised', 'gflops', 'img_per_s', 'speedup',

@@ -50,12 +50,16 @@ class Classifier(nn.Module):
 
 def build(name: str, img_size: int = 224, head: bool = True,
           token_reduction: Optional[dict] = None, scan_backend: Optional[str] = None,
-          device: str = 'cuda') -> nn.Module:
+          device: str = 'cuda', fused_mixer: Optional[bool] = None) -> nn.Module:
+    """A benchmark model; ``fused_mixer`` as in :class:`~amvim_mm.models.backbones.Vim`
+    (``None``: the automatic choice, the fused Triton mixer for CUDA inference)."""
     from amvim_mm.registry import MODELS as REG
     if name not in MODELS:
         raise KeyError(f'unknown model {name!r}; choose from {", ".join(MODELS)}')
     cfg = dict(MODELS[name], img_size=img_size, out_type='cls_token',
                token_reduction=token_reduction, scan_backend=scan_backend)
+    if fused_mixer is not None:
+        cfg['fused_mixer'] = fused_mixer
     backbone = REG.build(cfg)
     model = Classifier(backbone) if head else backbone
     return model.to(device).eval()

@@ -33,7 +33,10 @@ def rel(a, b):
 def pair(typ, **kw):
     torch.manual_seed(0)
     cpu = MODELS.build(dict(type=typ, arch='tiny', img_size=224, **kw)).eval()
-    gpu = MODELS.build(dict(type=typ, arch='tiny', img_size=224, **kw)).eval().cuda()
+    # the unfused mixer: these tests check the mamba-ssm kernels (the fused Triton path has
+    # its own tests in test_fused_mixer.py)
+    gpu = MODELS.build(dict(type=typ, arch='tiny', img_size=224, fused_mixer=False,
+                            **kw)).eval().cuda()
     gpu.load_state_dict(cpu.state_dict())
     return cpu, gpu
 

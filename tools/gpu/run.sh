@@ -12,7 +12,10 @@ OUT=${OUT:-$ROOT/.gpu_build/out}
 SITE=$ROOT/.gpu_build/site
 mkdir -p "$SITE" "$OUT"
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build tests bench)
-# bench-profile: torch.profiler table of one Vim-T bf16 forward (top CUDA kernels)
+# bench-tune: launch configuration of the fused Triton scan kernel (the best is used afterwards)
+# bench-profile: torch.profiler tables of Vim-T/AMVim-T bf16 forwards (top CUDA kernels)
+# Wheels built here are copied to $OUT/built; carried back in .whl/built/ they are installed
+# instead of building again (same GPU architecture and image).
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -23,6 +26,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 build_ext() {  # build_ext SDIST_GLOB PREFIX (the package's env-var prefix) MODULE
   local glob=$1 prefix=$2 module=$3 src t0
   ls "$SITE"/${module}*.so >/dev/null 2>&1 && return 0
+  if ls .whl/built/${glob}-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-deps --no-compile --target "$SITE" .whl/built/${glob}-*.whl \
+      && { echo "$glob installed from .whl/built"; return 0; }
+  fi
   arch=$(python3 -c 'import torch; m, n = torch.cuda.get_device_capability(); print(f"{m}{n}")')
   echo "building $glob for sm_$arch"
   rm -rf .gpu_build/src/$glob && mkdir -p .gpu_build/src
@@ -44,6 +51,7 @@ PY
       --no-deps --no-build-isolation -w "$ROOT/.gpu_build/dist" .) > "$OUT/${glob}_build.log" 2>&1 \
     || { tail -40 "$OUT/${glob}_build.log"; echo "$glob build failed"; return 1; }
   python3 -m pip install -q --no-deps --no-compile --target "$SITE" .gpu_build/dist/${glob}-*.whl
+  mkdir -p "$OUT/built" && cp .gpu_build/dist/${glob}-*.whl "$OUT/built/"
   echo "$glob built in $(( $(date +%s) - t0 )) s"
 }
 if has build; then
@@ -59,17 +67,20 @@ python3 -c 'from amvim_mm.utils.env import collect_env; i, _ = collect_env(); pr
 rc=0
 if has tests; then
   python3 -m pytest -p no:cacheprovider -m gpu -rs -q tests/ops tests/models/test_gpu.py \
+    tests/models/test_fused_mixer.py \
     2>&1 | tee "$OUT/gpu_tests.log"
   rc=${PIPESTATUS[0]}
 fi
 parts=()
-has bench && parts=(main reduction resolution)
+has bench && parts=(tune main reduction resolution)
+has bench-tune && parts+=(tune)
 has bench-main && parts+=(main)
 has bench-reduction && parts+=(reduction)
 has bench-resolution && parts+=(resolution)
 has bench-profile && parts+=(profile)
 if [ ${#parts[@]} -gt 0 ]; then
-  python3 tools/benchmark.py --suite gpu --parts "${parts[@]}" --out-dir "$OUT" 2>&1 \
+  python3 tools/benchmark.py --suite gpu --parts "${parts[@]}" --out-dir "$OUT" \
+    --models ${BENCH_MODELS:-vim-t amvim-t vim-s amvim-s} 2>&1 \
     | tee "$OUT/benchmark.log"
 fi
 exit $rc

@@ -76,6 +76,8 @@ class LocalMambaMixer(BiMambaMixer):
     """Per-direction conv1d/x_proj/dt_proj/A/D (``conv1d_{k}``, ``A_log_{k}``...), shared
     in/out projections and channel-attention gate, **summed** path outputs."""
 
+    supports_fused = False  # paths are merged by channel attention, not averaged
+
     def __init__(self, embed_dims: int, num_paths: int = 4, **kwargs) -> None:
         super().__init__(embed_dims, suffixes=tuple(f'_{k}' for k in range(num_paths)),
                          **kwargs)

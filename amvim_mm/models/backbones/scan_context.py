@@ -108,6 +108,7 @@ class ScanContext:
         self.importance: Optional[torch.Tensor] = None
         self.align: Optional[str] = None
         self._gaps: Dict[tuple, Optional[torch.Tensor]] = {}
+        self._perms: Dict[tuple, torch.Tensor] = {}
 
     def path_gaps(self, spec) -> Optional[torch.Tensor]:
         """(B, L) pruned-gap counts in the path's order when alignment is on, else None."""
@@ -118,6 +119,20 @@ class ScanContext:
             from amvim_mm.models.reduction.state import path_gaps
             self._gaps[key] = path_gaps(self, spec, self.path_index(spec).indices(self.pos))
         return self._gaps[key]
+
+    def path_perms(self, keys: Tuple[tuple, ...]) -> torch.Tensor:
+        """(P, 1 or B, L) int32: token at each position of each path (for the fused mixer).
+
+        ``keys`` are normalised scan orders (``normalize_order``), one per path.
+        """
+        if self.full_grid:
+            return _full_grid_perms(self.grid, self.cls_index, tuple(keys), self.pos.device)
+        perms = self._perms.get(tuple(keys))
+        if perms is None:
+            perms = _stack_perms([self.path_index(k) for k in keys], self.pos.shape[-1],
+                                 self.pos.device)
+            self._perms[tuple(keys)] = perms
+        return perms
 
     def path_index(self, spec) -> PathIndex:
         key = normalize_order(spec)
@@ -147,3 +162,26 @@ def _full_grid_index(grid: Tuple[int, int], cls_index: int, key: tuple, device) 
     spec = dict(key)
     perm = path_permutation(scan_rank(*grid, spec), pos, cls_index, spec['reverse'])
     return PathIndex(perm.to(device))
+
+
+def _stack_perms(indices, length: int, device) -> torch.Tensor:
+    rows = []
+    for idx in indices:
+        if idx.kind == 'gather':
+            rows.append(idx.perm)
+        else:
+            ar = torch.arange(length, device=device)
+            rows.append(ar.flip(0) if idx.kind == 'flip' else ar)
+    if any(r.dim() == 2 for r in rows):
+        bsz = next(r.shape[0] for r in rows if r.dim() == 2)
+        rows = [r if r.dim() == 2 else r.expand(bsz, -1) for r in rows]
+    else:
+        rows = [r.unsqueeze(0) for r in rows]
+    return torch.stack(rows).to(torch.int32).contiguous()
+
+
+@functools.lru_cache(maxsize=512)
+def _full_grid_perms(grid: Tuple[int, int], cls_index: int, keys: tuple, device) -> torch.Tensor:
+    """:meth:`ScanContext.path_perms` of the unreduced sequence, cached per grid and device."""
+    M = grid[0] * grid[1] + (1 if cls_index >= 0 else 0)
+    return _stack_perms([_full_grid_index(grid, cls_index, k, device) for k in keys], M, device)

@@ -22,7 +22,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
+from amvim_mm.ops.backends import log_choice_once, requested_backend
 from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
+from amvim_mm.ops.fused_mixer import fused_mixer_available, fused_mixer_forward, fused_requested
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from .layers import DropPath, PatchEmbed, RMSNorm, infer_square_grid, resize_pos_embed
 from .scan_context import ScanContext
@@ -46,7 +48,16 @@ class BiMambaMixer(nn.Module):
         dt_rank: rank R of the delta projection; ``None`` means ceil(D / 16).
         suffixes: one parameter-name suffix per path.
         scan_backend: selective-scan backend (``None``: automatic, see ``amvim_mm.ops``).
+        fused: the fused Triton inference path (:mod:`amvim_mm.ops.fused_mixer`): ``None``
+            (automatic: on for CUDA tensors when no gradient is wanted, Triton imports and no
+            scan backend was forced by argument or ``AMVIM_SCAN_BACKEND``), ``True`` (always
+            when no gradient is wanted; CPU tensors then run Triton's interpreter, for tests) or
+            ``False`` (never). ``AMVIM_FUSED_MIXER=0/1`` overrides ``None``. Training, ToP
+            alignment and importance scores always take the unfused path.
     """
+
+    #: the fused path computes the mean of the paths; subclasses that merge otherwise say False
+    supports_fused = True
 
     def __init__(self,
                  embed_dims: int,
@@ -58,8 +69,11 @@ class BiMambaMixer(nn.Module):
                  dt_min: float = 0.001,
                  dt_max: float = 0.1,
                  dt_init_floor: float = 1e-4,
-                 scan_backend: Optional[str] = None) -> None:
+                 scan_backend: Optional[str] = None,
+                 fused: Optional[bool] = None) -> None:
         super().__init__()
+        self.fused = fused
+        self._fused_cache: Optional[tuple] = None
         self.embed_dims = embed_dims
         self.d_state = d_state
         self.d_inner = E = expand * embed_dims
@@ -139,10 +153,60 @@ class BiMambaMixer(nn.Module):
             out = out + y
         return out / len(ys)
 
+    def use_fused(self, hidden: torch.Tensor, ctx: ScanContext) -> bool:
+        """Whether this call takes the fused inference path (see ``fused`` in the class doc)."""
+        setting = fused_requested(self.fused)
+        if setting is False or not self.supports_fused:
+            return False
+        if ctx.want_importance or (ctx.align is not None and ctx.reduced):
+            return False
+        if torch.is_grad_enabled() and (hidden.requires_grad or self.in_proj.weight.requires_grad):
+            return False
+        if setting is None:
+            if not hidden.is_cuda or requested_backend(self.scan_backend) != 'auto':
+                return False
+            if self.d_state & (self.d_state - 1):
+                return False
+            ok = fused_mixer_available('cuda')[0]
+            if ok:
+                log_choice_once('mixer', 'fused triton', 'inference')
+            return ok
+        ok, reason = fused_mixer_available(hidden.device.type)
+        if not ok:
+            raise RuntimeError(f'the fused mixer was requested (fused=True or '
+                               f'AMVIM_FUSED_MIXER=1) but is not usable: {reason}')
+        return True
+
+    def fused_params(self) -> Tuple[torch.Tensor, ...]:
+        """The per-path parameters stacked for the fused kernels (cached until one changes)."""
+        params = [p for k in range(self.num_paths) for p in self.path_params(k)]
+        flat = []
+        for m in params:
+            flat.extend(m.parameters() if isinstance(m, nn.Module) else (m, ))
+        key = tuple((t.data_ptr(), t._version, t.dtype) for t in flat)
+        if self._fused_cache is not None and self._fused_cache[0] == key:
+            return self._fused_cache[1]
+        with torch.no_grad():
+            per = [self.path_params(k) for k in range(self.num_paths)]
+            stacked = (
+                torch.stack([c.weight[:, 0] for c, *_ in per]),               # (P, E, K)
+                torch.stack([c.bias for c, *_ in per]),                       # (P, E)
+                torch.stack([x.weight for _, x, *_ in per]),                  # (P, R+2N, E)
+                torch.stack([d.weight for _, _, d, *_ in per]).float(),       # (P, E, R)
+                torch.stack([d.bias for _, _, d, *_ in per]).float(),         # (P, E)
+                torch.stack([-torch.exp(a.float()) for *_, a, _ in per]),     # (P, E, N)
+                torch.stack([d for *_, d in per]).float(),                    # (P, E)
+            )
+        self._fused_cache = (key, stacked)
+        return stacked
+
     def forward(self, hidden: torch.Tensor, ctx: ScanContext, paths: Sequence) -> torch.Tensor:
         if len(paths) != self.num_paths:
             raise ValueError(f'{type(self).__name__} has {self.num_paths} paths, '
                              f'got {len(paths)} scan orders')
+        if self.use_fused(hidden, ctx):
+            return fused_mixer_forward(hidden, self.in_proj.weight, self.out_proj.weight,
+                                       *self.fused_params(), ctx.path_perms(paths))
         Bsz, L, _ = hidden.shape
         # (2E, D) @ (D, B*L) -> (B, 2E, L) view with unit stride along L (official layout)
         xz = (self.in_proj.weight @ hidden.reshape(Bsz * L, -1).t()).view(-1, Bsz, L)
@@ -242,6 +306,8 @@ class VimFamilyBackbone(BaseModule):
         frozen_stages: freeze the embeddings and the first ``frozen_stages`` blocks (-1: none).
         interpolate_mode: position-embedding resize mode.
         scan_backend: selective-scan backend for every block (``None``: automatic).
+        fused_mixer: the fused Triton inference path of the mixers (``None``: automatic, on
+            for CUDA inference when Triton imports; see :class:`BiMambaMixer`).
         norm_eps: RMSNorm epsilon.
         token_reduction: switch on a token reducer, e.g. ``dict(type='ToMe', ratio=0.17)``
             (see :mod:`amvim_mm.models.reduction`); validated at build time for ``img_size``.
@@ -270,6 +336,7 @@ class VimFamilyBackbone(BaseModule):
                  frozen_stages: int = -1,
                  interpolate_mode: str = 'bicubic',
                  scan_backend: Optional[str] = None,
+                 fused_mixer: Optional[bool] = None,
                  norm_eps: float = 1e-5,
                  token_reduction: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
@@ -318,6 +385,7 @@ class VimFamilyBackbone(BaseModule):
         inter_dpr = [0.0] + dpr
         mixer_kwargs = {k: self.arch_settings[k] for k in ('d_state', 'd_conv', 'expand',
                                                            'dt_rank')}
+        mixer_kwargs['fused'] = fused_mixer
         self.layers = nn.ModuleList()
         for i in range(depth):
             paths = self.layer_paths(i)

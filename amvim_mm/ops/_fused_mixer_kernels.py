@@ -1,0 +1,95 @@
+"""Triton kernels of :mod:`amvim_mm.ops.fused_mixer` (undecorated: that module compiles them, or
+wraps them for Triton's interpreter on CPU tensors). Imported only when the fused path is used."""
+import triton.language as tl
+
+def conv_kernel(x_ptr, perm_ptr, w_ptr, b_ptr, out_ptr, L, E, n_lblocks, s_xb, s_xl, s_pp,
+                s_pb, s_op, s_ob, s_ol, K: tl.constexpr, BLOCK_L: tl.constexpr,
+                BLOCK_E: tl.constexpr):
+    pid = tl.program_id(0)
+    eb = tl.program_id(1)
+    p = tl.program_id(2)
+    b = pid // n_lblocks
+    lb = pid % n_lblocks
+    offs_l = lb * BLOCK_L + tl.arange(0, BLOCK_L)
+    offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
+    ml = offs_l < L
+    me = offs_e < E
+    bias = tl.load(b_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
+    acc = tl.zeros((BLOCK_L, BLOCK_E), dtype=tl.float32) + bias[None, :]
+    for j in tl.static_range(K):
+        src = offs_l - (K - 1) + j
+        ok = ml & (src >= 0)
+        tok = tl.load(perm_ptr + p * s_pp + b * s_pb + src, mask=ok, other=0)
+        xv = tl.load(x_ptr + b * s_xb + tok[:, None] * s_xl + offs_e[None, :],
+                     mask=ok[:, None] & me[None, :], other=0.).to(tl.float32)
+        w = tl.load(w_ptr + (p * E + offs_e) * K + j, mask=me, other=0.).to(tl.float32)
+        acc += xv * w[None, :]
+    acc = acc / (1. + tl.exp(-acc))  # silu
+    tl.store(out_ptr + p * s_op + b * s_ob + offs_l[:, None] * s_ol + offs_e[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=ml[:, None] & me[None, :])
+
+
+def scan_kernel(xc_ptr, xd_ptr, z_ptr, perm_ptr, wdt_ptr, dtb_ptr, a_ptr, d_ptr, out_ptr, L,
+                E, R, scale, s_cp, s_cb, s_cl, s_dp, s_db, s_dl, s_zb, s_zl, s_pp, s_pb, s_ob,
+                s_ol, NPATH: tl.constexpr, N: tl.constexpr, BLOCK_E: tl.constexpr,
+                BLOCK_R: tl.constexpr):
+    b = tl.program_id(0)
+    eb = tl.program_id(1)
+    offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_n = tl.arange(0, N)
+    offs_r = tl.arange(0, BLOCK_R)
+    me = offs_e < E
+    mr = offs_r < R
+    for p in tl.static_range(NPATH):
+        # per-path constants: A * log2(e), dt_proj weight and bias, D
+        a2 = tl.load(a_ptr + (p * E + offs_e[:, None]) * N + offs_n[None, :],
+                     mask=me[:, None], other=0.).to(tl.float32) * 1.4426950408889634
+        wdt = tl.load(wdt_ptr + (p * E + offs_e[:, None]) * R + offs_r[None, :],
+                      mask=me[:, None] & mr[None, :], other=0.).to(tl.float32)
+        dtb = tl.load(dtb_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
+        dsk = tl.load(d_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
+        h = tl.zeros((BLOCK_E, N), dtype=tl.float32)
+        xc_row = xc_ptr + p * s_cp + b * s_cb
+        xd_row = xd_ptr + p * s_dp + b * s_db
+        pm_row = perm_ptr + p * s_pp + b * s_pb
+        # step 0's operands; each iteration prefetches the next step's
+        t_n = tl.load(pm_row)
+        u_n = tl.load(xc_row + offs_e, mask=me, other=0.)
+        r_n = tl.load(xd_row + offs_r, mask=mr, other=0.)
+        b_n = tl.load(xd_row + R + offs_n)
+        c_n = tl.load(xd_row + R + N + offs_n)
+        z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me, other=0.)
+        for i in range(L):
+            t = t_n
+            u = u_n.to(tl.float32)
+            dlow = r_n.to(tl.float32)
+            bv = b_n.to(tl.float32)
+            cv = c_n.to(tl.float32)
+            zv = z_n.to(tl.float32)
+            nx = i + 1
+            more = nx < L
+            t_n = tl.load(pm_row + nx, mask=more, other=0)
+            u_n = tl.load(xc_row + nx * s_cl + offs_e, mask=me & more, other=0.)
+            r_n = tl.load(xd_row + nx * s_dl + offs_r, mask=mr & more, other=0.)
+            b_n = tl.load(xd_row + nx * s_dl + R + offs_n, mask=(offs_n < N) & more, other=0.)
+            c_n = tl.load(xd_row + nx * s_dl + R + N + offs_n, mask=(offs_n < N) & more,
+                          other=0.)
+            z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me & more, other=0.)
+            # delta = softplus(dt_proj(dt_low) + bias), softplus as mamba: x > 20 -> x
+            dt = tl.sum(wdt * dlow[None, :], axis=1) + dtb
+            ex = tl.exp(tl.minimum(dt, 20.))
+            w1 = 1. + ex
+            # log1p(ex) accurately (Kahan): log(w1) * ex / (w1 - 1)
+            lp = tl.where(w1 == 1., ex, tl.log(w1) * (ex / (w1 - 1.)))
+            dt = tl.where(dt > 20., dt, lp)
+            h = tl.exp2(dt[:, None] * a2) * h + (dt * u)[:, None] * bv[None, :]
+            y = tl.sum(h * cv[None, :], axis=1) + dsk * u
+            y = y * (zv / (1. + tl.exp(-zv)))
+            optr = out_ptr + b * s_ob + t * s_ol + offs_e
+            if p > 0:
+                y += tl.load(optr, mask=me, other=0.).to(tl.float32)
+            if p == NPATH - 1:
+                y = y * scale
+            tl.store(optr, y.to(out_ptr.dtype.element_ty), mask=me)
+        tl.debug_barrier()  # this path's stores are seen by the next path's loads
+

@@ -1,0 +1,148 @@
+"""Fused inference path of the Vim-family mixer: two Triton kernels for all scan paths at once.
+
+The unfused mixer (:class:`amvim_mm.models.backbones.vim_family.BiMambaMixer`, the reference for
+this file) works channel-first like the official code: per path a gather or flip of ``xz`` into
+the path's order, a causal conv launch, a selective-scan launch, and a gather back. At Vim's shapes
+(L = 197, E = 384) every one of these launches is far from the memory roofline; the mamba-ssm scan
+kernel alone takes ~0.4 ms for ~20 MB (``../shared/spec/performance.md``).
+
+Here the sequence stays channel-last (B, L, C), as ``in_proj`` produces it, and a path is just an
+int32 index array ``perm[p, b, i]`` (the token at position ``i`` of path ``p``), so a window-order
+path costs the same as Vim's identity and flip:
+
+1. ``xz = hidden @ in_proj.T`` (B, L, 2E);
+2. :func:`_conv_kernel` (one launch, every path): ``xc[p, b, i] = silu(conv_p(x[b, perm[p, b, :]]))``
+   in path order, reading the rows of ``x`` through ``perm`` (each row is contiguous);
+3. ``x_dbl[p] = xc[p] @ x_proj_p.T`` (one batched matmul over the paths);
+4. :func:`_scan_kernel` (one launch, every path): one program per (sample, block of channels)
+   walks each path step by step with the state (channels x N) in registers; ``delta`` is formed in
+   the kernel from the low-rank ``dt`` (``dt_proj`` never goes through memory), the output is gated
+   by ``silu(z)`` read at the token's place, and the paths are summed straight into token order;
+5. ``out_proj``.
+
+It computes exactly the mixer's math (fp32 state and accumulation; bf16 or fp32 storage like the
+inputs) and is used for inference only (no autograd): on CUDA when Triton imports, no gradient is
+wanted, no hidden-state alignment gaps and no importance scores are needed. Everything else runs
+the unfused path. On CPU tensors the same kernels run in Triton's interpreter when ``TRITON_INTERPRET=1`` is set
+before Python starts (slow; for tests).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ['fused_mixer_available', 'fused_mixer_forward', 'FUSED_ENV_VAR', 'fused_requested']
+
+FUSED_ENV_VAR = 'AMVIM_FUSED_MIXER'
+LOG2E = 1.4426950408889634
+
+
+def fused_requested(setting: Optional[bool]) -> Optional[bool]:
+    """Resolve the ``fused`` switch: argument > ``AMVIM_FUSED_MIXER`` (0/1) > ``None`` (auto)."""
+    if setting is not None:
+        return bool(setting)
+    env = os.environ.get(FUSED_ENV_VAR, '').strip().lower()
+    if env in ('', 'auto'):
+        return None
+    if env in ('1', 'true', 'on', 'yes'):
+        return True
+    if env in ('0', 'false', 'off', 'no'):
+        return False
+    raise ValueError(f'{FUSED_ENV_VAR}={env!r}: use 1 (on), 0 (off) or auto')
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(interpret: bool):
+    """Compile (or wrap for the interpreter) the two kernels once; (conv, scan) or raise."""
+    import triton
+
+    from . import _fused_mixer_kernels as k
+    if interpret and not triton.knobs.runtime.interpret:
+        raise RuntimeError('on CPU tensors the fused mixer runs in Triton\'s interpreter only: set '
+                           'TRITON_INTERPRET=1 before starting Python (slow; meant for tests)')
+    return triton.jit(k.conv_kernel), triton.jit(k.scan_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def fused_mixer_available(device_type: str = 'cuda') -> Tuple[bool, str]:
+    """(usable, reason) for tensors on ``device_type`` (CPU: Triton's interpreter)."""
+    try:
+        _kernels(device_type != 'cuda')
+    except Exception as e:  # ImportError (no triton), or a Triton without the interpreter
+        return False, f'{type(e).__name__}: {e}'.splitlines()[0][:200]
+    if device_type == 'cuda' and not torch.cuda.is_available():
+        return False, 'CUDA is not available'
+    return True, 'ok'
+
+
+# launch configurations: (BLOCK_E, num_warps) of the scan, (BLOCK_L, BLOCK_E) of the conv
+SCAN_BLOCK_E = int(os.environ.get('AMVIM_FUSED_SCAN_BLOCK_E', 32))
+SCAN_WARPS = int(os.environ.get('AMVIM_FUSED_SCAN_WARPS', 1))
+CONV_BLOCK = (32, 64)
+
+
+def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight: Tensor,
+                        conv_weight: Tensor, conv_bias: Tensor, x_proj_weight: Tensor,
+                        dt_proj_weight: Tensor, dt_proj_bias: Tensor, A: Tensor, D: Tensor,
+                        perm: Tensor, scale: Optional[float] = None) -> Tensor:
+    """The Vim-family mixer with ``P`` paths, fused (inference only, no autograd).
+
+    Args:
+        hidden: (B, L, Dm) normalised block input.
+        in_proj_weight: (2E, Dm); out_proj_weight: (Dm, E).
+        conv_weight: (P, E, K) depthwise causal conv weights; conv_bias: (P, E).
+        x_proj_weight: (P, R + 2N, E); dt_proj_weight: (P, E, R); dt_proj_bias: (P, E).
+        A: (P, E, N) real (``-exp(A_log)``); D: (P, E).
+        perm: (P, B or 1, L) int32, ``perm[p, b, i]`` = token at position ``i`` of path ``p``
+            (each row a permutation of ``0..L-1``).
+        scale: factor of the summed path outputs (default ``1 / P``: the mean, Vim's merge).
+
+    Returns:
+        (B, L, Dm) in the dtype ``F.linear`` gives under the current autocast state.
+    """
+    Bsz, L, _ = hidden.shape
+    P, E, K = conv_weight.shape
+    N = A.shape[-1]
+    R = dt_proj_weight.shape[-1]
+    if perm.dim() != 3 or perm.shape[0] != P or perm.shape[1] not in (1, Bsz) or perm.shape[2] != L:
+        raise ValueError(f'perm must have shape (P={P}, 1 or B={Bsz}, L={L}); '
+                         f'got {tuple(perm.shape)}')
+    if N & (N - 1):
+        raise ValueError(f'the fused mixer needs a power-of-two d_state; got {N}')
+    interpret = hidden.device.type != 'cuda'
+    conv_k, scan_k = _kernels(interpret)
+    import triton
+    xz = F.linear(hidden, in_proj_weight)                       # (B, L, 2E), channel-last
+    if xz.stride(-1) != 1:
+        xz = xz.contiguous()
+    dtype = xz.dtype
+    perm = perm.to(device=xz.device, dtype=torch.int32).contiguous()
+    s_pb = perm.stride(1) if perm.shape[1] > 1 else 0
+    xc = torch.empty(P, Bsz, L, E, device=xz.device, dtype=dtype)
+    bl, be = CONV_BLOCK
+    n_lb = triton.cdiv(L, bl)
+    conv_k[(Bsz * n_lb, triton.cdiv(E, be), P)](
+        xz, perm, conv_weight.contiguous(), conv_bias.contiguous(), xc, L, E, n_lb,
+        xz.stride(0), xz.stride(1), perm.stride(0), s_pb, xc.stride(0), xc.stride(1),
+        xc.stride(2), K=K, BLOCK_L=bl, BLOCK_E=be, num_warps=4)
+    x_dbl = torch.matmul(xc.view(P, Bsz * L, E), x_proj_weight.transpose(1, 2))
+    x_dbl = x_dbl.view(P, Bsz, L, -1)
+    if x_dbl.stride(-1) != 1:
+        x_dbl = x_dbl.contiguous()
+    z = xz[..., E:]
+    y = torch.empty(Bsz, L, E, device=xz.device, dtype=x_dbl.dtype)
+    block_e = min(SCAN_BLOCK_E, triton.next_power_of_2(E))
+    block_r = max(triton.next_power_of_2(R), 2)
+    scan_k[(Bsz, triton.cdiv(E, block_e))](
+        xc, x_dbl, z, perm, dt_proj_weight.float().contiguous(),
+        dt_proj_bias.float().contiguous(), A.float().contiguous(), D.float().contiguous(), y, L,
+        E, R, float(1. / P if scale is None else scale),
+        xc.stride(0), xc.stride(1), xc.stride(2), x_dbl.stride(0), x_dbl.stride(1),
+        x_dbl.stride(2), z.stride(0), z.stride(1), perm.stride(0), s_pb, y.stride(0),
+        y.stride(1), NPATH=P, N=N, BLOCK_E=block_e, BLOCK_R=block_r, num_warps=SCAN_WARPS)
+    return F.linear(y, out_proj_weight)

@@ -1,0 +1,191 @@
+"""The fused Triton mixer (amvim_mm.ops.fused_mixer) against the unfused mixer, its reference.
+
+On CPU the kernels run in Triton's interpreter, which must be switched on before Python starts,
+so those checks run in a subprocess with ``TRITON_INTERPRET=1``. The GPU checks compile them.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import amvim_mm  # noqa: F401
+from amvim_mm.ops.fused_mixer import fused_requested
+from amvim_mm.registry import MODELS
+
+try:
+    import triton  # noqa: F401
+    HAS_TRITON = True
+except ImportError:
+    HAS_TRITON = False
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason='triton is not installed')
+
+# every case: backbone config, input (H, W); fused vs unfused outputs (all out_indices)
+INTERPRETER_SCRIPT = textwrap.dedent('''
+    import json, torch, amvim_mm
+    from amvim_mm.registry import MODELS
+    cases = [
+        dict(type='Vim', arch='test', img_size=64),
+        dict(type='AMVim', arch='test', img_size=112, window_size=2),
+        dict(type='AMVim', arch='test', img_size=112, window_size=3, windowed_path=0,
+             shift_odd_blocks=True),
+        dict(type='AMVim', arch='test', img_size=112, window_size=2,
+             token_reduction=dict(type='ToMe', ratio=0.27)),
+        dict(type='AMVim', arch='test', img_size=112, window_size=2,
+             token_reduction=dict(type='RandomPrune', ratio=0.27, seed=1)),
+        dict(type='Vim', arch='test', img_size=64, with_cls_token=False),
+    ]
+    sizes = [(64, 48), (112, 96), (112, 112), (112, 112), (96, 112), (80, 64)]
+    res = []
+    for cfg, (h, w) in zip(cases, sizes):
+        torch.manual_seed(0)
+        m = MODELS.build(dict(cfg, out_type='featmap', out_indices=(0, 2, 3))).eval()
+        x = torch.randn(2, 3, h, w)
+        errs = []
+        with torch.no_grad():
+            outs = {}
+            for fused in (False, True):
+                for layer in m.layers:
+                    layer.mixer.fused = fused
+                outs[fused] = m(x)
+        for a, b in zip(outs[True], outs[False]):
+            assert a.shape == b.shape, (a.shape, b.shape)
+            errs.append(((a - b).abs().max() / b.abs().max()).item())
+        res.append(dict(cfg=cfg['type'], errs=errs, counts=m.token_counts))
+    print('RESULT' + json.dumps(res))
+''')
+
+
+@needs_triton
+def test_fused_matches_unfused_in_triton_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1')
+    proc = subprocess.run([sys.executable, '-c', INTERPRETER_SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
+    results = json.loads(line[len('RESULT'):])
+    assert len(results) == 6
+    for r in results:
+        assert max(r['errs']) < 1e-5, r
+    # the reduced cases really ran on shorter sequences (per-sample path indices)
+    assert results[3]['counts'][-1] < results[3]['counts'][0]
+    assert results[4]['counts'][-1] < results[4]['counts'][0]
+
+
+def test_fused_switch_env_values(monkeypatch):
+    monkeypatch.setenv('AMVIM_FUSED_MIXER', '0')
+    assert fused_requested(None) is False and fused_requested(True) is True
+    monkeypatch.setenv('AMVIM_FUSED_MIXER', '1')
+    assert fused_requested(None) is True
+    monkeypatch.setenv('AMVIM_FUSED_MIXER', 'auto')
+    assert fused_requested(None) is None
+    monkeypatch.setenv('AMVIM_FUSED_MIXER', 'fast')
+    with pytest.raises(ValueError, match=r"AMVIM_FUSED_MIXER='fast': use 1 \(on\), 0 \(off\)"):
+        fused_requested(None)
+
+
+@needs_triton
+@pytest.mark.skipif(os.environ.get('TRITON_INTERPRET') == '1', reason='interpreter is on')
+def test_fused_on_cpu_without_interpreter_says_how():
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=32, fused_mixer=True)).eval()
+    with torch.no_grad(), pytest.raises(RuntimeError, match='TRITON_INTERPRET=1'):
+        m(torch.randn(1, 3, 32, 32))
+
+
+def test_training_takes_the_unfused_path_even_when_fused_is_forced():
+    torch.manual_seed(0)
+    a = MODELS.build(dict(type='AMVim', arch='test', img_size=48, fused_mixer=True))
+    b = MODELS.build(dict(type='AMVim', arch='test', img_size=48, fused_mixer=False))
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, 48, 48)
+    ya, yb = a(x)[0], b(x)[0]          # grad enabled: no Triton involved, same math
+    assert torch.equal(ya, yb)
+    ya.sum().backward()
+    assert a.patch_embed.proj.weight.grad is not None
+
+
+def test_localvim_never_fuses():
+    m = MODELS.build(dict(type='LocalVim', arch='test', img_size=32, fused_mixer=True)).eval()
+    assert not m.layers[0].mixer.supports_fused
+    with torch.no_grad():
+        out = m(torch.randn(1, 3, 32, 32))[0]   # no Triton call (would need the interpreter)
+    assert out.shape == (1, 32)
+
+
+# ------------------------------------------------------------------------------------- GPU
+def gpu(fn):
+    """GPU test: marked ``gpu`` and skipped with the reason where CUDA is absent."""
+    fn = pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA is not available')(fn)
+    return pytest.mark.gpu(fn)
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+
+
+def _pair(cfg):
+    torch.manual_seed(0)
+    m = MODELS.build(dict(cfg, out_type='featmap', out_indices=(5, 23))).cuda().eval()
+    return m
+
+
+def _run(m, x, fused, dtype=None):
+    for layer in m.layers:
+        layer.mixer.fused = fused
+    with torch.no_grad(), torch.autocast('cuda', dtype=dtype or torch.float32,
+                                         enabled=dtype is not None):
+        return m(x)
+
+
+@pytest.mark.parametrize('cfg', [
+    dict(type='Vim', arch='tiny', img_size=224),
+    dict(type='AMVim', arch='tiny', img_size=224),
+    dict(type='AMVim', arch='tiny', img_size=224, shift_odd_blocks=True, windowed_path=0),
+    dict(type='AMVim', arch='tiny', img_size=224, token_reduction=dict(type='ToMe', ratio=0.36)),
+    dict(type='Vim', arch='tiny', img_size=224,
+         token_reduction=dict(type='RandomPrune', ratio=0.36)),
+])
+@pytest.mark.parametrize('dtype', [None, torch.bfloat16])
+@gpu
+def test_gpu_fused_matches_unfused(cfg, dtype):
+    m = _pair(cfg)
+    x = torch.randn(4, 3, 224, 160, device='cuda')
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        ref = _run(m, x, False, dtype)
+        out = _run(m, x, True, dtype)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    tol = 1e-4 if dtype is None else 3e-2
+    for a, b in zip(out, ref):
+        assert a.shape == b.shape and torch.isfinite(a).all()
+        assert _rel(a, b) < tol
+
+
+@gpu
+def test_gpu_fused_is_chosen_automatically_and_graph_capturable():
+    m = _pair(dict(type='AMVim', arch='tiny', img_size=224))
+    x = torch.randn(8, 3, 224, 224, device='cuda')
+    mixer = m.layers[0].mixer
+    from amvim_mm.models.backbones.scan_context import ScanContext
+    h = torch.randn(8, 197, 192, device='cuda')
+    with torch.no_grad():
+        assert mixer.use_fused(h, ScanContext((14, 14), 98, device='cuda'))
+    assert not mixer.use_fused(h.requires_grad_(), ScanContext((14, 14), 98, device='cuda'))
+    with torch.no_grad():
+        ref = m(x)[0].clone()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            m(x)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = m(x)[0]
+        g.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(out, ref)
