@@ -51,23 +51,29 @@ MIXERS = {'fused': True, 'unfused': False}
 
 
 def gpu_tune(args):
-    """Launch configuration of the fused scan kernel: Vim-T bf16 graph throughput per
-    (BLOCK_E, num_warps); the best is used for the rest of the run."""
+    """Launch configuration of the fused scan kernel per inner width: bf16 graph throughput of
+    Vim-T (E=384) and Vim-S (E=768) per (BLOCK_E, num_warps, dt_in_kernel); the best of each
+    is used for the rest of the run (and goes into SCAN_CONFIGS by hand)."""
     from amvim_mm.ops import fused_mixer as FM
     rows = []
-    m = B.build('vim-t', 224, head=True, fused_mixer=True)
-    for block_e in (8, 16, 32, 64):
-        for warps in (1, 2, 4):
-            if block_e * 16 < 32 * warps:   # fewer state elements than threads
-                continue
-            FM.SCAN_BLOCK_E, FM.SCAN_WARPS = block_e, warps
+    for name in ('vim-t', 'vim-s'):
+        m = B.build(name, 224, head=True, fused_mixer=True)
+        E = m.backbone.layers[0].mixer.d_inner
+        mine = []
+        for cfg in args.tune_configs:
+            os.environ['AMVIM_FUSED_SCAN_CONFIG'] = cfg
             r = B.measure(m, 128, 224, 'bf16', 'graph', warmup=3, iters=10, repeats=3)
-            r.update(block_e=block_e, warps=warps)
-            rows.append(r)
-            log(f'  BLOCK_E {block_e} warps {warps}: {r["img_per_s"]} img/s')
-    best = max(rows, key=lambda r: r['img_per_s'])
-    FM.SCAN_BLOCK_E, FM.SCAN_WARPS = best['block_e'], best['warps']
-    log(f'  using BLOCK_E {best["block_e"]} warps {best["warps"]}')
+            r.update(model=name, E=E, config=cfg)
+            mine.append(r)
+            log(f'  {name} (E={E}) BLOCK_E,warps,dt_in_kernel={cfg}: {r["img_per_s"]} img/s')
+        os.environ.pop('AMVIM_FUSED_SCAN_CONFIG')
+        best = max(mine, key=lambda r: r['img_per_s'])
+        be, w, dk = (int(v) for v in best['config'].split(','))
+        FM.SCAN_CONFIGS[E] = (be, w, bool(dk))
+        log(f'  {name}: using {FM.SCAN_CONFIGS[E]}')
+        rows += mine
+        del m
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -77,6 +83,8 @@ def gpu_main(args):
         for dtype in ('fp32', 'bf16'):
             for mode in ('eager', 'graph'):
                 for mixer in args.mixers:
+                    if mixer == 'unfused' and mode == 'eager' and 'fused' in args.mixers:
+                        continue   # the baseline in its best mode only (saves device time)
                     m = B.build(name, 224, head=True, fused_mixer=MIXERS[mixer])
                     r = B.measure(m, 128, 224, dtype, mode)
                     r.update(model=name, mixer=mixer,
@@ -132,11 +140,12 @@ def gpu_resolution(args):
 
 
 def gpu_profile(args):
-    """Top CUDA kernels of one Vim-T and AMVim-T bf16 forward (batch 128, 224), per mixer."""
+    """Top CUDA kernels of one Vim-T bf16 forward (batch 128, 224): unfused, fused, fused+ToMe."""
     from torch.profiler import ProfilerActivity, profile
     out = {}
-    for name, mixer in (('vim-t', 'unfused'), ('vim-t', 'fused'), ('amvim-t', 'fused')):
-        m = B.build(name, 224, head=True, fused_mixer=MIXERS[mixer])
+    for name, mixer, red in (('vim-t', 'unfused', None), ('vim-t', 'fused', None),
+                             ('vim-t', 'fused', dict(type='ToMe', ratio=0.46))):
+        m = B.build(name, 224, head=True, fused_mixer=MIXERS[mixer], token_reduction=red)
         x = torch.randn(128, 3, 224, 224, device='cuda')
         with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
             for _ in range(3):
@@ -146,8 +155,9 @@ def gpu_profile(args):
                 m(x)
                 torch.cuda.synchronize()
         t = prof.key_averages().table(sort_by='cuda_time_total', row_limit=15)
-        out[f'{name}_{mixer}'] = t
-        log(f'profile, {name} {mixer} mixer:\n{t}')
+        key = f'{name}_{mixer}' + ('_tome0.46' if red else '')
+        out[key] = t
+        log(f'profile, {key}:\n{t}')
     return out
 
 
@@ -156,6 +166,8 @@ def main(argv=None):
     p.add_argument('--suite', choices=['cpu', 'gpu'], required=True)
     p.add_argument('--parts', nargs='+', default=['main', 'reduction', 'resolution'],
                    choices=['tune', 'main', 'reduction', 'resolution', 'profile'])
+    p.add_argument('--tune-configs', nargs='+', default=[
+        '32,1,1', '32,1,0', '64,2,1', '64,2,0', '16,1,1', '16,1,0'], help='tune part: BLOCK_E,num_warps,dt_in_kernel of the fused scan kernel')
     p.add_argument('--mixers', nargs='+', default=['unfused', 'fused'], choices=list(MIXERS),
                    help='main part: the mixer implementations to time side by side')
     p.add_argument('--models', nargs='+', default=['vim-t', 'amvim-t', 'vim-s', 'amvim-s'])
@@ -200,8 +212,8 @@ def main(argv=None):
                                                    'official', 'vs_official', 'latency_ms',
                                                    'spread_pct', 'peak_mem_mib']), '']
     if 'tune' in result:
-        md += ['## tune (fused scan kernel, Vim-T bf16 graph)', B.table(
-            result['tune'], ['block_e', 'warps', 'img_per_s', 'spread_pct']), '']
+        md += ['## tune (fused scan kernel: BLOCK_E,num_warps,dt_in_kernel; bf16 graph)', B.table(
+            result['tune'], ['model', 'E', 'config', 'img_per_s', 'spread_pct']), '']
     if 'reduction' in result:
         md += ['## reduction (ToMe, bf16)', B.table(result['reduction'], [
             'model', 'mode', 'ratio', 'realised', 'gflops', 'img_per_s', 'speedup',

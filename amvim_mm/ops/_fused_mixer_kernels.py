@@ -29,67 +29,94 @@ def conv_kernel(x_ptr, perm_ptr, w_ptr, b_ptr, out_ptr, L, E, n_lblocks, s_xb, s
              acc.to(out_ptr.dtype.element_ty), mask=ml[:, None] & me[None, :])
 
 
-def scan_kernel(xc_ptr, xd_ptr, z_ptr, perm_ptr, wdt_ptr, dtb_ptr, a_ptr, d_ptr, out_ptr, L,
-                E, R, scale, s_cp, s_cb, s_cl, s_dp, s_db, s_dl, s_zb, s_zl, s_pp, s_pb, s_ob,
-                s_ol, NPATH: tl.constexpr, N: tl.constexpr, BLOCK_E: tl.constexpr,
-                BLOCK_R: tl.constexpr):
+def scan_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, wdt_ptr, dtb_ptr, a_ptr, d_ptr, out_ptr,
+                L, E, R, s_cp, s_cb, s_cl, s_dp, s_db, s_dl, s_lp, s_lb, s_ll, s_zb, s_zl, s_pp,
+                s_pb, s_ob, s_ol, N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_R: tl.constexpr,
+                DT_IN_KERNEL: tl.constexpr):
+    """One program: sample b, channels [eb * BLOCK_E, ...), path p; walks the path step by step.
+
+    ``out[b, t, p * E + e]`` receives path p's gated output at token t (token order), so the
+    paths' mean is one ``out_proj`` over the concatenation. ``delta`` is ``dt_proj`` of the
+    low-rank ``x_dbl[..., :R]`` computed here (``DT_IN_KERNEL``) or read from ``dl_ptr``.
+    """
     b = tl.program_id(0)
     eb = tl.program_id(1)
+    p = tl.program_id(2)
     offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
     offs_n = tl.arange(0, N)
     offs_r = tl.arange(0, BLOCK_R)
     me = offs_e < E
     mr = offs_r < R
-    for p in tl.static_range(NPATH):
-        # per-path constants: A * log2(e), dt_proj weight and bias, D
-        a2 = tl.load(a_ptr + (p * E + offs_e[:, None]) * N + offs_n[None, :],
-                     mask=me[:, None], other=0.).to(tl.float32) * 1.4426950408889634
+    # per-path constants: A * log2(e), dt_proj weight and bias, D
+    a2 = tl.load(a_ptr + (p * E + offs_e[:, None]) * N + offs_n[None, :],
+                 mask=me[:, None], other=0.).to(tl.float32) * 1.4426950408889634
+    dtb = tl.load(dtb_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
+    dsk = tl.load(d_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
+    if DT_IN_KERNEL:
         wdt = tl.load(wdt_ptr + (p * E + offs_e[:, None]) * R + offs_r[None, :],
                       mask=me[:, None] & mr[None, :], other=0.).to(tl.float32)
-        dtb = tl.load(dtb_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
-        dsk = tl.load(d_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
-        h = tl.zeros((BLOCK_E, N), dtype=tl.float32)
-        xc_row = xc_ptr + p * s_cp + b * s_cb
-        xd_row = xd_ptr + p * s_dp + b * s_db
-        pm_row = perm_ptr + p * s_pp + b * s_pb
-        # step 0's operands; each iteration prefetches the next step's
-        t_n = tl.load(pm_row)
-        u_n = tl.load(xc_row + offs_e, mask=me, other=0.)
+    h = tl.zeros((BLOCK_E, N), dtype=tl.float32)
+    xc_row = xc_ptr + p * s_cp + b * s_cb
+    xd_row = xd_ptr + p * s_dp + b * s_db
+    dl_row = dl_ptr + p * s_lp + b * s_lb
+    pm_row = perm_ptr + p * s_pp + b * s_pb
+    out_row = out_ptr + b * s_ob + p * E
+    # step 0's operands; each iteration prefetches the next step's
+    t_n = tl.load(pm_row)
+    u_n = tl.load(xc_row + offs_e, mask=me, other=0.)
+    if DT_IN_KERNEL:
         r_n = tl.load(xd_row + offs_r, mask=mr, other=0.)
-        b_n = tl.load(xd_row + R + offs_n)
-        c_n = tl.load(xd_row + R + N + offs_n)
-        z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me, other=0.)
-        for i in range(L):
-            t = t_n
-            u = u_n.to(tl.float32)
-            dlow = r_n.to(tl.float32)
-            bv = b_n.to(tl.float32)
-            cv = c_n.to(tl.float32)
-            zv = z_n.to(tl.float32)
-            nx = i + 1
-            more = nx < L
-            t_n = tl.load(pm_row + nx, mask=more, other=0)
-            u_n = tl.load(xc_row + nx * s_cl + offs_e, mask=me & more, other=0.)
+    else:
+        r_n = tl.load(dl_row + offs_e, mask=me, other=0.)
+    b_n = tl.load(xd_row + R + offs_n)
+    c_n = tl.load(xd_row + R + N + offs_n)
+    z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me, other=0.)
+    for i in range(L):
+        t = t_n
+        u = u_n.to(tl.float32)
+        dr = r_n.to(tl.float32)
+        bv = b_n.to(tl.float32)
+        cv = c_n.to(tl.float32)
+        zv = z_n.to(tl.float32)
+        nx = i + 1
+        more = nx < L
+        t_n = tl.load(pm_row + nx, mask=more, other=0)
+        u_n = tl.load(xc_row + nx * s_cl + offs_e, mask=me & more, other=0.)
+        if DT_IN_KERNEL:
             r_n = tl.load(xd_row + nx * s_dl + offs_r, mask=mr & more, other=0.)
-            b_n = tl.load(xd_row + nx * s_dl + R + offs_n, mask=(offs_n < N) & more, other=0.)
-            c_n = tl.load(xd_row + nx * s_dl + R + N + offs_n, mask=(offs_n < N) & more,
-                          other=0.)
-            z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me & more, other=0.)
-            # delta = softplus(dt_proj(dt_low) + bias), softplus as mamba: x > 20 -> x
-            dt = tl.sum(wdt * dlow[None, :], axis=1) + dtb
-            ex = tl.exp(tl.minimum(dt, 20.))
-            w1 = 1. + ex
-            # log1p(ex) accurately (Kahan): log(w1) * ex / (w1 - 1)
-            lp = tl.where(w1 == 1., ex, tl.log(w1) * (ex / (w1 - 1.)))
-            dt = tl.where(dt > 20., dt, lp)
-            h = tl.exp2(dt[:, None] * a2) * h + (dt * u)[:, None] * bv[None, :]
-            y = tl.sum(h * cv[None, :], axis=1) + dsk * u
-            y = y * (zv / (1. + tl.exp(-zv)))
-            optr = out_ptr + b * s_ob + t * s_ol + offs_e
-            if p > 0:
-                y += tl.load(optr, mask=me, other=0.).to(tl.float32)
-            if p == NPATH - 1:
-                y = y * scale
-            tl.store(optr, y.to(out_ptr.dtype.element_ty), mask=me)
-        tl.debug_barrier()  # this path's stores are seen by the next path's loads
+        else:
+            r_n = tl.load(dl_row + nx * s_ll + offs_e, mask=me & more, other=0.)
+        b_n = tl.load(xd_row + nx * s_dl + R + offs_n, mask=(offs_n < N) & more, other=0.)
+        c_n = tl.load(xd_row + nx * s_dl + R + N + offs_n, mask=(offs_n < N) & more, other=0.)
+        z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me & more, other=0.)
+        # delta = softplus(dt_proj(dt_low) + bias), softplus as mamba: x > 20 -> x
+        if DT_IN_KERNEL:
+            dt = tl.sum(wdt * dr[None, :], axis=1) + dtb
+        else:
+            dt = dr + dtb
+        ex = tl.exp(tl.minimum(dt, 20.))
+        w1 = 1. + ex
+        # log1p(ex) accurately (Kahan): log(w1) * ex / (w1 - 1)
+        lp = tl.where(w1 == 1., ex, tl.log(w1) * (ex / (w1 - 1.)))
+        dt = tl.where(dt > 20., dt, lp)
+        h = tl.exp2(dt[:, None] * a2) * h + (dt * u)[:, None] * bv[None, :]
+        y = tl.sum(h * cv[None, :], axis=1) + dsk * u
+        y = y * (zv / (1. + tl.exp(-zv)))
+        tl.store(out_row + t * s_ol + offs_e, y.to(out_ptr.dtype.element_ty), mask=me)
 
+
+def add_rmsnorm_kernel(h_ptr, r_ptr, w_ptr, out_ptr, res_ptr, M, D, eps, HAS_RES: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows [pid * BLOCK_M, ...): ``res = h + r`` (fp32, stored), ``out = rmsnorm(res) * w``."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows < M)[:, None] & (cols < D)[None, :]
+    offs = rows[:, None] * D + cols[None, :]
+    x = tl.load(h_ptr + offs, mask=mask, other=0.).to(tl.float32)
+    if HAS_RES:
+        x += tl.load(r_ptr + offs, mask=mask, other=0.).to(tl.float32)
+    tl.store(res_ptr + offs, x, mask=mask)
+    inv = 1. / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.).to(tl.float32)
+    y = x * inv[:, None] * w[None, :]
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)

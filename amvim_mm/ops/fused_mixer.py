@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ['fused_mixer_available', 'fused_mixer_forward', 'FUSED_ENV_VAR', 'fused_requested']
+__all__ = ['fused_mixer_available', 'fused_mixer_forward', 'fused_add_rmsnorm', 'FUSED_ENV_VAR',
+           'fused_requested']
 
 FUSED_ENV_VAR = 'AMVIM_FUSED_MIXER'
 LOG2E = 1.4426950408889634
@@ -58,14 +59,14 @@ def fused_requested(setting: Optional[bool]) -> Optional[bool]:
 
 @functools.lru_cache(maxsize=None)
 def _kernels(interpret: bool):
-    """Compile (or wrap for the interpreter) the two kernels once; (conv, scan) or raise."""
+    """Compile (or wrap for the interpreter) the kernels once; (conv, scan, add_rmsnorm)."""
     import triton
 
     from . import _fused_mixer_kernels as k
     if interpret and not triton.knobs.runtime.interpret:
         raise RuntimeError('on CPU tensors the fused mixer runs in Triton\'s interpreter only: set '
                            'TRITON_INTERPRET=1 before starting Python (slow; meant for tests)')
-    return triton.jit(k.conv_kernel), triton.jit(k.scan_kernel)
+    return triton.jit(k.conv_kernel), triton.jit(k.scan_kernel), triton.jit(k.add_rmsnorm_kernel)
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,16 +81,30 @@ def fused_mixer_available(device_type: str = 'cuda') -> Tuple[bool, str]:
     return True, 'ok'
 
 
-# launch configurations: (BLOCK_E, num_warps) of the scan, (BLOCK_L, BLOCK_E) of the conv
-SCAN_BLOCK_E = int(os.environ.get('AMVIM_FUSED_SCAN_BLOCK_E', 32))
-SCAN_WARPS = int(os.environ.get('AMVIM_FUSED_SCAN_WARPS', 1))
+# Launch configuration of the scan kernel per inner width E: (BLOCK_E, num_warps, DT_IN_KERNEL),
+# from the tune part of tools/benchmark.py on an H200 (benchmarks/README.md); other widths
+# use DEFAULT_SCAN_CONFIG. Environment override: AMVIM_FUSED_SCAN_CONFIG="32,1,1".
+SCAN_CONFIGS = {}
+DEFAULT_SCAN_CONFIG = (32, 1, True)
 CONV_BLOCK = (32, 64)
+
+
+def scan_config(E: int) -> Tuple[int, int, bool]:
+    env = os.environ.get('AMVIM_FUSED_SCAN_CONFIG')
+    if env:
+        try:
+            be, w, dk = (int(v) for v in env.split(','))
+        except ValueError:
+            raise ValueError(f'AMVIM_FUSED_SCAN_CONFIG={env!r}: expected "BLOCK_E,num_warps,'
+                             'dt_in_kernel", e.g. "32,1,1"') from None
+        return be, w, bool(dk)
+    return SCAN_CONFIGS.get(E, DEFAULT_SCAN_CONFIG)
 
 
 def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight: Tensor,
                         conv_weight: Tensor, conv_bias: Tensor, x_proj_weight: Tensor,
                         dt_proj_weight: Tensor, dt_proj_bias: Tensor, A: Tensor, D: Tensor,
-                        perm: Tensor, scale: Optional[float] = None) -> Tensor:
+                        perm: Tensor, out_proj_cat: Optional[Tensor] = None) -> Tensor:
     """The Vim-family mixer with ``P`` paths, fused (inference only, no autograd).
 
     Args:
@@ -100,7 +115,8 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
         A: (P, E, N) real (``-exp(A_log)``); D: (P, E).
         perm: (P, B or 1, L) int32, ``perm[p, b, i]`` = token at position ``i`` of path ``p``
             (each row a permutation of ``0..L-1``).
-        scale: factor of the summed path outputs (default ``1 / P``: the mean, Vim's merge).
+        out_proj_cat: (Dm, P * E) ``cat([out_proj_weight] * P, 1) / P`` (Vim's mean of the
+            paths folded into the projection); built here when not given (callers cache it).
 
     Returns:
         (B, L, Dm) in the dtype ``F.linear`` gives under the current autocast state.
@@ -115,7 +131,7 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
     if N & (N - 1):
         raise ValueError(f'the fused mixer needs a power-of-two d_state; got {N}')
     interpret = hidden.device.type != 'cuda'
-    conv_k, scan_k = _kernels(interpret)
+    conv_k, scan_k, _ = _kernels(interpret)
     import triton
     xz = F.linear(hidden, in_proj_weight)                       # (B, L, 2E), channel-last
     if xz.stride(-1) != 1:
@@ -135,14 +151,50 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
     if x_dbl.stride(-1) != 1:
         x_dbl = x_dbl.contiguous()
     z = xz[..., E:]
-    y = torch.empty(Bsz, L, E, device=xz.device, dtype=x_dbl.dtype)
-    block_e = min(SCAN_BLOCK_E, triton.next_power_of_2(E))
+    block_e, warps, dt_in_kernel = scan_config(E)
+    block_e = min(block_e, triton.next_power_of_2(E))
     block_r = max(triton.next_power_of_2(R), 2)
-    scan_k[(Bsz, triton.cdiv(E, block_e))](
-        xc, x_dbl, z, perm, dt_proj_weight.float().contiguous(),
+    if dt_in_kernel:
+        delta = x_dbl      # unused
+    else:   # dt_proj as one batched matmul, like the official code
+        delta = torch.matmul(x_dbl[..., :R],
+                             dt_proj_weight.to(x_dbl.dtype).transpose(1, 2)[:, None])
+    y = torch.empty(Bsz, L, P * E, device=xz.device, dtype=x_dbl.dtype)
+    scan_k[(Bsz, triton.cdiv(E, block_e), P)](
+        xc, x_dbl, delta, z, perm, dt_proj_weight.float().contiguous(),
         dt_proj_bias.float().contiguous(), A.float().contiguous(), D.float().contiguous(), y, L,
-        E, R, float(1. / P if scale is None else scale),
-        xc.stride(0), xc.stride(1), xc.stride(2), x_dbl.stride(0), x_dbl.stride(1),
-        x_dbl.stride(2), z.stride(0), z.stride(1), perm.stride(0), s_pb, y.stride(0),
-        y.stride(1), NPATH=P, N=N, BLOCK_E=block_e, BLOCK_R=block_r, num_warps=SCAN_WARPS)
-    return F.linear(y, out_proj_weight)
+        E, R, xc.stride(0), xc.stride(1), xc.stride(2), x_dbl.stride(0), x_dbl.stride(1),
+        x_dbl.stride(2), delta.stride(0), delta.stride(1), delta.stride(2), z.stride(0),
+        z.stride(1), perm.stride(0), s_pb, y.stride(0), y.stride(1), N=N, BLOCK_E=block_e,
+        BLOCK_R=block_r, DT_IN_KERNEL=dt_in_kernel, num_warps=warps)
+    if out_proj_cat is None:
+        out_proj_cat = torch.cat([out_proj_weight] * P, dim=1) / P
+    return F.linear(y, out_proj_cat)
+
+
+def fused_add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float,
+                      out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+    """The Vim block's ``residual = residual + hidden; normed = RMSNorm(residual)`` in one pass.
+
+    ``residual`` (fp32) may be None (block 0: the residual is ``hidden``). Returns ``(normed,
+    residual)``: the new fp32 residual and the normalised input of the mixer in ``out_dtype``
+    (default: the autocast dtype when autocast is on, else float32; the mixer's ``in_proj``
+    would cast to it anyway). Inference only (no autograd).
+    """
+    import triton
+    *lead, D = hidden.shape
+    h = hidden.contiguous()
+    r = residual.contiguous() if residual is not None else h
+    M = h.numel() // D
+    if out_dtype is None:
+        dev = hidden.device.type
+        out_dtype = (torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev)
+                     else torch.float32)
+    res = torch.empty(h.shape, device=h.device, dtype=torch.float32)
+    out = torch.empty(h.shape, device=h.device, dtype=out_dtype)
+    _, _, k = _kernels(hidden.device.type != 'cuda')
+    block_m = 8
+    k[(triton.cdiv(M, block_m), )](h, r, weight, out, res, M, D, float(eps),
+                                   HAS_RES=residual is not None, BLOCK_M=block_m,
+                                   BLOCK_D=triton.next_power_of_2(D), num_warps=4)
+    return out, res

@@ -337,3 +337,28 @@ def test_build_reducer_errors():
         build_reducer(dict(type='ToMe', r=1, metric='cos'))
     with pytest.raises(ValueError, match="gap_delta must be one of"):
         build_reducer(dict(type='ToP', keep_rate=0.8, locations=(1, ), gap_delta='x'))
+
+
+def test_eval_folds_the_two_streams_into_one_merge():
+    """At inference ToMe merges ``residual + hidden`` once (``fold``); the result equals the
+    training-time merge of both streams (the size-weighted average is linear)."""
+    from amvim_mm.models.reduction.state import init_reduction_state, reduce_tokens
+    torch.manual_seed(0)
+    m = MODELS.build(dict(type='AMVim', arch='test', img_size=64, out_type='raw',
+                          token_reduction=dict(type='ToMe', ratio=0.27))).eval()
+    hidden, ctx = m.embed(torch.randn(2, 3, 64, 64))
+    ctx = init_reduction_state(ctx, 2, hidden.device)
+    hidden, residual = m.layers[0](hidden, None, ctx)
+    stream = residual + hidden
+    removed, dst, weight = m.token_reducer.select(1, 3, stream, ctx, m.layers[1])
+    h1, r1, c1 = reduce_tokens(ctx, hidden, residual, removed, dst, weight, fold=False)
+    h2, r2, c2 = reduce_tokens(ctx, hidden, residual, removed, dst, weight, fold=True)
+    assert r2 is None and h2.dtype == torch.float32 and h2.shape == h1.shape
+    torch.testing.assert_close(h2, r1 + h1, rtol=1e-6, atol=1e-6)
+    assert torch.equal(c1.pos, c2.pos) and torch.equal(c1.source, c2.source)
+    # and a whole eval forward (fold) against the same model in train mode (no fold)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        a = m(x)[0]
+        b = m.train()(x)[0]
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On the CPU machine: put what the GPU machine lacks into .whl/ (git-ignored, carried by the
 # device tool): pure-Python wheels of mmengine and its missing dependencies (for the GPU image's
-# Python 3.12), and the mamba-ssm and causal-conv1d sdists (built there by tools/gpu/run.sh).
+# Python 3.12), and the mamba-ssm and causal-conv1d sdists (built there by tools/gpu/run.sh);
+# for tools/gpu/multigpu.sh, in .whl/seg/: mmsegmentation, prettytable, ftfy, wcwidth, the mmcv
+# sdist and a setuptools with pkg_resources.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
@@ -18,4 +20,21 @@ PLAT=(--platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platfor
   --no-deps --no-build-isolation --no-binary :all: mamba-ssm==2.3.2.post1 -d .whl
 [ -f .whl/causal_conv1d-1.5.2.tar.gz ] || CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE "$PY" -m pip download \
   -q --no-deps --no-build-isolation --no-binary :all: causal-conv1d==1.5.2 -d .whl
-ls -la .whl
+# For tools/gpu/multigpu.sh (the 2-GPU segmentation run), in .whl/seg/ so that run.sh, which
+# installs .whl/*.whl, keeps installing what it did: mmsegmentation as pinned in requirements.txt
+# and what it needs beyond the GPU image (KINDS.md lists matplotlib, scipy, packaging, regex,
+# tabulate, timm, torchvision, opencv-python-headless there): prettytable (mmseg's IoUMetric),
+# ftfy (imported by `import mmseg`: mmseg/utils/tokenizer.py) and wcwidth (needed by both).
+mkdir -p .whl/seg/setuptools
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${PLAT[@]}" -d .whl/seg mmsegmentation==1.2.2 prettytable==3.18.0 wcwidth==0.9.4 ftfy==6.3.1
+# mmengine 0.10.7 (Config.fromfile of `mmseg::` bases) and mmcv 2.1.0's setup.py import
+# pkg_resources, which setuptools >= 82 no longer has: a setuptools < 81 wheel is carried and
+# used there only when the image's setuptools lacks pkg_resources.
+"$PY" -m pip download -q --no-deps --only-binary=:all: -d .whl/seg/setuptools setuptools==80.9.0
+# mmcv 2.1.0 (as tools/setup_env.sh): no wheel fits torch 2.11/cp312, so its sdist is carried and
+# multigpu.sh builds it there with CPU ops only. pip runs its setup.py (imports torch).
+[ -f .whl/seg/mmcv-2.1.0.tar.gz ] || "$PY" -m pip download -q --no-deps --no-build-isolation \
+  --no-binary :all: mmcv==2.1.0 -d .whl/seg
+ls -laR .whl
+du -sh .whl

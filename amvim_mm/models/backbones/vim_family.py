@@ -24,7 +24,8 @@ from mmengine.model import BaseModule
 
 from amvim_mm.ops.backends import log_choice_once, requested_backend
 from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
-from amvim_mm.ops.fused_mixer import fused_mixer_available, fused_mixer_forward, fused_requested
+from amvim_mm.ops.fused_mixer import (fused_add_rmsnorm, fused_mixer_available,
+                                      fused_mixer_forward, fused_requested)
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from .layers import DropPath, PatchEmbed, RMSNorm, infer_square_grid, resize_pos_embed
 from .scan_context import ScanContext
@@ -153,12 +154,15 @@ class BiMambaMixer(nn.Module):
             out = out + y
         return out / len(ys)
 
-    def use_fused(self, hidden: torch.Tensor, ctx: ScanContext) -> bool:
-        """Whether this call takes the fused inference path (see ``fused`` in the class doc)."""
+    def use_fused(self, hidden: torch.Tensor, ctx: Optional[ScanContext]) -> bool:
+        """Whether this call takes the fused inference path (see ``fused`` in the class doc).
+
+        ``ctx=None`` asks about the block's fused add + RMSNorm (no scan-context conditions).
+        """
         setting = fused_requested(self.fused)
         if setting is False or not self.supports_fused:
             return False
-        if ctx.want_importance or (ctx.align is not None and ctx.reduced):
+        if ctx is not None and (ctx.want_importance or (ctx.align is not None and ctx.reduced)):
             return False
         if torch.is_grad_enabled() and (hidden.requires_grad or self.in_proj.weight.requires_grad):
             return False
@@ -178,8 +182,10 @@ class BiMambaMixer(nn.Module):
         return True
 
     def fused_params(self) -> Tuple[torch.Tensor, ...]:
-        """The per-path parameters stacked for the fused kernels (cached until one changes)."""
+        """The per-path parameters stacked for the fused kernels, and ``out_proj`` repeated per
+        path and scaled by 1 / P (cached until a parameter changes)."""
         params = [p for k in range(self.num_paths) for p in self.path_params(k)]
+        params.append(self.out_proj)
         flat = []
         for m in params:
             flat.extend(m.parameters() if isinstance(m, nn.Module) else (m, ))
@@ -197,6 +203,9 @@ class BiMambaMixer(nn.Module):
                 torch.stack([-torch.exp(a.float()) for *_, a, _ in per]),     # (P, E, N)
                 torch.stack([d for *_, d in per]).float(),                    # (P, E)
             )
+            # Vim's mean of the paths folded into out_proj: (Dm, P * E)
+            out_cat = torch.cat([self.out_proj.weight] * self.num_paths, 1) / self.num_paths
+            stacked = (stacked, out_cat)
         self._fused_cache = (key, stacked)
         return stacked
 
@@ -205,8 +214,9 @@ class BiMambaMixer(nn.Module):
             raise ValueError(f'{type(self).__name__} has {self.num_paths} paths, '
                              f'got {len(paths)} scan orders')
         if self.use_fused(hidden, ctx):
+            stacked, out_cat = self.fused_params()
             return fused_mixer_forward(hidden, self.in_proj.weight, self.out_proj.weight,
-                                       *self.fused_params(), ctx.path_perms(paths))
+                                       *stacked, ctx.path_perms(paths), out_proj_cat=out_cat)
         Bsz, L, _ = hidden.shape
         # (2E, D) @ (D, B*L) -> (B, 2E, L) view with unit stride along L (official layout)
         xz = (self.in_proj.weight @ hidden.reshape(Bsz * L, -1).t()).view(-1, Bsz, L)
@@ -236,6 +246,11 @@ class VimBlock(nn.Module):
 
     def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
                 ctx: ScanContext) -> Tuple[torch.Tensor, torch.Tensor]:
+        if (not self.training or self.drop_path.drop_prob == 0) and \
+                self.mixer.use_fused(hidden, None):
+            # inference: residual add + RMSNorm in one Triton pass (amvim_mm.ops.fused_mixer)
+            normed, residual = fused_add_rmsnorm(hidden, residual, self.norm.weight, self.norm.eps)
+            return self.mixer(normed, ctx, self.path_keys), residual
         residual = hidden if residual is None else residual + self.drop_path(hidden)
         hidden = self.norm(residual.to(self.norm.weight.dtype))
         residual = residual.float()
@@ -583,7 +598,7 @@ class VimFamilyBackbone(BaseModule):
                     removed, dst, weight = reducer.select(i, k, stream, ctx, layer)
                     hidden, residual, ctx = reduce_tokens(
                         ctx, hidden, residual, removed, dst, weight, reducer.freeze_sources,
-                        reducer.merges)
+                        reducer.merges, fold=not self.training)
                     ctx.align = reducer.align
                 ctx.want_importance = reducer.needs_importance
             counts.append(hidden.shape[1])

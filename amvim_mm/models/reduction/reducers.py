@@ -116,9 +116,11 @@ class ToMe(TokenReducer):
             raise ValueError(f'ToMe: cannot merge {k} tokens before block {block}: only '
                              f'{idx.shape[1]} patch tokens are left (at most '
                              f'{a_idx.shape[1] if b_idx.shape[1] else 0} can merge)')
-        m = layer.norm(stream.to(layer.norm.weight.dtype)) if self.metric == 'norm_input' \
-            else stream
-        m = F.normalize(m.float(), dim=-1)
+        m = stream.float()
+        if self.metric == 'norm_input':
+            # cosine similarity of RMSNorm(x) = x / rms(x) * w: the per-token 1 / rms cancels
+            m = m * layer.norm.weight.float()
+        m = F.normalize(m, dim=-1)
         d = m.shape[-1]
         ma = torch.gather(m, 1, a_idx.unsqueeze(-1).expand(-1, -1, d))
         mb = torch.gather(m, 1, b_idx.unsqueeze(-1).expand(-1, -1, d))

@@ -51,7 +51,7 @@ def init_reduction_state(ctx: ScanContext, batch: int, device) -> ScanContext:
 def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[torch.Tensor],
                   removed: torch.Tensor, dst: torch.Tensor,
                   weight: Optional[torch.Tensor] = None, freeze_sources: bool = False,
-                  merges: bool = True
+                  merges: bool = True, fold: bool = False
                   ) -> Tuple[torch.Tensor, Optional[torch.Tensor], ScanContext]:
     """Remove patch tokens from both streams.
 
@@ -67,6 +67,10 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
         freeze_sources: the patches of merged tokens are frozen as if pruned instead of being
             handed to the destination (EViT: the fused token stands for no grid position).
         merges: ``False`` when every ``dst`` is -1 (pure pruning): skips the merge arithmetic.
+        fold: merge the summed stream ``residual + hidden`` once and return it as ``hidden``
+            with ``residual=None`` (the averaging is linear, so this equals merging both
+            streams, in fp32). Only valid when the next block's drop-path is the identity
+            (inference); the backbone passes ``fold=not self.training``.
 
     No value is read back from the device (no host sync), so the step can be captured in a
     CUDA graph.
@@ -99,8 +103,10 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
         acc = acc.scatter_add(1, safe_dst.unsqueeze(-1).expand(-1, -1, D), add)
         return (acc / w_new.clamp_min(1e-12).unsqueeze(-1)).to(t.dtype)
 
-    hidden = merge(hidden)
-    residual = merge(residual) if residual is not None else None
+    fold = fold and merges and not freeze_sources
+    if not fold:
+        hidden = merge(hidden)
+        residual = merge(residual) if residual is not None else None
     size = size.scatter_add(1, safe_dst, torch.gather(size, 1, removed) * merged)
 
     # --- the source map: removed tokens hand their patches to dst, or freeze them
@@ -143,8 +149,22 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
     new_src = torch.where(new_src >= 0, torch.gather(new_index, 1, new_src.clamp(min=0)),
                           new_src)
 
-    hidden = _gather_tokens(hidden, new_order)
-    residual = _gather_tokens(residual, new_order) if residual is not None else None
+    if fold:
+        # one scatter of the weighted stream: token i lands on the new index of the token that
+        # carries it (itself, or its merge destination), with weight w_i / w_new[dest]
+        dest_old = torch.arange(L, device=device).unsqueeze(0).expand(B, -1).clone()
+        dest_old.scatter_(1, removed, safe_dst)
+        alive = torch.ones(B, L, dtype=torch.bool, device=device)
+        alive.scatter_(1, removed, merged)
+        coef = torch.where(alive, w / torch.gather(w_new, 1, dest_old).clamp_min(1e-12),
+                           torch.zeros_like(w))
+        target = torch.gather(new_index, 1, dest_old).clamp(min=0)
+        hidden = stream.float().new_zeros(B, new_order.shape[1], D).scatter_add_(
+            1, target.unsqueeze(-1).expand(-1, -1, D), stream.float() * coef.unsqueeze(-1))
+        residual = None
+    else:
+        hidden = _gather_tokens(hidden, new_order)
+        residual = _gather_tokens(residual, new_order) if residual is not None else None
     new = ScanContext(ctx.grid, new_cls, pos=torch.gather(pos, 1, new_order), device=device,
                       n_patches=n_keep_patch, has_fused=ctx.has_fused)
     new.size = torch.gather(size, 1, new_order)
