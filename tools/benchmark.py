@@ -102,7 +102,7 @@ def gpu_main(args):
 def gpu_reduction(args):
     rows = []
     for name in ('vim-t', 'amvim-t'):
-        for mode in ('eager', 'graph'):
+        for mode in args.reduction_modes:
             base = None
             for ratio in RATIOS:
                 red = dict(type='ToMe', ratio=ratio) if ratio else None
@@ -168,6 +168,8 @@ def main(argv=None):
                    choices=['tune', 'main', 'reduction', 'resolution', 'profile'])
     p.add_argument('--tune-configs', nargs='+', default=[
         '32,1,1', '32,1,0', '64,2,1', '64,2,0', '16,1,1', '16,1,0'], help='tune part: BLOCK_E,num_warps,dt_in_kernel of the fused scan kernel')
+    p.add_argument('--reduction-modes', nargs='+', default=['graph'], choices=['eager', 'graph'],
+                   help='reduction part: eager is launch-bound at batch 128 (many small ops)')
     p.add_argument('--mixers', nargs='+', default=['unfused', 'fused'], choices=list(MIXERS),
                    help='main part: the mixer implementations to time side by side')
     p.add_argument('--models', nargs='+', default=['vim-t', 'amvim-t', 'vim-s', 'amvim-s'])

@@ -84,8 +84,10 @@ def fused_mixer_available(device_type: str = 'cuda') -> Tuple[bool, str]:
 # Launch configuration of the scan kernel per inner width E: (BLOCK_E, num_warps, DT_IN_KERNEL),
 # from the tune part of tools/benchmark.py on an H200 (benchmarks/README.md); other widths
 # use DEFAULT_SCAN_CONFIG. Environment override: AMVIM_FUSED_SCAN_CONFIG="32,1,1".
-SCAN_CONFIGS = {}
-DEFAULT_SCAN_CONFIG = (32, 1, True)
+# Run 6 (benchmarks/runs/2026-11-30_run6): (64, 2, dt as matmul) is best for both widths; with
+# dt_proj in the kernel, Vim-S (R = 24, padded to 32) drops from 7167 to 1247 img/s.
+SCAN_CONFIGS = {384: (64, 2, False), 768: (64, 2, False)}
+DEFAULT_SCAN_CONFIG = (64, 2, False)
 CONV_BLOCK = (32, 64)
 
 

@@ -79,7 +79,7 @@ def test_fused_matches_unfused_in_triton_interpreter(config):
 
 def test_fused_scan_config_env_is_validated(monkeypatch):
     from amvim_mm.ops.fused_mixer import DEFAULT_SCAN_CONFIG, scan_config
-    assert scan_config(12345) == DEFAULT_SCAN_CONFIG
+    assert scan_config(12345) == DEFAULT_SCAN_CONFIG and scan_config(384) == (64, 2, False)
     monkeypatch.setenv('AMVIM_FUSED_SCAN_CONFIG', '16,2,0')
     assert scan_config(384) == (16, 2, False)
     monkeypatch.setenv('AMVIM_FUSED_SCAN_CONFIG', '16x2')

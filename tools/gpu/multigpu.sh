@@ -147,6 +147,17 @@ else
   # the mmsegmentation wheel ships a top-level `tests` package, which would shadow ours
   rm -rf "$SITE/tests"
   export PYTHONPATH=${PKGRES:+$PKGRES:}$SITE:$ROOT
+  # Python 3.12 has no distutils; mmengine's collect_env (at every Runner start) imports it and
+  # normally gets setuptools' copy through setuptools' .pth hook. Without it: the same hook from a
+  # sitecustomize on the path.
+  if ! python3 -c 'from distutils import errors' >/dev/null 2>&1; then
+    mkdir -p "$B/site_compat"
+    printf 'try:\n    import _distutils_hack\n    _distutils_hack.add_shim()\nexcept Exception:\n    pass\n' \
+      > "$B/site_compat/sitecustomize.py"
+    export PYTHONPATH=$B/site_compat:$PYTHONPATH
+    python3 -c 'from distutils import errors' >/dev/null 2>&1 && say "distutils: setuptools' shim" \
+      || say "WARNING: no distutils module: mmengine's Runner (collect_env) will fail"
+  fi
 fi
 
 "$PY" - > "$LOGS/versions.json" 2> "$LOGS/versions.err" <<'PY'
@@ -194,11 +205,9 @@ OPTS=(
   "param_scheduler.0.end=$WARMUP"
   "param_scheduler.1.begin=$WARMUP"
   "randomness.seed=0"
-  # Vim keeps cls_token and norm_f as parameters although this config uses neither
-  # (with_cls_token=False, final_norm=False): DDP must be told, or it fails at iteration 2
-  "model_wrapper_cfg.type=MMDistributedDataParallel"
-  "model_wrapper_cfg.find_unused_parameters=True"
 )
+# from scratch for a few hundred iterations: 10x the config's fine-tuning rate (6e-5)
+[ "$SMOKE" = 1 ] || MG_LR=${MG_LR:-6e-4}
 [ -n "${MG_LR:-}" ] && OPTS+=("optim_wrapper.optimizer.lr=$MG_LR")
 
 # the list-index overrides above must hit the transforms they mean: check before launching
@@ -296,7 +305,8 @@ print(json.dumps(dict(
     per_gpu_batch=int(e['MG_B']), max_iters=int(e['MG_I1']), resume_max_iters=int(e['MG_I2']),
     checkpoint_interval=int(e['MG_CK']), loss_window=int(e['MG_W']),
     crop_size=[int(e['MG_CROPSZ'])] * 2, dataset=e['MG_DATA'], wall_s=int(e['MG_WALL']),
-    train_wall_s=int(e['MG_TRAIN_WALL']), require_loss_decrease=e['MG_SMOKE'] != '1', exit_codes=dict(zip(('run1', 'run2'), e['MG_RC'].split())),
+    train_wall_s=int(e['MG_TRAIN_WALL']), require_loss_decrease=e['MG_SMOKE'] != '1',
+    exit_codes=dict(zip(('run1', 'run2'), e['MG_RC'].split())),
     commands=open(sys.argv[1]).read().splitlines(), versions=versions), indent=1))
 PY
 "$PY" tools/gpu/summarize_multigpu.py --work-dir "$WORK" --out-dir "$OUT" --meta "$LOGS/meta.json"

@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/.gpu_build/out}
-SITE=$ROOT/.gpu_build/site
+SITE=${SITE:-$ROOT/.gpu_build/site}
 mkdir -p "$SITE" "$OUT"
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build tests bench)
 # bench-tune: launch configuration of the fused Triton scan kernel (the best is used afterwards)

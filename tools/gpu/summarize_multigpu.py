@@ -196,7 +196,7 @@ def main() -> int:
         '',
         '| | |', '| --- | --- |',
         f"| world size (logged / launched) | {fmt(world)} / {meta['world_size']} |",
-        f"| GPUs | {', '.join(meta.get('gpus') or []) or 'n/a'} |",
+        f"| GPUs | {'; '.join(meta.get('gpus') or []) or 'n/a'} |",
         f"| batch per GPU / total | {meta['per_gpu_batch']} / {summary['total_batch']} |",
         f"| run 1 iterations (planned / last) | {iters1} / {fmt(first.get('last_iter'))} |",
         f"| run 2 resumed from iteration | {fmt(resumed.get('resumed_from_iter'))} "

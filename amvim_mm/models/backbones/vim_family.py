@@ -408,6 +408,12 @@ class VimFamilyBackbone(BaseModule):
             self.layers.append(VimBlock(mixer, D, paths, inter_dpr[i], norm_eps))
         self.norm_f = RMSNorm(D, eps=norm_eps)
         self.drop_path = DropPath(drop_path_rate)
+        # parameters this configuration never uses stay loadable (official keys) but get no
+        # gradient, so DDP does not wait for them (no find_unused_parameters needed)
+        if not with_cls_token:
+            self.cls_token.requires_grad_(False)
+        if not final_norm:
+            self.norm_f.weight.requires_grad_(False)
         self.frozen_stages = frozen_stages
         self._init_default_weights()
         self._freeze_stages()
