@@ -37,10 +37,24 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ['fused_mixer_available', 'fused_mixer_forward', 'fused_add_rmsnorm', 'FUSED_ENV_VAR',
-           'fused_requested']
+           'fused_requested', 'auto_prefers_fused']
 
 FUSED_ENV_VAR = 'AMVIM_FUSED_MIXER'
 LOG2E = 1.4426950408889634
+
+
+# The fused scan walks each path sequentially, one program per (sample, channel block, path):
+# with few samples and long sequences it leaves most of the GPU idle. Run 7's resolution sweep
+# (Vim-T, bf16, graph; benchmarks/runs/2026-11-30_run7_x2): fused 2021 / 310 / 102 img/s at
+# 448 (batch 32) / 768 (11) / 1024 (6) against 1261 / 310 / 206 for the mamba-ssm kernels
+# (run 3). So the automatic choice keeps the mamba-ssm path, when it is installed, below
+# batch x E = 16 x 384.
+MIN_FUSED_BATCH_WIDTH = 16 * 384
+
+
+def auto_prefers_fused(batch: int, d_inner: int, has_mamba_kernel: bool) -> bool:
+    """The automatic choice between the fused path and the mamba-ssm kernels (see above)."""
+    return not has_mamba_kernel or batch * d_inner >= MIN_FUSED_BATCH_WIDTH
 
 
 def fused_requested(setting: Optional[bool]) -> Optional[bool]:

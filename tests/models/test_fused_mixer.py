@@ -87,6 +87,14 @@ def test_fused_scan_config_env_is_validated(monkeypatch):
         scan_config(384)
 
 
+def test_auto_choice_keeps_mamba_for_small_batches():
+    from amvim_mm.ops.fused_mixer import auto_prefers_fused
+    assert auto_prefers_fused(128, 384, True) and auto_prefers_fused(16, 384, True)
+    assert not auto_prefers_fused(6, 384, True) and not auto_prefers_fused(11, 384, True)
+    assert auto_prefers_fused(8, 768, True)           # Vim-S: same batch x width
+    assert auto_prefers_fused(1, 384, False)          # no mamba-ssm: fused beats torch scan
+
+
 def test_fused_switch_env_values(monkeypatch):
     monkeypatch.setenv('AMVIM_FUSED_MIXER', '0')
     assert fused_requested(None) is False and fused_requested(True) is True

@@ -22,10 +22,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
-from amvim_mm.ops.backends import log_choice_once, requested_backend
+from amvim_mm.ops.backends import log_choice_once, mamba_selective_scan, requested_backend
 from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
-from amvim_mm.ops.fused_mixer import (fused_add_rmsnorm, fused_mixer_available,
-                                      fused_mixer_forward, fused_requested)
+from amvim_mm.ops.fused_mixer import (auto_prefers_fused, fused_add_rmsnorm,
+                                      fused_mixer_available, fused_mixer_forward, fused_requested)
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from .layers import DropPath, PatchEmbed, RMSNorm, infer_square_grid, resize_pos_embed
 from .scan_context import ScanContext
@@ -50,8 +50,10 @@ class BiMambaMixer(nn.Module):
         suffixes: one parameter-name suffix per path.
         scan_backend: selective-scan backend (``None``: automatic, see ``amvim_mm.ops``).
         fused: the fused Triton inference path (:mod:`amvim_mm.ops.fused_mixer`): ``None``
-            (automatic: on for CUDA tensors when no gradient is wanted, Triton imports and no
-            scan backend was forced by argument or ``AMVIM_SCAN_BACKEND``), ``True`` (always
+            (automatic: on for CUDA tensors when no gradient is wanted, Triton imports, no
+            scan backend was forced by argument or ``AMVIM_SCAN_BACKEND``, and the batch is
+            large enough - below batch x E = 16 x 384 the mamba-ssm kernels, when installed,
+            are faster on long sequences), ``True`` (always
             when no gradient is wanted; CPU tensors then run Triton's interpreter, for tests) or
             ``False`` (never). ``AMVIM_FUSED_MIXER=0/1`` overrides ``None``. Training, ToP
             alignment and importance scores always take the unfused path.
@@ -170,6 +172,9 @@ class BiMambaMixer(nn.Module):
             if not hidden.is_cuda or requested_backend(self.scan_backend) != 'auto':
                 return False
             if self.d_state & (self.d_state - 1):
+                return False
+            if not auto_prefers_fused(hidden.shape[0], self.d_inner,
+                                      mamba_selective_scan()[0] is not None):
                 return False
             ok = fused_mixer_available('cuda')[0]
             if ok:
