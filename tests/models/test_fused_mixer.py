@@ -195,10 +195,10 @@ def test_gpu_fused_matches_unfused(cfg, dtype):
 @gpu
 def test_gpu_fused_is_chosen_automatically_and_graph_capturable():
     m = _pair(dict(type='AMVim', arch='tiny', img_size=224))
-    x = torch.randn(8, 3, 224, 224, device='cuda')
+    x = torch.randn(16, 3, 224, 224, device='cuda')   # batch x E = 16 x 384: fused
     mixer = m.layers[0].mixer
     from amvim_mm.models.backbones.scan_context import ScanContext
-    h = torch.randn(8, 197, 192, device='cuda')
+    h = torch.randn(16, 197, 192, device='cuda')
     with torch.no_grad():
         assert mixer.use_fused(h, ScanContext((14, 14), 98, device='cuda'))
     assert not mixer.use_fused(h.requires_grad_(), ScanContext((14, 14), 98, device='cuda'))
