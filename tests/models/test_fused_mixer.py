@@ -26,7 +26,14 @@ needs_triton = pytest.mark.skipif(not HAS_TRITON, reason='triton is not installe
 # every case: backbone config, input (H, W); fused vs unfused outputs (all out_indices)
 INTERPRETER_SCRIPT = textwrap.dedent('''
     import json, torch, amvim_mm
+    import amvim_mm.ops.token_merge as tm
     from amvim_mm.registry import MODELS
+    calls = []
+    _step = tm.fold_merge_step
+    def counted(*a, **k):
+        calls.append(1)
+        return _step(*a, **k)
+    tm.fold_merge_step = counted
     cases = [
         dict(type='Vim', arch='test', img_size=64),
         dict(type='AMVim', arch='test', img_size=112, window_size=2),
@@ -37,8 +44,10 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
         dict(type='AMVim', arch='test', img_size=112, window_size=2,
              token_reduction=dict(type='RandomPrune', ratio=0.27, seed=1)),
         dict(type='Vim', arch='test', img_size=64, with_cls_token=False),
+        dict(type='Vim', arch='test', img_size=112, with_cls_token=False,
+             token_reduction=dict(type='ToMe', ratio=0.36)),
     ]
-    sizes = [(64, 48), (112, 96), (112, 112), (112, 112), (96, 112), (80, 64)]
+    sizes = [(64, 48), (112, 96), (112, 112), (112, 112), (96, 112), (80, 64), (112, 96)]
     res = []
     for cfg, (h, w) in zip(cases, sizes):
         torch.manual_seed(0)
@@ -46,15 +55,21 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
         x = torch.randn(2, 3, h, w)
         errs = []
         with torch.no_grad():
-            outs = {}
+            outs, ctxs, n_calls = {}, {}, {}
             for fused in (False, True):
                 for layer in m.layers:
                     layer.mixer.fused = fused
+                calls.clear()
                 outs[fused] = m(x)
+                ctxs[fused] = m.last_context
+                n_calls[fused] = len(calls)
+        same_state = all(torch.equal(getattr(ctxs[True], k), getattr(ctxs[False], k))
+                         for k in ('pos', 'source') if hasattr(ctxs[False], k))
         for a, b in zip(outs[True], outs[False]):
             assert a.shape == b.shape, (a.shape, b.shape)
             errs.append(((a - b).abs().max() / b.abs().max()).item())
-        res.append(dict(cfg=cfg['type'], errs=errs, counts=m.token_counts))
+        res.append(dict(cfg=cfg['type'], errs=errs, counts=m.token_counts,
+                        merge_calls=[n_calls[False], n_calls[True]], same_state=same_state))
     print('RESULT' + json.dumps(res))
 ''')
 
@@ -69,9 +84,13 @@ def test_fused_matches_unfused_in_triton_interpreter(config):
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
     results = json.loads(line[len('RESULT'):])
-    assert len(results) == 6
+    assert len(results) == 7
     for r in results:
         assert max(r['errs']) < 1e-5, r
+        assert r['same_state'], r
+    # ToMe took the two-kernel merge step (amvim_mm.ops.token_merge) on the fused side only
+    for i in (3, 6):
+        assert results[i]['merge_calls'][0] == 0 and results[i]['merge_calls'][1] > 0, results[i]
     # the reduced cases really ran on shorter sequences (per-sample path indices)
     assert results[3]['counts'][-1] < results[3]['counts'][0]
     assert results[4]['counts'][-1] < results[4]['counts'][0]

@@ -129,8 +129,12 @@ class ScanContext:
             return _full_grid_perms(self.grid, self.cls_index, tuple(keys), self.pos.device)
         perms = self._perms.get(tuple(keys))
         if perms is None:
-            perms = _stack_perms([self.path_index(k) for k in keys], self.pos.shape[-1],
-                                 self.pos.device)
+            indices = [self.path_index(k) for k in keys]
+            if all(i.kind != 'gather' for i in indices):   # identity / flip: cached per length
+                perms = _trivial_perms(tuple(i.kind for i in indices), self.pos.shape[-1],
+                                       self.pos.device)
+            else:
+                perms = _stack_perms(indices, self.pos.shape[-1], self.pos.device)
             self._perms[tuple(keys)] = perms
         return perms
 
@@ -178,6 +182,11 @@ def _stack_perms(indices, length: int, device) -> torch.Tensor:
     else:
         rows = [r.unsqueeze(0) for r in rows]
     return torch.stack(rows).to(torch.int32).contiguous()
+
+
+@functools.lru_cache(maxsize=512)
+def _trivial_perms(kinds: Tuple[str, ...], length: int, device) -> torch.Tensor:
+    return _stack_perms([PathIndex.trivial(k) for k in kinds], length, device)
 
 
 @functools.lru_cache(maxsize=512)

@@ -609,7 +609,8 @@ class VimFamilyBackbone(BaseModule):
                     removed, dst, weight = reducer.select(i, k, stream, ctx, layer)
                     hidden, residual, ctx = reduce_tokens(
                         ctx, hidden, residual, removed, dst, weight, reducer.freeze_sources,
-                        reducer.merges, fold=not self.training)
+                        reducer.merges, fold=not self.training,
+                        fast=not self.training and layer.mixer.use_fused(hidden, None))
                     ctx.align = reducer.align
                 ctx.want_importance = reducer.needs_importance
             counts.append(hidden.shape[1])

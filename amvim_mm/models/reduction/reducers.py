@@ -9,6 +9,7 @@ original order. Reducers are registered in ``TOKEN_REDUCERS`` under the names ``
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -42,8 +43,20 @@ def build_reducer(cfg: Union[dict, 'TokenReducer', None]) -> Optional['TokenRedu
 
 def _patch_indices(ctx) -> torch.Tensor:
     """(B, n) sequence indices of the patch tokens, in sequence order."""
+    if not ctx.has_fused:
+        # the canonical layout: every token but the class token (at cls_index) is a patch
+        idx = _regular_patch_indices(ctx.n_patches, ctx.cls_index, str(ctx.pos.device))
+        return idx.expand(ctx.pos.shape[0] if ctx.pos.dim() == 2 else 1, -1)
     is_patch = ctx.pos >= 0
     return torch.argsort((~is_patch).to(torch.int8), dim=1, stable=True)[:, :ctx.n_patches]
+
+
+@functools.lru_cache(maxsize=256)
+def _regular_patch_indices(n: int, cls_index: int, device: str) -> torch.Tensor:
+    idx = torch.arange(n)
+    if cls_index >= 0:
+        idx = idx + (idx >= cls_index).long()
+    return idx.unsqueeze(0).to(device)
 
 
 class TokenReducer:

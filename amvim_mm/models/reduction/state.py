@@ -51,7 +51,7 @@ def init_reduction_state(ctx: ScanContext, batch: int, device) -> ScanContext:
 def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[torch.Tensor],
                   removed: torch.Tensor, dst: torch.Tensor,
                   weight: Optional[torch.Tensor] = None, freeze_sources: bool = False,
-                  merges: bool = True, fold: bool = False
+                  merges: bool = True, fold: bool = False, fast: bool = False
                   ) -> Tuple[torch.Tensor, Optional[torch.Tensor], ScanContext]:
     """Remove patch tokens from both streams.
 
@@ -71,6 +71,9 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
             with ``residual=None`` (the averaging is linear, so this equals merging both
             streams, in fp32). Only valid when the next block's drop-path is the identity
             (inference); the backbone passes ``fold=not self.training``.
+        fast: with ``fold``, do the step with the two Triton kernels of
+            :mod:`amvim_mm.ops.token_merge` (same result; CUDA, or Triton's interpreter) when
+            the step allows it (merges only, default weights, no EViT fused token).
 
     No value is read back from the device (no host sync), so the step can be captured in a
     CUDA graph.
@@ -85,6 +88,18 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
     if r == 0:
         return hidden, residual, ctx
     stream = hidden if residual is None else residual + hidden
+    if (fast and fold and merges and not freeze_sources and weight is None
+            and not ctx.has_fused):
+        from amvim_mm.ops.token_merge import fold_merge_step
+        n_keep = ctx.n_patches - r
+        new_cls = n_keep // 2 if ctx.cls_index >= 0 else -1
+        out, npos, nsize, nsrc = fold_merge_step(stream, ctx.pos, ctx.size, ctx.source, removed,
+                                                 dst, n_keep, new_cls)
+        new = ScanContext(ctx.grid, new_cls, pos=npos, device=device, n_patches=n_keep)
+        new.size, new.source, new.frozen = nsize, nsrc, ctx.frozen
+        new.num_patches = ctx.num_patches
+        new.reduced = True
+        return out, None, new
     merged = dst >= 0
     safe_dst = dst.clamp(min=0)
 

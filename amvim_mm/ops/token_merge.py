@@ -1,0 +1,77 @@
+"""One ToMe merge step at inference in two Triton launches (bookkeeping + weighted scatter).
+
+The reference is :func:`amvim_mm.models.reduction.state.reduce_tokens` with ``fold=True``: the
+summed stream is merged once (size-weighted average into each removed token's destination),
+the survivors keep their order, the class token goes back to the middle, and the per-sample
+``pos``/``size``/``source`` bookkeeping follows. Done there with ~40 small PyTorch launches per
+step, which at Vim-T's size cost more than the removed tokens save; here one program per sample
+does the bookkeeping and one kernel scatters the weighted stream (fp32 atomics; the order of a
+merge's additions is not fixed, as with PyTorch's ``scatter_add`` on CUDA).
+
+Only for merges without frozen sources and without EViT's fused token (ToMe at inference).
+CPU tensors run in Triton's interpreter when ``TRITON_INTERPRET=1`` is set (tests).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ['fold_merge_step']
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels():
+    import triton
+
+    from . import _token_merge_kernels as k
+    return triton.jit(k.merge_bookkeeping_kernel), triton.jit(k.merge_scatter_kernel)
+
+
+def fold_merge_step(stream: Tensor, pos: Tensor, size: Tensor, source: Tensor, removed: Tensor,
+                    dst: Tensor, n_keep_patch: int, new_cls: int
+                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Merge ``removed`` tokens into ``dst`` and compact.
+
+    Args:
+        stream: (B, L, D) summed stream (any float dtype; merged in fp32).
+        pos: (B, L) grid positions (-1: class token); size: (B, L) token sizes (the weights);
+        source: (B, M) token carrying each grid patch; removed, dst: (B, r) sequence indices
+        (distinct removed tokens, never the class token; every dst a survivor).
+        n_keep_patch: patch tokens left; new_cls: the class token's new index (-1: none).
+
+    Returns:
+        (new stream fp32 (B, L', D), new pos, new size, new source) with L' = L - r.
+    """
+    import triton
+    book_k, scatter_k = _kernels()
+    B, L, D = stream.shape
+    r = removed.shape[1]
+    M = source.shape[1]
+    L_new = L - r
+    dev = stream.device
+    removed = removed.contiguous()
+    dst = dst.contiguous()
+    pos = pos.contiguous()
+    size = size.float().contiguous()
+    source = source.contiguous()
+    i32 = dict(device=dev, dtype=torch.int32)
+    keep, dest, nidx, tgt = (torch.empty(B, L, **i32) for _ in range(4))
+    wnew = torch.empty(B, L, device=dev, dtype=torch.float32)
+    coef = torch.empty(B, L, device=dev, dtype=torch.float32)
+    npos = torch.empty(B, L_new, device=dev, dtype=pos.dtype)
+    nsize = torch.empty(B, L_new, device=dev, dtype=torch.float32)
+    nsrc = torch.empty(B, M, device=dev, dtype=source.dtype)
+    book_k[(B, )](removed, dst, pos, size, source, keep, dest, wnew, nidx, tgt, coef, npos, nsize,
+                  nsrc, L, r, M, L_new, new_cls, BLOCK_L=triton.next_power_of_2(L),
+                  BLOCK_R=max(triton.next_power_of_2(r), 2),
+                  BLOCK_M=triton.next_power_of_2(M), num_warps=4)
+    x = stream.float().contiguous()
+    out = torch.zeros(B, L_new, D, device=dev, dtype=torch.float32)
+    bt, bd = 32, min(128, triton.next_power_of_2(D))
+    n_tb = triton.cdiv(L, bt)
+    scatter_k[(B * n_tb, triton.cdiv(D, bd))](x, tgt, coef, out, L, D, L_new, n_tb,
+                                              BLOCK_T=bt, BLOCK_D=bd, num_warps=4)
+    return out, npos, nsize, nsrc
