@@ -194,8 +194,8 @@ def fused_add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor
 
     ``residual`` (fp32) may be None (block 0: the residual is ``hidden``). Returns ``(normed,
     residual)``: the new fp32 residual and the normalised input of the mixer in ``out_dtype``
-    (default: the autocast dtype when autocast is on, else float32; the mixer's ``in_proj``
-    would cast to it anyway). Inference only (no autograd).
+    (default: the autocast dtype when autocast is on, else the norm weight's dtype, as
+    :class:`~amvim_mm.models.backbones.layers.RMSNorm` gives). Inference only (no autograd).
     """
     import triton
     *lead, D = hidden.shape
@@ -205,7 +205,7 @@ def fused_add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor
     if out_dtype is None:
         dev = hidden.device.type
         out_dtype = (torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev)
-                     else torch.float32)
+                     else weight.dtype)
     res = torch.empty(h.shape, device=h.device, dtype=torch.float32)
     out = torch.empty(h.shape, device=h.device, dtype=out_dtype)
     _, _, k = _kernels(hidden.device.type != 'cuda')
