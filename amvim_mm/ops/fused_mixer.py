@@ -11,20 +11,24 @@ int32 index array ``perm[p, b, i]`` (the token at position ``i`` of path ``p``),
 path costs the same as Vim's identity and flip:
 
 1. ``xz = hidden @ in_proj.T`` (B, L, 2E);
-2. :func:`_conv_kernel` (one launch, every path): ``xc[p, b, i] = silu(conv_p(x[b, perm[p, b, :]]))``
+2. ``conv_kernel`` (one launch, every path): ``xc[p, b, i] = silu(conv_p(x[b, perm[p, b, :]]))``
    in path order, reading the rows of ``x`` through ``perm`` (each row is contiguous);
 3. ``x_dbl[p] = xc[p] @ x_proj_p.T`` (one batched matmul over the paths);
-4. :func:`_scan_kernel` (one launch, every path): one program per (sample, block of channels)
-   walks each path step by step with the state (channels x N) in registers; ``delta`` is formed in
-   the kernel from the low-rank ``dt`` (``dt_proj`` never goes through memory), the output is gated
-   by ``silu(z)`` read at the token's place, and the paths are summed straight into token order;
-5. ``out_proj``.
+4. ``scan_kernel`` (one launch, every path): one program per (sample, block of channels, path)
+   walks its path step by step with the state (channels x N) in registers; ``delta`` is
+   ``dt_proj`` as one batched matmul (or, per width, formed in the kernel from the low-rank
+   ``dt``), the output is gated by ``silu(z)`` read at the token's place and written into token
+   order, path ``p`` into columns ``p * E ... (p + 1) * E - 1``;
+5. ``out_proj`` over those P * E columns with its weight repeated per path and scaled by 1 / P:
+   Vim's mean of the paths in the same matmul.
 
 It computes exactly the mixer's math (fp32 state and accumulation; bf16 or fp32 storage like the
 inputs) and is used for inference only (no autograd): on CUDA when Triton imports, no gradient is
-wanted, no hidden-state alignment gaps and no importance scores are needed. Everything else runs
-the unfused path. On CPU tensors the same kernels run in Triton's interpreter when ``TRITON_INTERPRET=1`` is set
-before Python starts (slow; for tests).
+wanted, no hidden-state alignment gaps and no importance scores are needed (and, automatically,
+a large enough batch: :func:`auto_prefers_fused`). Everything else runs the unfused path. On CPU
+tensors the same kernels run in Triton's interpreter when ``TRITON_INTERPRET=1`` is set before
+Python starts (slow; for tests). ``fused_add_rmsnorm`` is the block's residual add + RMSNorm in
+one kernel, for the same inference path.
 """
 from __future__ import annotations
 

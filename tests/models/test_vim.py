@@ -271,3 +271,18 @@ def test_bf16_autocast_keeps_fp32_residual():
     assert out.dtype == torch.float32  # the residual stream stays fp32
     assert torch.isfinite(out).all()
     assert rel_err(out, m(x)[0]) < 5e-2
+
+
+def test_unused_parameters_get_no_gradient_for_ddp():
+    """Dense configs drop the class token and the final norm: those parameters stay loadable
+    but do not require grad, so plain DDP (no find_unused_parameters) does not stall."""
+    import torch
+    from amvim_mm.registry import MODELS
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=32, out_type='featmap',
+                          with_cls_token=False, final_norm=False, out_indices=(1, 3)))
+    outs = m(torch.randn(2, 3, 32, 32))
+    sum(o.sum() for o in outs).backward()
+    missing = [n for n, p in m.named_parameters() if p.requires_grad and p.grad is None]
+    assert missing == []
+    assert not m.cls_token.requires_grad and not m.norm_f.weight.requires_grad
+    assert 'cls_token' in m.state_dict() and 'norm_f.weight' in m.state_dict()
