@@ -186,6 +186,10 @@ class BiMambaMixer(nn.Module):
                                f'AMVIM_FUSED_MIXER=1) but is not usable: {reason}')
         return True
 
+    def _apply(self, fn, *args, **kwargs):
+        self._fused_cache = None   # .to() / .cuda() / .half(): restack on the next fused call
+        return super()._apply(fn, *args, **kwargs)
+
     def fused_params(self) -> Tuple[torch.Tensor, ...]:
         """The per-path parameters stacked for the fused kernels, and ``out_proj`` repeated per
         path and scaled by 1 / P (cached until a parameter changes)."""
