@@ -73,3 +73,55 @@ def merge_scatter_kernel(x_ptr, tgt_ptr, coef_ptr, out_ptr, L, D, L_new, n_tbloc
     c = tl.load(coef_ptr + b * L + t, mask=mt, other=0.)
     x = tl.load(x_ptr + (b * L + t[:, None]) * D + d[None, :], mask=m2, other=0.).to(tl.float32)
     tl.atomic_add(out_ptr + (b * L_new + tgt[:, None]) * D + d[None, :], x * c[:, None], mask=m2)
+
+
+def tome_match_kernel(x_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls, k,
+                      HAS_W: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per sample: ToMe's bipartite matching on the stream ``x`` (B, L, D).
+
+    Patch j (sequence index j, or j + 1 from the class token on) is in set A when j is even,
+    in B when odd. Cosine similarity of ``x * w`` between A and B rows; each A row's best B
+    row; the k A rows with the highest best score (ties: lower index first) are written, in
+    that order, to ``rem``/``dst`` (sequence indices).
+    """
+    b = tl.program_id(0)
+    ja = tl.arange(0, BLOCK_A)
+    ma = ja < n_a
+    mb = ja < n_b
+    pa = 2 * ja
+    pb = 2 * ja + 1
+    sa = tl.where((cls >= 0) & (pa >= cls), pa + 1, pa)
+    sb = tl.where((cls >= 0) & (pb >= cls), pb + 1, pb)
+    acc = tl.zeros((BLOCK_A, BLOCK_A), dtype=tl.float32)
+    na2 = tl.zeros((BLOCK_A, ), dtype=tl.float32)
+    nb2 = tl.zeros((BLOCK_A, ), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        dd = d0 + tl.arange(0, BLOCK_D)
+        md = dd < D
+        a = tl.load(x_ptr + (b * L + sa[:, None]) * D + dd[None, :],
+                    mask=ma[:, None] & md[None, :], other=0.).to(tl.float32)
+        c = tl.load(x_ptr + (b * L + sb[:, None]) * D + dd[None, :],
+                    mask=mb[:, None] & md[None, :], other=0.).to(tl.float32)
+        if HAS_W:
+            w = tl.load(w_ptr + dd, mask=md, other=0.).to(tl.float32)
+            a = a * w[None, :]
+            c = c * w[None, :]
+        acc += tl.dot(a, tl.trans(c), input_precision='ieee')
+        na2 += tl.sum(a * a, axis=1)
+        nb2 += tl.sum(c * c, axis=1)
+    na = tl.maximum(tl.sqrt(na2), 1e-12)
+    nb = tl.maximum(tl.sqrt(nb2), 1e-12)
+    scores = acc / (na[:, None] * nb[None, :])
+    scores = tl.where(mb[None, :], scores, float('-inf'))
+    best = tl.max(scores, axis=1)
+    best_j = tl.argmax(scores, axis=1)
+    best = tl.where(ma, best, float('-inf'))
+    vi = best[:, None]
+    vj = best[None, :]
+    before = ((vj > vi) | ((vj == vi) & (ja[None, :] < ja[:, None]))) & ma[None, :]
+    rank = tl.sum(before.to(tl.int32), axis=1)
+    sel = ma & (rank < k)
+    pd = 2 * best_j + 1
+    sd = tl.where((cls >= 0) & (pd >= cls), pd + 1, pd)
+    tl.store(rem_ptr + b * k + rank, sa.to(tl.int64), mask=sel)
+    tl.store(dst_ptr + b * k + rank, sd.to(tl.int64), mask=sel)

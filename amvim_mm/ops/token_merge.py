@@ -1,4 +1,6 @@
-"""One ToMe merge step at inference in two Triton launches (bookkeeping + weighted scatter).
+"""One ToMe merge step at inference in two Triton launches (bookkeeping + weighted scatter), and
+ToMe's matching in one (:func:`tome_match`, opt-in with ``AMVIM_FUSED_TOME_MATCH=1`` until it is
+timed on a GPU).
 
 The reference is :func:`amvim_mm.models.reduction.state.reduce_tokens` with ``fold=True``: the
 summed stream is merged once (size-weighted average into each removed token's destination),
@@ -14,12 +16,23 @@ CPU tensors run in Triton's interpreter when ``TRITON_INTERPRET=1`` is set (test
 from __future__ import annotations
 
 import functools
-from typing import Tuple
+import os
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ['fold_merge_step']
+__all__ = ['fold_merge_step', 'tome_match', 'MAX_MATCH_ROWS', 'match_enabled']
+
+#: the matching kernel holds an (A x B) score tile in registers: at most 128 rows per set
+MAX_MATCH_ROWS = 128
+MATCH_ENV_VAR = 'AMVIM_FUSED_TOME_MATCH'
+
+
+def match_enabled() -> bool:
+    """The one-kernel ToMe matching (:func:`tome_match`) is opt-in (``AMVIM_FUSED_TOME_MATCH=1``)
+    until it has been timed on a GPU; off, ToMe matches with PyTorch ops."""
+    return os.environ.get(MATCH_ENV_VAR, '0').strip() == '1'
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,7 +40,8 @@ def _kernels():
     import triton
 
     from . import _token_merge_kernels as k
-    return triton.jit(k.merge_bookkeeping_kernel), triton.jit(k.merge_scatter_kernel)
+    return (triton.jit(k.merge_bookkeeping_kernel), triton.jit(k.merge_scatter_kernel),
+            triton.jit(k.tome_match_kernel))
 
 
 def fold_merge_step(stream: Tensor, pos: Tensor, size: Tensor, source: Tensor, removed: Tensor,
@@ -46,7 +60,7 @@ def fold_merge_step(stream: Tensor, pos: Tensor, size: Tensor, source: Tensor, r
         (new stream fp32 (B, L', D), new pos, new size, new source) with L' = L - r.
     """
     import triton
-    book_k, scatter_k = _kernels()
+    book_k, scatter_k, _ = _kernels()
     B, L, D = stream.shape
     r = removed.shape[1]
     M = source.shape[1]
@@ -75,3 +89,34 @@ def fold_merge_step(stream: Tensor, pos: Tensor, size: Tensor, source: Tensor, r
     scatter_k[(B * n_tb, triton.cdiv(D, bd))](x, tgt, coef, out, L, D, L_new, n_tb,
                                               BLOCK_T=bt, BLOCK_D=bd, num_warps=4)
     return out, npos, nsize, nsrc
+
+
+def tome_match(stream: Tensor, weight: Optional[Tensor], n_patches: int, cls_index: int,
+               k: int) -> Tuple[Tensor, Tensor]:
+    """ToMe's order-preserving bipartite matching in one launch (one program per sample).
+
+    The reference is :meth:`amvim_mm.models.reduction.reducers.ToMe.select`: patch tokens
+    alternate into sets A and B, cosine similarity of ``stream * weight`` (``weight=None``: the
+    raw stream), each A token's best B token, the ``k`` strongest edges. Needs the canonical
+    layout (every token but the class token is a patch) and at most ``MAX_MATCH_ROWS`` tokens
+    per set. Ties between edges go to the lower index (PyTorch's argsort leaves them open).
+
+    Returns:
+        (removed, dst): (B, k) sequence indices.
+    """
+    import triton
+    B, L, D = stream.shape
+    n_a, n_b = (n_patches + 1) // 2, n_patches // 2
+    if n_a > MAX_MATCH_ROWS:
+        raise ValueError(f'tome_match handles at most {MAX_MATCH_ROWS} tokens per set; got '
+                         f'{n_a} ({n_patches} patch tokens)')
+    if not 0 < k <= n_a:
+        raise ValueError(f'tome_match: cannot merge {k} of {n_a} tokens of set A')
+    _, _, match_k = _kernels()
+    x = stream.contiguous()
+    removed = torch.empty(B, k, device=x.device, dtype=torch.long)
+    dst = torch.empty(B, k, device=x.device, dtype=torch.long)
+    w = weight.contiguous() if weight is not None else x
+    match_k[(B, )](x, w, removed, dst, L, D, n_a, n_b, cls_index, k, HAS_W=weight is not None,
+                   BLOCK_A=max(triton.next_power_of_2(n_a), 16), BLOCK_D=32, num_warps=8)
+    return removed, dst

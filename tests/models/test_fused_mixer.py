@@ -70,20 +70,41 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
             errs.append(((a - b).abs().max() / b.abs().max()).item())
         res.append(dict(cfg=cfg['type'], errs=errs, counts=m.token_counts,
                         merge_calls=[n_calls[False], n_calls[True]], same_state=same_state))
-    print('RESULT' + json.dumps(res))
+    # the one-kernel matching against ToMe.select (edge sets; random data has no ties)
+    from amvim_mm.models.backbones.scan_context import ScanContext
+    from amvim_mm.models.reduction.reducers import ToMe
+    from amvim_mm.models.reduction.state import init_reduction_state
+    match = []
+    for bsz, n, cls, dim, k, metric in [(3, 20, 10, 16, 5, 'norm_input'),
+                                        (2, 21, -1, 40, 7, 'stream'),
+                                        (2, 196, 98, 64, 14, 'norm_input')]:
+        ctx = init_reduction_state(ScanContext((1, n), cls_index=cls), bsz, 'cpu')
+        x = torch.randn(bsz, n + (cls >= 0), dim)
+        layer = torch.nn.Module()
+        layer.norm = torch.nn.Module()
+        layer.norm.weight = torch.nn.Parameter(torch.rand(dim) + 0.5)
+        rem0, dst0, _ = ToMe(r=k, locations=(0, ), metric=metric).select(0, k, x, ctx, layer)
+        rem1, dst1 = tm.tome_match(x, layer.norm.weight if metric == 'norm_input' else None,
+                                   n, cls, k)
+        match.append(all(set(zip(a.tolist(), c.tolist())) == set(zip(b.tolist(), d.tolist()))
+                         for a, b, c, d in zip(rem0, rem1, dst0, dst1)))
+    print('RESULT' + json.dumps(dict(models=res, match=match)))
 ''')
 
 
 @needs_triton
-@pytest.mark.parametrize('config', ['32,1,1', '16,1,0'])  # dt_proj in the kernel / as matmul
-def test_fused_matches_unfused_in_triton_interpreter(config):
+# dt_proj in the kernel / as matmul; ToMe matching in PyTorch / in one kernel (opt-in)
+@pytest.mark.parametrize('config, match', [('32,1,1', '0'), ('16,1,0', '1')])
+def test_fused_matches_unfused_in_triton_interpreter(config, match):
     env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1',
-               AMVIM_FUSED_SCAN_CONFIG=config)
+               AMVIM_FUSED_SCAN_CONFIG=config, AMVIM_FUSED_TOME_MATCH=match)
     proc = subprocess.run([sys.executable, '-c', INTERPRETER_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
-    results = json.loads(line[len('RESULT'):])
+    out = json.loads(line[len('RESULT'):])
+    assert out['match'] == [True, True, True]
+    results = out['models']
     assert len(results) == 7
     for r in results:
         assert max(r['errs']) < 1e-5, r
@@ -234,3 +255,30 @@ def test_gpu_fused_is_chosen_automatically_and_graph_capturable():
         g.replay()
         torch.cuda.synchronize()
     assert torch.equal(out, ref)
+
+
+@gpu
+def test_gpu_fused_tome_match_kernel(monkeypatch):
+    """The opt-in one-kernel ToMe matching, compiled, against the unfused model (fp32)."""
+    monkeypatch.setenv('AMVIM_FUSED_TOME_MATCH', '1')
+    m = _pair(TOME)
+    x = torch.randn(4, 3, 224, 160, device='cuda')
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        ref = _run(m, x, False)
+        out = _run(m, x, True)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    for a, b in zip(out, ref):
+        assert a.shape == b.shape and _rel(a, b) < 1e-4
+
+
+@needs_triton
+def test_tome_match_limits_are_named():
+    from amvim_mm.ops.token_merge import tome_match
+    x = torch.randn(1, 300, 8)
+    with pytest.raises(ValueError, match='at most 128 tokens per set; got 150'):
+        tome_match(x, None, 299, 149, 4)
+    with pytest.raises(ValueError, match='cannot merge 20 of 10 tokens'):
+        tome_match(torch.randn(1, 21, 8), None, 20, 10, 20)

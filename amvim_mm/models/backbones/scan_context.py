@@ -105,6 +105,7 @@ class ScanContext:
         # token-reduction state (see amvim_mm.models.reduction.state)
         self.reduced = False
         self.want_importance = False
+        self.fused_ok = False        # the reduction step may use the Triton kernels (inference)
         self.importance: Optional[torch.Tensor] = None
         self.align: Optional[str] = None
         self._gaps: Dict[tuple, Optional[torch.Tensor]] = {}

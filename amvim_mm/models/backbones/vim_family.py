@@ -610,11 +610,13 @@ class VimFamilyBackbone(BaseModule):
                     if reducer.freeze_sources:
                         hidden, residual, ctx = append_fused_slot(ctx, hidden, residual)
                         stream = hidden if residual is None else residual + hidden
+                    # inference on the fused path: Triton kernels for the reduction step too
+                    fast = not self.training and layer.mixer.use_fused(hidden, None)
+                    ctx.fused_ok = fast
                     removed, dst, weight = reducer.select(i, k, stream, ctx, layer)
                     hidden, residual, ctx = reduce_tokens(
                         ctx, hidden, residual, removed, dst, weight, reducer.freeze_sources,
-                        reducer.merges, fold=not self.training,
-                        fast=not self.training and layer.mixer.use_fused(hidden, None))
+                        reducer.merges, fold=not self.training, fast=fast)
                     ctx.align = reducer.align
                 ctx.want_importance = reducer.needs_importance
             counts.append(hidden.shape[1])
