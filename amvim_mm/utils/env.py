@@ -91,4 +91,17 @@ def collect_env() -> Tuple[Dict[str, str], List[str]]:
     else:
         scan = f'{req} (forced by AMVIM_SCAN_BACKEND)'
     info['scan backend'] = scan
+    from amvim_mm.ops.fused_mixer import fused_mixer_available, fused_requested
+    try:
+        fused = fused_requested(None)
+    except ValueError as e:
+        problems.append(str(e))
+        fused = False
+    ok, fwhy = fused_mixer_available('cuda')
+    if fused is False:
+        info['fused mixer (inference)'] = 'off (AMVIM_FUSED_MIXER=0)'
+    elif ok:
+        info['fused mixer (inference)'] = 'usable (Triton, CUDA)'
+    else:
+        info['fused mixer (inference)'] = f'not usable here ({fwhy}); the unfused mixer runs'
     return info, problems

@@ -32,3 +32,12 @@ def test_bad_backend_env_is_a_problem(monkeypatch):
     monkeypatch.setenv('AMVIM_SCAN_BACKEND', 'fast')
     _, problems = env.collect_env()
     assert any("unknown scan backend 'fast'" in p for p in problems)
+
+
+def test_bad_fused_env_is_a_problem(monkeypatch):
+    monkeypatch.setenv('AMVIM_FUSED_MIXER', 'maybe')
+    info, problems = env.collect_env()
+    assert any("AMVIM_FUSED_MIXER='maybe'" in p for p in problems)
+    monkeypatch.setenv('AMVIM_FUSED_MIXER', '0')
+    info, problems = env.collect_env()
+    assert info['fused mixer (inference)'].startswith('off')
