@@ -125,3 +125,36 @@ def tome_match_kernel(x_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls, k,
     sd = tl.where((cls >= 0) & (pd >= cls), pd + 1, pd)
     tl.store(rem_ptr + b * k + rank, sa.to(tl.int64), mask=sel)
     tl.store(dst_ptr + b * k + rank, sd.to(tl.int64), mask=sel)
+
+
+def rank_perm_kernel(pos_ptr, rank_ptr, buf_ptr, out_ptr, L, M, cls, n, REVERSE: tl.constexpr,
+                     BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr):
+    """One program per sample: the order of its tokens along a path given by grid ranks.
+
+    Patch tokens sorted by ``rank[pos]`` (placed at their rank in a per-sample buffer of the
+    grid's size, then compacted), the class token (index ``cls``) at ``n // 2`` of the forward
+    sequence, everything flipped when ``REVERSE``: ``out[b, i]`` = token at path position i.
+    """
+    b = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_L)
+    ml = offs < L
+    p = tl.load(pos_ptr + b * L + offs, mask=ml, other=-3)
+    isp = ml & (p >= 0)
+    r = tl.load(rank_ptr + p, mask=isp, other=0)
+    mo = tl.arange(0, BLOCK_M)
+    mm = mo < M
+    tl.store(buf_ptr + b * M + mo, tl.full((BLOCK_M, ), -1, tl.int32), mask=mm)
+    tl.debug_barrier()
+    tl.store(buf_ptr + b * M + r, offs, mask=isp)
+    tl.debug_barrier()
+    v = tl.load(buf_ptr + b * M + mo, mask=mm, other=-1)
+    has = mm & (v >= 0)
+    slot = tl.cumsum(has.to(tl.int32), axis=0) - 1
+    half = n // 2
+    fi = tl.where((cls >= 0) & (slot >= half), slot + 1, slot)
+    lp = tl.where(cls >= 0, n + 1, n)
+    if REVERSE:
+        fi = lp - 1 - fi
+    tl.store(out_ptr + b * L + fi, v, mask=has)
+    ci = tl.where(REVERSE, lp - 1 - half, half)
+    tl.store(out_ptr + b * L + ci + offs * 0, cls + offs * 0, mask=(offs == 0) & (cls >= 0))

@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ['fold_merge_step', 'tome_match', 'MAX_MATCH_ROWS', 'match_enabled']
+__all__ = ['fold_merge_step', 'tome_match', 'MAX_MATCH_ROWS', 'match_enabled', 'rank_path_perm']
 
 #: the matching kernel holds an (A x B) score tile in registers: at most 128 rows per set
 MAX_MATCH_ROWS = 128
@@ -41,7 +41,7 @@ def _kernels():
 
     from . import _token_merge_kernels as k
     return (triton.jit(k.merge_bookkeeping_kernel), triton.jit(k.merge_scatter_kernel),
-            triton.jit(k.tome_match_kernel))
+            triton.jit(k.tome_match_kernel), triton.jit(k.rank_perm_kernel))
 
 
 def fold_merge_step(stream: Tensor, pos: Tensor, size: Tensor, source: Tensor, removed: Tensor,
@@ -60,7 +60,7 @@ def fold_merge_step(stream: Tensor, pos: Tensor, size: Tensor, source: Tensor, r
         (new stream fp32 (B, L', D), new pos, new size, new source) with L' = L - r.
     """
     import triton
-    book_k, scatter_k, _ = _kernels()
+    book_k, scatter_k, _, _ = _kernels()
     B, L, D = stream.shape
     r = removed.shape[1]
     M = source.shape[1]
@@ -112,7 +112,7 @@ def tome_match(stream: Tensor, weight: Optional[Tensor], n_patches: int, cls_ind
                          f'{n_a} ({n_patches} patch tokens)')
     if not 0 < k <= n_a:
         raise ValueError(f'tome_match: cannot merge {k} of {n_a} tokens of set A')
-    _, _, match_k = _kernels()
+    _, _, match_k, _ = _kernels()
     x = stream.contiguous()
     removed = torch.empty(B, k, device=x.device, dtype=torch.long)
     dst = torch.empty(B, k, device=x.device, dtype=torch.long)
@@ -120,3 +120,24 @@ def tome_match(stream: Tensor, weight: Optional[Tensor], n_patches: int, cls_ind
     match_k[(B, )](x, w, removed, dst, L, D, n_a, n_b, cls_index, k, HAS_W=weight is not None,
                    BLOCK_A=max(triton.next_power_of_2(n_a), 16), BLOCK_D=32, num_warps=8)
     return removed, dst
+
+
+def rank_path_perm(pos: Tensor, rank: Tensor, cls_index: int, reverse: bool,
+                   n_patches: int) -> Tensor:
+    """:func:`~amvim_mm.models.backbones.scan_orders.path_permutation` in one launch, as int32.
+
+    For sequences in the canonical layout (every token but the class token is a patch with a
+    grid position): ``pos`` (B, L) grid positions (-1: class token), ``rank`` (M,) the path's
+    forward rank of every grid position. Returns (B, L) int32, the token at each path position.
+    """
+    import triton
+    *_, perm_k = _kernels()
+    B, L = pos.shape
+    M = rank.numel()
+    out = torch.empty(B, L, device=pos.device, dtype=torch.int32)
+    buf = torch.empty(B, M, device=pos.device, dtype=torch.int32)
+    perm_k[(B, )](pos.contiguous(), rank.to(device=pos.device, dtype=torch.int32).contiguous(),
+                  buf, out, L, M, cls_index, n_patches, REVERSE=bool(reverse),
+                  BLOCK_L=triton.next_power_of_2(L), BLOCK_M=triton.next_power_of_2(M),
+                  num_warps=4)
+    return out

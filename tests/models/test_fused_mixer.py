@@ -88,7 +88,23 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
                                    n, cls, k)
         match.append(all(set(zip(a.tolist(), c.tolist())) == set(zip(b.tolist(), d.tolist()))
                          for a, b, c, d in zip(rem0, rem1, dst0, dst1)))
-    print('RESULT' + json.dumps(dict(models=res, match=match)))
+    # rank-ordered path indices of reduced sequences against path_permutation
+    from amvim_mm.models.backbones.scan_orders import path_permutation, scan_rank
+    perms = []
+    for grid, spec, with_cls in [((7, 6), dict(order='window', size=2, inner='col', seed=0,
+                                                reverse=True), True),
+                                 ((7, 6), dict(order='window', size=3, inner='row', seed=0,
+                                                reverse=False), False)]:
+        M, keep = grid[0] * grid[1], 17
+        rank = scan_rank(*grid, spec)
+        pos = torch.stack([torch.sort(torch.randperm(M)[:keep]).values for _ in range(3)])
+        ci = keep // 2 if with_cls else -1
+        if with_cls:
+            pos = torch.cat([pos[:, :ci], torch.full((3, 1), -1), pos[:, ci:]], 1)
+        ref = path_permutation(rank, pos, ci, spec['reverse'], n_patches=keep)
+        out = tm.rank_path_perm(pos, rank, ci, spec['reverse'], keep)
+        perms.append(torch.equal(ref.to(torch.int32), out))
+    print('RESULT' + json.dumps(dict(models=res, match=match, perms=perms)))
 ''')
 
 
@@ -103,7 +119,7 @@ def test_fused_matches_unfused_in_triton_interpreter(config, match):
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
     out = json.loads(line[len('RESULT'):])
-    assert out['match'] == [True, True, True]
+    assert out['match'] == [True, True, True] and out['perms'] == [True, True]
     results = out['models']
     assert len(results) == 7
     for r in results:

@@ -130,14 +130,37 @@ class ScanContext:
             return _full_grid_perms(self.grid, self.cls_index, tuple(keys), self.pos.device)
         perms = self._perms.get(tuple(keys))
         if perms is None:
-            indices = [self.path_index(k) for k in keys]
-            if all(i.kind != 'gather' for i in indices):   # identity / flip: cached per length
-                perms = _trivial_perms(tuple(i.kind for i in indices), self.pos.shape[-1],
-                                       self.pos.device)
+            L, device = self.pos.shape[-1], self.pos.device
+            kinds = [self._trivial_kind(k) for k in keys]
+            if all(kinds):   # identity / flip: cached per length
+                perms = _trivial_perms(tuple(kinds), L, device)
+            elif self.has_fused or self.pos.dim() != 2:
+                perms = _stack_perms([self.path_index(k) for k in keys], L, device)
             else:
-                perms = _stack_perms(indices, self.pos.shape[-1], self.pos.device)
+                # rank-ordered paths of a reduced sequence: one Triton launch each
+                from amvim_mm.ops.token_merge import rank_path_perm
+                B = self.pos.shape[0]
+                rows = []
+                for key, kind in zip(keys, kinds):
+                    if kind:
+                        rows.append(_trivial_perms((kind, ), L, device)[0].expand(B, -1))
+                    else:
+                        rank = scan_rank_on(*self.grid, key, device)
+                        rows.append(rank_path_perm(self.pos, rank, self.cls_index,
+                                                   is_reverse(key), self.n_patches))
+                perms = torch.stack(rows)
             self._perms[tuple(keys)] = perms
         return perms
+
+    def _trivial_kind(self, key) -> Optional[str]:
+        """'identity' / 'flip' when the path needs no gather on this sequence, else None."""
+        if self.full_grid:
+            kind = self.path_index(key).kind
+            return None if kind == 'gather' else kind
+        spec = dict(key)
+        if spec['order'] == 'raster' and not (self.has_fused and spec['reverse']):
+            return 'flip' if spec['reverse'] else 'identity'
+        return None
 
     def path_index(self, spec) -> PathIndex:
         key = normalize_order(spec)
