@@ -156,5 +156,7 @@ def rank_perm_kernel(pos_ptr, rank_ptr, buf_ptr, out_ptr, L, M, cls, n, REVERSE:
     if REVERSE:
         fi = lp - 1 - fi
     tl.store(out_ptr + b * L + fi, v, mask=has)
-    ci = tl.where(REVERSE, lp - 1 - half, half)
+    ci = half
+    if REVERSE:
+        ci = lp - 1 - half
     tl.store(out_ptr + b * L + ci + offs * 0, cls + offs * 0, mask=(offs == 0) & (cls >= 0))

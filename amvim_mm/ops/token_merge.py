@@ -1,6 +1,7 @@
 """One ToMe merge step at inference in two Triton launches (bookkeeping + weighted scatter), and
-ToMe's matching in one (:func:`tome_match`, opt-in with ``AMVIM_FUSED_TOME_MATCH=1`` until it is
-timed on a GPU).
+ToMe's matching in one (:func:`tome_match`) and the path indices of a reduced sequence in one
+(:func:`rank_path_perm`); those two are opt-in with ``AMVIM_FUSED_REDUCTION_KERNELS=1`` until they
+have been timed (and compiled) on a GPU.
 
 The reference is :func:`amvim_mm.models.reduction.state.reduce_tokens` with ``fold=True``: the
 summed stream is merged once (size-weighted average into each removed token's destination),
@@ -22,17 +23,19 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ['fold_merge_step', 'tome_match', 'MAX_MATCH_ROWS', 'match_enabled', 'rank_path_perm']
+__all__ = ['fold_merge_step', 'tome_match', 'MAX_MATCH_ROWS', 'extra_kernels_enabled',
+           'rank_path_perm']
 
 #: the matching kernel holds an (A x B) score tile in registers: at most 128 rows per set
 MAX_MATCH_ROWS = 128
-MATCH_ENV_VAR = 'AMVIM_FUSED_TOME_MATCH'
+EXTRA_ENV_VAR = 'AMVIM_FUSED_REDUCTION_KERNELS'
 
 
-def match_enabled() -> bool:
-    """The one-kernel ToMe matching (:func:`tome_match`) is opt-in (``AMVIM_FUSED_TOME_MATCH=1``)
-    until it has been timed on a GPU; off, ToMe matches with PyTorch ops."""
-    return os.environ.get(MATCH_ENV_VAR, '0').strip() == '1'
+def extra_kernels_enabled() -> bool:
+    """:func:`tome_match` and :func:`rank_path_perm` are opt-in
+    (``AMVIM_FUSED_REDUCTION_KERNELS=1``) until timed on a GPU; off, ToMe matches and reduced
+    paths are ordered with PyTorch ops (what the published GPU numbers ran)."""
+    return os.environ.get(EXTRA_ENV_VAR, '0').strip() == '1'
 
 
 @functools.lru_cache(maxsize=None)

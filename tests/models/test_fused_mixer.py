@@ -109,11 +109,11 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
 
 
 @needs_triton
-# dt_proj in the kernel / as matmul; ToMe matching in PyTorch / in one kernel (opt-in)
+# dt_proj in the kernel / as matmul; ToMe matching and reduced paths in PyTorch / Triton (opt-in)
 @pytest.mark.parametrize('config, match', [('32,1,1', '0'), ('16,1,0', '1')])
 def test_fused_matches_unfused_in_triton_interpreter(config, match):
     env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1',
-               AMVIM_FUSED_SCAN_CONFIG=config, AMVIM_FUSED_TOME_MATCH=match)
+               AMVIM_FUSED_SCAN_CONFIG=config, AMVIM_FUSED_REDUCTION_KERNELS=match)
     proc = subprocess.run([sys.executable, '-c', INTERPRETER_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -275,8 +275,9 @@ def test_gpu_fused_is_chosen_automatically_and_graph_capturable():
 
 @gpu
 def test_gpu_fused_tome_match_kernel(monkeypatch):
-    """The opt-in one-kernel ToMe matching, compiled, against the unfused model (fp32)."""
-    monkeypatch.setenv('AMVIM_FUSED_TOME_MATCH', '1')
+    """The opt-in reduction kernels (matching, reduced path indices), compiled, against the
+    unfused model (fp32)."""
+    monkeypatch.setenv('AMVIM_FUSED_REDUCTION_KERNELS', '1')
     m = _pair(TOME)
     x = torch.randn(4, 3, 224, 160, device='cuda')
     old = torch.backends.cuda.matmul.allow_tf32

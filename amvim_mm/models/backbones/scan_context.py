@@ -134,7 +134,7 @@ class ScanContext:
             kinds = [self._trivial_kind(k) for k in keys]
             if all(kinds):   # identity / flip: cached per length
                 perms = _trivial_perms(tuple(kinds), L, device)
-            elif self.has_fused or self.pos.dim() != 2:
+            elif self.has_fused or self.pos.dim() != 2 or not _extra_kernels():
                 perms = _stack_perms([self.path_index(k) for k in keys], L, device)
             else:
                 # rank-ordered paths of a reduced sequence: one Triton launch each
@@ -190,6 +190,11 @@ def _full_grid_index(grid: Tuple[int, int], cls_index: int, key: tuple, device) 
     spec = dict(key)
     perm = path_permutation(scan_rank(*grid, spec), pos, cls_index, spec['reverse'])
     return PathIndex(perm.to(device))
+
+
+def _extra_kernels() -> bool:
+    from amvim_mm.ops.token_merge import extra_kernels_enabled
+    return extra_kernels_enabled()
 
 
 def _stack_perms(indices, length: int, device) -> torch.Tensor:

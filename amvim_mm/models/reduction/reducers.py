@@ -125,7 +125,7 @@ class ToMe(TokenReducer):
     def select(self, block, k, stream, ctx, layer):
         if getattr(ctx, 'fused_ok', False) and not ctx.has_fused:
             from amvim_mm.ops import token_merge as tm
-            if tm.match_enabled() and (ctx.n_patches + 1) // 2 <= tm.MAX_MATCH_ROWS \
+            if tm.extra_kernels_enabled() and (ctx.n_patches + 1) // 2 <= tm.MAX_MATCH_ROWS \
                     and 0 < k <= (ctx.n_patches + 1) // 2 and ctx.n_patches > 1:
                 w = layer.norm.weight if self.metric == 'norm_input' else None
                 return tm.tome_match(stream, w, ctx.n_patches, ctx.cls_index, k) + (None, )
