@@ -101,26 +101,29 @@ def gpu_main(args):
 
 def gpu_reduction(args):
     rows = []
-    for name in ('vim-t', 'amvim-t'):
-        for mode in args.reduction_modes:
-            base = None
-            for ratio in RATIOS:
-                red = dict(type='ToMe', ratio=ratio) if ratio else None
-                m = B.build(name, 224, head=True, token_reduction=red)
-                r = B.measure(m, 128, 224, 'bf16', mode)
-                fl = vim_family_flops(m.backbone, 224, 'model')
-                r.update(model=name, method='ToMe', ratio=ratio, gflops=round(fl['gflops'], 3),
-                         realised=round(fl['realised_ratio'], 3))
-                if base is None:
-                    base = r
-                r['speedup'] = round(r['img_per_s'] / base['img_per_s'], 3)
-                r['flops_ratio'] = round(base['gflops'] / r['gflops'], 3)
-                r['speedup_over_ideal'] = round(r['speedup'] / r['flops_ratio'], 3)
-                rows.append(r)
-                log(f'  {name} {mode} ToMe {ratio}: {r["img_per_s"]} img/s, speed-up '
-                    f'{r["speedup"]} vs FLOPs ratio {r["flops_ratio"]}')
-                del m
-                torch.cuda.empty_cache()
+    for variant, name, mode in [(v, n, m) for v in args.reduction_variants
+                                for n in ('vim-t', 'amvim-t') for m in args.reduction_modes]:
+        # 'extra': the reduction kernels still behind AMVIM_FUSED_REDUCTION_KERNELS=1
+        os.environ['AMVIM_FUSED_REDUCTION_KERNELS'] = '1' if variant == 'extra' else '0'
+        base = None
+        for ratio in RATIOS:
+            red = dict(type='ToMe', ratio=ratio) if ratio else None
+            m = B.build(name, 224, head=True, token_reduction=red)
+            r = B.measure(m, 128, 224, 'bf16', mode)
+            fl = vim_family_flops(m.backbone, 224, 'model')
+            r.update(model=name, method='ToMe', ratio=ratio, gflops=round(fl['gflops'], 3),
+                     realised=round(fl['realised_ratio'], 3), variant=variant)
+            if base is None:
+                base = r
+            r['speedup'] = round(r['img_per_s'] / base['img_per_s'], 3)
+            r['flops_ratio'] = round(base['gflops'] / r['gflops'], 3)
+            r['speedup_over_ideal'] = round(r['speedup'] / r['flops_ratio'], 3)
+            rows.append(r)
+            log(f'  {name} {mode} {variant} ToMe {ratio}: {r["img_per_s"]} img/s, speed-up '
+                f'{r["speedup"]} vs FLOPs ratio {r["flops_ratio"]}')
+            del m
+            torch.cuda.empty_cache()
+    os.environ.pop('AMVIM_FUSED_REDUCTION_KERNELS')
     return rows
 
 
@@ -170,6 +173,9 @@ def main(argv=None):
         '32,1,1', '32,1,0', '64,2,1', '64,2,0', '16,1,1', '16,1,0'], help='tune part: BLOCK_E,num_warps,dt_in_kernel of the fused scan kernel')
     p.add_argument('--reduction-modes', nargs='+', default=['graph'], choices=['eager', 'graph'],
                    help='reduction part: eager is launch-bound at batch 128 (many small ops)')
+    p.add_argument('--reduction-variants', nargs='+', default=['default'],
+                   choices=['default', 'extra'],
+                   help="reduction part: 'extra' also switches on AMVIM_FUSED_REDUCTION_KERNELS")
     p.add_argument('--mixers', nargs='+', default=['unfused', 'fused'], choices=list(MIXERS),
                    help='main part: the mixer implementations to time side by side')
     p.add_argument('--models', nargs='+', default=['vim-t', 'amvim-t', 'vim-s', 'amvim-s'])
@@ -218,7 +224,7 @@ def main(argv=None):
             result['tune'], ['model', 'E', 'config', 'img_per_s', 'spread_pct']), '']
     if 'reduction' in result:
         md += ['## reduction (ToMe, bf16)', B.table(result['reduction'], [
-            'model', 'mode', 'ratio', 'realised', 'gflops', 'img_per_s', 'speedup',
+            'model', 'variant', 'mode', 'ratio', 'realised', 'gflops', 'img_per_s', 'speedup',
             'flops_ratio', 'speedup_over_ideal']), '']
     if 'resolution' in result:
         md += ['## resolution (bf16, graph)', B.table(result['resolution'], [

@@ -12,6 +12,7 @@ OUT=${OUT:-$ROOT/.gpu_build/out}
 SITE=${SITE:-$ROOT/.gpu_build/site}
 mkdir -p "$SITE" "$OUT"
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build tests bench)
+# bench-reduction-extra: the reduction sweep with and without AMVIM_FUSED_REDUCTION_KERNELS=1
 # bench-tune: launch configuration of the fused Triton scan kernel (the best is used afterwards)
 # bench-profile: torch.profiler tables of Vim-T/AMVim-T bf16 forwards (top CUDA kernels)
 # Wheels built here are copied to $OUT/built; carried back in .whl/built/ they are installed
@@ -78,9 +79,11 @@ has bench-main && parts+=(main)
 has bench-reduction && parts+=(reduction)
 has bench-resolution && parts+=(resolution)
 has bench-profile && parts+=(profile)
+extra=()
+has bench-reduction-extra && { parts+=(reduction); extra=(--reduction-variants default extra); }
 if [ ${#parts[@]} -gt 0 ]; then
   python3 tools/benchmark.py --suite gpu --parts "${parts[@]}" --out-dir "$OUT" \
-    --models ${BENCH_MODELS:-vim-t amvim-t vim-s amvim-s} 2>&1 \
+    --models ${BENCH_MODELS:-vim-t amvim-t vim-s amvim-s} "${extra[@]}" 2>&1 \
     | tee "$OUT/benchmark.log"
 fi
 exit $rc
