@@ -274,7 +274,7 @@ def test_gpu_fused_is_chosen_automatically_and_graph_capturable():
 
 
 @gpu
-def test_gpu_fused_tome_match_kernel(monkeypatch):
+def test_gpu_fused_reduction_kernels(monkeypatch):
     """The opt-in reduction kernels (matching, reduced path indices), compiled, against the
     unfused model (fp32)."""
     monkeypatch.setenv('AMVIM_FUSED_REDUCTION_KERNELS', '1')
