@@ -28,6 +28,7 @@ from amvim_mm.analysis import benchmark as B  # noqa: E402
 from amvim_mm.analysis.flops import vim_family_flops  # noqa: E402
 
 RATIOS = (0.0, 0.17, 0.27, 0.36, 0.46)
+EXTRA = 'AMVIM_FUSED_REDUCTION_KERNELS'
 
 
 def log(msg):
@@ -101,10 +102,11 @@ def gpu_main(args):
 
 def gpu_reduction(args):
     rows = []
+    before = os.environ.get(EXTRA)
     for variant, name, mode in [(v, n, m) for v in args.reduction_variants
                                 for n in ('vim-t', 'amvim-t') for m in args.reduction_modes]:
         # 'extra': the reduction kernels still behind AMVIM_FUSED_REDUCTION_KERNELS=1
-        os.environ['AMVIM_FUSED_REDUCTION_KERNELS'] = '1' if variant == 'extra' else '0'
+        os.environ[EXTRA] = '1' if variant == 'extra' else '0'
         base = None
         for ratio in RATIOS:
             red = dict(type='ToMe', ratio=ratio) if ratio else None
@@ -123,7 +125,10 @@ def gpu_reduction(args):
                 f'{r["speedup"]} vs FLOPs ratio {r["flops_ratio"]}')
             del m
             torch.cuda.empty_cache()
-    os.environ.pop('AMVIM_FUSED_REDUCTION_KERNELS')
+    if before is None:
+        os.environ.pop(EXTRA)
+    else:
+        os.environ[EXTRA] = before
     return rows
 
 

@@ -65,6 +65,24 @@ def build(name: str, img_size: int = 224, head: bool = True,
     return model.to(device).eval()
 
 
+def capture_cuda_graph(fn: Callable, warmup: int = 3):
+    """Run ``fn`` ``warmup`` times on a side stream, then capture one call in a CUDA graph.
+
+    Returns ``(graph, out)``: ``graph.replay()`` re-runs the captured work and refreshes
+    ``out``, the captured call's (static) output.
+    """
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def _timer(fn: Callable, iters: int, device: str) -> float:
     """Seconds per call of ``fn`` over ``iters`` calls."""
     if device == 'cuda':
@@ -102,15 +120,7 @@ def measure(model: nn.Module, batch: int, res: int, dtype: str = 'fp32', mode: s
     if mode == 'graph':
         if device != 'cuda':
             raise RuntimeError('mode="graph" needs CUDA')
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fwd()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fwd()
+        graph, _ = capture_cuda_graph(fwd, warmup=3)
         fn = graph.replay
     elif mode != 'eager':
         raise ValueError(f'mode must be eager or graph, got {mode!r}')

@@ -258,16 +258,11 @@ def test_gpu_fused_is_chosen_automatically_and_graph_capturable():
     with torch.no_grad():
         assert mixer.use_fused(h, ScanContext((14, 14), 98, device='cuda'))
     assert not mixer.use_fused(h.requires_grad_(), ScanContext((14, 14), 98, device='cuda'))
+    from amvim_mm.analysis.benchmark import capture_cuda_graph
     with torch.no_grad():
         ref = m(x)[0].clone()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            m(x)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = m(x)[0]
+        g, outs = capture_cuda_graph(lambda: m(x), warmup=1)
+        out = outs[0]
         g.replay()
         torch.cuda.synchronize()
     assert torch.equal(out, ref)

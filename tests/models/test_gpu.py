@@ -97,16 +97,11 @@ def test_gpu_training_step_with_tome():
 def test_gpu_cuda_graph_capture_with_reduction():
     _, gpu = pair('AMVim', token_reduction=dict(type='ToMe', ratio=0.27))
     x = torch.randn(8, 3, 224, 224, device='cuda')
+    from amvim_mm.analysis.benchmark import capture_cuda_graph
     with torch.no_grad():
         ref = gpu(x)[0].clone()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            gpu(x)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = gpu(x)[0]
+        g, outs = capture_cuda_graph(lambda: gpu(x), warmup=1)
+        out = outs[0]
         g.replay()
         torch.cuda.synchronize()
     # ToMe merges with scatter_add, whose float summation order on CUDA is not fixed

@@ -153,10 +153,12 @@ class ScanContext:
         return perms
 
     def _trivial_kind(self, key) -> Optional[str]:
-        """'identity' / 'flip' when the path needs no gather on this sequence, else None."""
-        if self.full_grid:
-            kind = self.path_index(key).kind
-            return None if kind == 'gather' else kind
+        """On a reduced sequence: 'identity' / 'flip' when the path needs no gather, else None.
+
+        The reduced sequence keeps raster order with the class token in the middle: the raster
+        path is the sequence itself, its reverse a flip (unless an EViT fused token, last in
+        every path, breaks the flip).
+        """
         spec = dict(key)
         if spec['order'] == 'raster' and not (self.has_fused and spec['reverse']):
             return 'flip' if spec['reverse'] else 'identity'
@@ -168,10 +170,8 @@ class ScanContext:
         if idx is None:
             if self.full_grid:
                 idx = _full_grid_index(self.grid, self.cls_index, key, self.pos.device)
-            elif dict(key)['order'] == 'raster' and not (self.has_fused and dict(key)['reverse']):
-                # the reduced sequence keeps raster order with the class token in the middle:
-                # the raster path is the sequence itself, its reverse a flip (no gathers)
-                idx = PathIndex.trivial('flip' if dict(key)['reverse'] else 'identity')
+            elif self._trivial_kind(key):
+                idx = PathIndex.trivial(self._trivial_kind(key))
             else:
                 rank = scan_rank_on(*self.grid, spec, self.pos.device)
                 idx = PathIndex(path_permutation(rank, self.pos, self.cls_index,

@@ -161,10 +161,10 @@ class BiMambaMixer(nn.Module):
 
         ``ctx=None`` asks about the block's fused add + RMSNorm (no scan-context conditions).
         """
+        if ctx is not None and self._ctx_needs_unfused(ctx):
+            return False
         setting = fused_requested(self.fused)
         if setting is False or not self.supports_fused:
-            return False
-        if ctx is not None and (ctx.want_importance or (ctx.align is not None and ctx.reduced)):
             return False
         if torch.is_grad_enabled() and (hidden.requires_grad or self.in_proj.weight.requires_grad):
             return False
@@ -185,6 +185,11 @@ class BiMambaMixer(nn.Module):
             raise RuntimeError(f'the fused mixer was requested (fused=True or '
                                f'AMVIM_FUSED_MIXER=1) but is not usable: {reason}')
         return True
+
+    @staticmethod
+    def _ctx_needs_unfused(ctx: ScanContext) -> bool:
+        """ToP's importance scores and hidden-state alignment exist on the unfused path only."""
+        return ctx.want_importance or (ctx.align is not None and ctx.reduced)
 
     def _apply(self, fn, *args, **kwargs):
         self._fused_cache = None   # .to() / .cuda() / .half(): restack on the next fused call
@@ -218,11 +223,18 @@ class BiMambaMixer(nn.Module):
         self._fused_cache = (key, stacked)
         return stacked
 
-    def forward(self, hidden: torch.Tensor, ctx: ScanContext, paths: Sequence) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, ctx: ScanContext, paths: Sequence,
+                fused: Optional[bool] = None) -> torch.Tensor:
+        """``fused``: the block's answer of ``use_fused(hidden, None)``, if it has it (saves
+        asking twice per block); the scan-context conditions are checked here."""
         if len(paths) != self.num_paths:
             raise ValueError(f'{type(self).__name__} has {self.num_paths} paths, '
                              f'got {len(paths)} scan orders')
-        if self.use_fused(hidden, ctx):
+        if fused is None:
+            fused = self.use_fused(hidden, ctx)
+        elif fused:
+            fused = not self._ctx_needs_unfused(ctx)
+        if fused:
             stacked, out_cat = self.fused_params()
             return fused_mixer_forward(hidden, self.in_proj.weight, self.out_proj.weight,
                                        *stacked, ctx.path_perms(paths), out_proj_cat=out_cat)
@@ -255,15 +267,15 @@ class VimBlock(nn.Module):
 
     def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
                 ctx: ScanContext) -> Tuple[torch.Tensor, torch.Tensor]:
-        if (not self.training or self.drop_path.drop_prob == 0) and \
-                self.mixer.use_fused(hidden, None):
+        fused = self.mixer.use_fused(hidden, None)
+        if fused and (not self.training or self.drop_path.drop_prob == 0):
             # inference: residual add + RMSNorm in one Triton pass (amvim_mm.ops.fused_mixer)
             normed, residual = fused_add_rmsnorm(hidden, residual, self.norm.weight, self.norm.eps)
-            return self.mixer(normed, ctx, self.path_keys), residual
+            return self.mixer(normed, ctx, self.path_keys, fused=True), residual
         residual = hidden if residual is None else residual + self.drop_path(hidden)
         hidden = self.norm(residual.to(self.norm.weight.dtype))
         residual = residual.float()
-        return self.mixer(hidden, ctx, self.path_keys), residual
+        return self.mixer(hidden, ctx, self.path_keys, fused=fused), residual
 
 
 def _canonical_arch(arch_zoo: Dict[str, dict], arch: Union[str, dict],

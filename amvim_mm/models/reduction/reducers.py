@@ -123,7 +123,7 @@ class ToMe(TokenReducer):
         self.metric = metric
 
     def select(self, block, k, stream, ctx, layer):
-        if getattr(ctx, 'fused_ok', False) and not ctx.has_fused:
+        if ctx.fused_ok and not ctx.has_fused:
             from amvim_mm.ops import token_merge as tm
             if tm.extra_kernels_enabled() and (ctx.n_patches + 1) // 2 <= tm.MAX_MATCH_ROWS \
                     and 0 < k <= (ctx.n_patches + 1) // 2 and ctx.n_patches > 1:
