@@ -35,7 +35,12 @@ def extra_kernels_enabled() -> bool:
     """:func:`tome_match` and :func:`rank_path_perm` are opt-in
     (``AMVIM_FUSED_REDUCTION_KERNELS=1``) until timed on a GPU; off, ToMe matches and reduced
     paths are ordered with PyTorch ops (what the published GPU numbers ran)."""
-    return os.environ.get(EXTRA_ENV_VAR, '0').strip() == '1'
+    value = os.environ.get(EXTRA_ENV_VAR, '0').strip().lower()
+    if value in ('1', 'true', 'on', 'yes'):
+        return True
+    if value in ('', '0', 'false', 'off', 'no'):
+        return False
+    raise ValueError(f'{EXTRA_ENV_VAR}={value!r}: use 1 (on) or 0 (off)')
 
 
 @functools.lru_cache(maxsize=None)

@@ -151,6 +151,17 @@ def test_auto_choice_keeps_mamba_for_small_batches():
     assert auto_prefers_fused(1, 384, False)          # no mamba-ssm: fused beats torch scan
 
 
+def test_reduction_kernels_switch_is_validated(monkeypatch):
+    from amvim_mm.ops.token_merge import extra_kernels_enabled
+    monkeypatch.delenv('AMVIM_FUSED_REDUCTION_KERNELS', raising=False)
+    assert extra_kernels_enabled() is False
+    monkeypatch.setenv('AMVIM_FUSED_REDUCTION_KERNELS', 'on')
+    assert extra_kernels_enabled() is True
+    monkeypatch.setenv('AMVIM_FUSED_REDUCTION_KERNELS', 'sure')
+    with pytest.raises(ValueError, match=r"AMVIM_FUSED_REDUCTION_KERNELS='sure': use 1"):
+        extra_kernels_enabled()
+
+
 def test_fused_switch_env_values(monkeypatch):
     monkeypatch.setenv('AMVIM_FUSED_MIXER', '0')
     assert fused_requested(None) is False and fused_requested(True) is True
