@@ -125,10 +125,7 @@ def gpu_reduction(args):
                 f'{r["speedup"]} vs FLOPs ratio {r["flops_ratio"]}')
             del m
             torch.cuda.empty_cache()
-    if before is None:
-        os.environ.pop(EXTRA)
-    else:
-        os.environ[EXTRA] = before
+    _restore_env(EXTRA, before)
     return rows
 
 
@@ -148,11 +145,20 @@ def gpu_resolution(args):
 
 
 def gpu_profile(args):
-    """Top CUDA kernels of one Vim-T bf16 forward (batch 128, 224): unfused, fused, fused+ToMe."""
+    """Top CUDA kernels of one bf16 forward (batch 128, 224): Vim-T unfused (when mamba-ssm is
+    there) and fused, and Vim-T/AMVim-T fused with ToMe 0.46 with and without the reduction
+    kernels behind AMVIM_FUSED_REDUCTION_KERNELS."""
     from torch.profiler import ProfilerActivity, profile
+
+    from amvim_mm.ops.backends import mamba_selective_scan
+    tome = dict(type='ToMe', ratio=0.46)
+    cases = [('vim-t', 'unfused', None, 'default')] if mamba_selective_scan()[0] else []
+    cases += [('vim-t', 'fused', None, 'default')]
+    cases += [(n, 'fused', tome, v) for n in ('vim-t', 'amvim-t') for v in ('default', 'extra')]
     out = {}
-    for name, mixer, red in (('vim-t', 'unfused', None), ('vim-t', 'fused', None),
-                             ('vim-t', 'fused', dict(type='ToMe', ratio=0.46))):
+    before = os.environ.get(EXTRA)
+    for name, mixer, red, variant in cases:
+        os.environ[EXTRA] = '1' if variant == 'extra' else '0'
         m = B.build(name, 224, head=True, fused_mixer=MIXERS[mixer], token_reduction=red)
         x = torch.randn(128, 3, 224, 224, device='cuda')
         with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
@@ -162,11 +168,22 @@ def gpu_profile(args):
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 m(x)
                 torch.cuda.synchronize()
-        t = prof.key_averages().table(sort_by='cuda_time_total', row_limit=15)
-        key = f'{name}_{mixer}' + ('_tome0.46' if red else '')
+        t = prof.key_averages().table(sort_by='cuda_time_total', row_limit=25,
+                                      max_name_column_width=90)
+        key = f'{name}_{mixer}' + (f'_tome0.46_{variant}' if red else '')
         out[key] = t
         log(f'profile, {key}:\n{t}')
+        del m
+        torch.cuda.empty_cache()
+    _restore_env(EXTRA, before)
     return out
+
+
+def _restore_env(key, value):
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
 
 
 def main(argv=None):
@@ -175,7 +192,8 @@ def main(argv=None):
     p.add_argument('--parts', nargs='+', default=['main', 'reduction', 'resolution'],
                    choices=['tune', 'main', 'reduction', 'resolution', 'profile'])
     p.add_argument('--tune-configs', nargs='+', default=[
-        '32,1,1', '32,1,0', '64,2,1', '64,2,0', '16,1,1', '16,1,0'], help='tune part: BLOCK_E,num_warps,dt_in_kernel of the fused scan kernel')
+        '32,1,1', '32,1,0', '64,2,1', '64,2,0', '16,1,1', '16,1,0'],
+        help='tune part: BLOCK_E,num_warps,dt_in_kernel of the fused scan kernel')
     p.add_argument('--reduction-modes', nargs='+', default=['graph'], choices=['eager', 'graph'],
                    help='reduction part: eager is launch-bound at batch 128 (many small ops)')
     p.add_argument('--reduction-variants', nargs='+', default=['default'],
