@@ -541,7 +541,7 @@ def test_demo_quick(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason='checks the message on a machine without CUDA')
 def test_benchmark_gpu_suite_without_cuda_says_so(tmp_path):
     rc, out = run_tool(['benchmark.py', '--suite', 'gpu', '--parts', 'reduction',
-                        '--reduction-variants', 'default', 'extra', '--out-dir', tmp_path],
+                        '--reduction-variants', 'default', 'torch-match', '--out-dir', tmp_path],
                        tmp_path, check=False, timeout=300)
     assert rc == 2 and 'error: --suite gpu needs a CUDA device' in out
     rc, out = run_tool(['benchmark.py', '--suite', 'gpu', '--parts', 'speed'], tmp_path,

@@ -105,8 +105,8 @@ def gpu_reduction(args):
     before = os.environ.get(EXTRA)
     for variant, name, mode in [(v, n, m) for v in args.reduction_variants
                                 for n in ('vim-t', 'amvim-t') for m in args.reduction_modes]:
-        # 'extra': the reduction kernels still behind AMVIM_FUSED_REDUCTION_KERNELS=1
-        os.environ[EXTRA] = '1' if variant == 'extra' else '0'
+        # 'torch-match': ToMe's matching and the reduced paths' indices in PyTorch ops
+        os.environ[EXTRA] = '0' if variant == 'torch-match' else '1'
         base = None
         for ratio in RATIOS:
             red = dict(type='ToMe', ratio=ratio) if ratio else None
@@ -146,19 +146,20 @@ def gpu_resolution(args):
 
 def gpu_profile(args):
     """Top CUDA kernels of one bf16 forward (batch 128, 224): Vim-T unfused (when mamba-ssm is
-    there) and fused, and Vim-T/AMVim-T fused with ToMe 0.46 with and without the reduction
-    kernels behind AMVIM_FUSED_REDUCTION_KERNELS."""
+    there) and fused, and Vim-T/AMVim-T fused with ToMe 0.46 with the matching kernels
+    (default) and without (AMVIM_FUSED_REDUCTION_KERNELS=0)."""
     from torch.profiler import ProfilerActivity, profile
 
     from amvim_mm.ops.backends import mamba_selective_scan
     tome = dict(type='ToMe', ratio=0.46)
     cases = [('vim-t', 'unfused', None, 'default')] if mamba_selective_scan()[0] else []
     cases += [('vim-t', 'fused', None, 'default')]
-    cases += [(n, 'fused', tome, v) for n in ('vim-t', 'amvim-t') for v in ('default', 'extra')]
+    cases += [(n, 'fused', tome, v) for n in ('vim-t', 'amvim-t')
+              for v in ('default', 'torch-match')]
     out = {}
     before = os.environ.get(EXTRA)
     for name, mixer, red, variant in cases:
-        os.environ[EXTRA] = '1' if variant == 'extra' else '0'
+        os.environ[EXTRA] = '0' if variant == 'torch-match' else '1'
         m = B.build(name, 224, head=True, fused_mixer=MIXERS[mixer], token_reduction=red)
         x = torch.randn(128, 3, 224, 224, device='cuda')
         with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
@@ -169,7 +170,7 @@ def gpu_profile(args):
                 m(x)
                 torch.cuda.synchronize()
         t = prof.key_averages().table(sort_by='cuda_time_total', row_limit=25,
-                                      max_name_column_width=90)
+                                      max_name_column_width=140)
         key = f'{name}_{mixer}' + (f'_tome0.46_{variant}' if red else '')
         out[key] = t
         log(f'profile, {key}:\n{t}')
@@ -197,8 +198,9 @@ def main(argv=None):
     p.add_argument('--reduction-modes', nargs='+', default=['graph'], choices=['eager', 'graph'],
                    help='reduction part: eager is launch-bound at batch 128 (many small ops)')
     p.add_argument('--reduction-variants', nargs='+', default=['default'],
-                   choices=['default', 'extra'],
-                   help="reduction part: 'extra' also switches on AMVIM_FUSED_REDUCTION_KERNELS")
+                   choices=['default', 'torch-match'],
+                   help="reduction part: 'torch-match' sets AMVIM_FUSED_REDUCTION_KERNELS=0 "
+                        "(ToMe matching and reduced path indices in PyTorch ops)")
     p.add_argument('--mixers', nargs='+', default=['unfused', 'fused'], choices=list(MIXERS),
                    help='main part: the mixer implementations to time side by side')
     p.add_argument('--models', nargs='+', default=['vim-t', 'amvim-t', 'vim-s', 'amvim-s'])

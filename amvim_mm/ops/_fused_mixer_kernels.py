@@ -1,5 +1,7 @@
 """Triton kernels of :mod:`amvim_mm.ops.fused_mixer` (undecorated: that module compiles them, or
-wraps them for Triton's interpreter on CPU tensors). Imported only when the fused path is used."""
+wraps them for Triton's interpreter on CPU tensors; helpers they call are decorated here).
+Imported only when the fused path is used."""
+import triton
 import triton.language as tl
 
 def conv_kernel(x_ptr, perm_ptr, w_ptr, b_ptr, out_ptr, L, E, n_lblocks, s_xb, s_xl, s_pp,
@@ -115,6 +117,50 @@ def add_rmsnorm_kernel(h_ptr, r_ptr, w_ptr, out_ptr, res_ptr, M, D, eps, HAS_RES
     x = tl.load(h_ptr + offs, mask=mask, other=0.).to(tl.float32)
     if HAS_RES:
         x += tl.load(r_ptr + offs, mask=mask, other=0.).to(tl.float32)
+    _store_rmsnorm(x, offs, mask, cols, D, w_ptr, out_ptr, res_ptr, eps)
+
+
+def merge_add_rmsnorm_kernel(h_ptr, r_ptr, w_ptr, out_ptr, res_ptr, rows_ptr, rcoef_ptr, rem_ptr,
+                             rtgt_ptr, rmcoef_ptr, L, L_new, D, R, n_blocks, eps,
+                             HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_D: tl.constexpr):
+    """A ToMe merge step fused into the block's add + RMSNorm (a merge plan of
+    :func:`amvim_mm.ops.token_merge.plan_merge`).
+
+    Program: sample b, new rows [j0, j0 + BLOCK_M). ``res[b, j] = c_j x[b, rows[b, j]]`` plus,
+    for every removed token t with ``rtgt[b, t] = j``, ``rmcoef[b, t] x[b, rem[b, t]]``, where
+    ``x = h + r`` is the old (B, L, D) stream; then ``out = rmsnorm(res) * w``.
+    """
+    pid = tl.program_id(0)
+    b = pid // n_blocks
+    j0 = (pid % n_blocks) * BLOCK_M
+    j = j0 + tl.arange(0, BLOCK_M)
+    mj = j < L_new
+    cols = tl.arange(0, BLOCK_D)
+    mc = cols < D
+    mask = mj[:, None] & mc[None, :]
+    src = tl.load(rows_ptr + b * L_new + j, mask=mj, other=0)
+    coef = tl.load(rcoef_ptr + b * L_new + j, mask=mj, other=0.)
+    offs_in = (b * L + src)[:, None] * D + cols[None, :]
+    x = tl.load(h_ptr + offs_in, mask=mask, other=0.).to(tl.float32)
+    if HAS_RES:
+        x += tl.load(r_ptr + offs_in, mask=mask, other=0.).to(tl.float32)
+    x = x * coef[:, None]
+    for t in range(R):
+        tg = tl.load(rtgt_ptr + b * R + t)
+        if (tg >= j0) & (tg < j0 + BLOCK_M):
+            ri = tl.load(rem_ptr + b * R + t)
+            cf = tl.load(rmcoef_ptr + b * R + t)
+            v = tl.load(h_ptr + (b * L + ri) * D + cols, mask=mc, other=0.).to(tl.float32)
+            if HAS_RES:
+                v += tl.load(r_ptr + (b * L + ri) * D + cols, mask=mc, other=0.).to(tl.float32)
+            x += tl.where((j == tg)[:, None], cf * v[None, :], 0.)
+    offs = (b * L_new + j)[:, None] * D + cols[None, :]
+    _store_rmsnorm(x, offs, mask, cols, D, w_ptr, out_ptr, res_ptr, eps)
+
+
+@triton.jit
+def _store_rmsnorm(x, offs, mask, cols, D, w_ptr, out_ptr, res_ptr, eps):
     tl.store(res_ptr + offs, x, mask=mask)
     inv = 1. / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
     w = tl.load(w_ptr + cols, mask=cols < D, other=0.).to(tl.float32)

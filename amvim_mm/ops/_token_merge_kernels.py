@@ -2,15 +2,18 @@
 import triton.language as tl
 
 
-def merge_bookkeeping_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr,
-                             keep_ptr, dest_ptr, wnew_ptr, nidx_ptr,
-                             tgt_ptr, coef_ptr, npos_ptr, nsize_ptr, nsrc_ptr,
-                             L, R, M, L_new, mid,
-                             BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr):
-    """One program per sample: where every token goes, with which weight, and the new state.
+def merge_plan_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr,
+                      keep_ptr, dest_ptr, wnew_ptr, nidx_ptr,
+                      rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr,
+                      L, R, M, L_new, mid,
+                      BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr):
+    """One program per sample: the merge plan (who lands where, with which weight) and the new
+    state.
 
     Scratch rows (per sample, length L): keep, dest (token carrying token i after the merge:
     itself or its destination), wnew (sizes after the merge), nidx (new index of kept tokens).
+    Plan: ``rows[b, j]`` the old index of the token kept at new index j with weight
+    ``rcoef[b, j]``; removed token t adds with weight ``rmcoef[b, t]`` to new row ``rtgt[b, t]``.
     """
     b = tl.program_id(0)
     offs = tl.arange(0, BLOCK_L)
@@ -31,7 +34,6 @@ def merge_bookkeeping_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr,
     tl.atomic_add(wnew_ptr + row + dst, w_rem, mask=mr)
     tl.debug_barrier()
     keep = tl.load(keep_ptr + row + offs, mask=ml, other=0)
-    dest = tl.load(dest_ptr + row + offs, mask=ml, other=0)
     p = tl.load(pos_ptr + row + offs, mask=ml, other=-3)
     kp = (keep != 0) & (p >= 0) & ml
     rank = tl.cumsum(kp.to(tl.int32), axis=0) - 1
@@ -41,14 +43,16 @@ def merge_bookkeeping_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr,
     ni = tl.where(kp | is_cls, ni, -1)
     tl.store(nidx_ptr + row + offs, ni, mask=ml)
     tl.debug_barrier()
-    tgt = tl.load(nidx_ptr + row + dest, mask=ml, other=0)
-    wd = tl.load(wnew_ptr + row + dest, mask=ml, other=1.)
-    tl.store(tgt_ptr + row + offs, tgt, mask=ml)
-    tl.store(coef_ptr + row + offs, w / tl.maximum(wd, 1e-12), mask=ml)
     valid = ml & (ni >= 0)
-    wn = tl.load(wnew_ptr + row + offs, mask=ml, other=0.)
+    wn = tl.load(wnew_ptr + row + offs, mask=ml, other=1.)
+    tl.store(rows_ptr + b * L_new + ni, offs, mask=valid)
+    tl.store(rcoef_ptr + b * L_new + ni, w / tl.maximum(wn, 1e-12), mask=valid)
     tl.store(npos_ptr + b * L_new + ni, p, mask=valid)
     tl.store(nsize_ptr + b * L_new + ni, wn, mask=valid)
+    tgt = tl.load(nidx_ptr + row + dst, mask=mr, other=0)
+    wd = tl.load(wnew_ptr + row + dst, mask=mr, other=1.)
+    tl.store(rtgt_ptr + b * R + ro, tgt, mask=mr)
+    tl.store(rmcoef_ptr + b * R + ro, w_rem / tl.maximum(wd, 1e-12), mask=mr)
     mo = tl.arange(0, BLOCK_M)
     mm = mo < M
     src = tl.load(src_ptr + b * M + mo, mask=mm, other=-1)
@@ -58,31 +62,16 @@ def merge_bookkeeping_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr,
     tl.store(nsrc_ptr + b * M + mo, tl.where(has, ns.to(tl.int64), src), mask=mm)
 
 
-def merge_scatter_kernel(x_ptr, tgt_ptr, coef_ptr, out_ptr, L, D, L_new, n_tblocks,
-                         BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    """``out[b, tgt[b, i]] += coef[b, i] * x[b, i]`` (x fp32 (B, L, D), out zeroed)."""
-    pid = tl.program_id(0)
-    b = pid // n_tblocks
-    tb = pid % n_tblocks
-    t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mt = t < L
-    md = d < D
-    m2 = mt[:, None] & md[None, :]
-    tgt = tl.load(tgt_ptr + b * L + t, mask=mt, other=0)
-    c = tl.load(coef_ptr + b * L + t, mask=mt, other=0.)
-    x = tl.load(x_ptr + (b * L + t[:, None]) * D + d[None, :], mask=m2, other=0.).to(tl.float32)
-    tl.atomic_add(out_ptr + (b * L_new + tgt[:, None]) * D + d[None, :], x * c[:, None], mask=m2)
-
-
-def tome_match_kernel(x_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls, k,
-                      HAS_W: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program per sample: ToMe's bipartite matching on the stream ``x`` (B, L, D).
+def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls, k,
+                      HAS_RES: tl.constexpr, HAS_W: tl.constexpr, TF32: tl.constexpr,
+                      BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per sample: ToMe's bipartite matching on the stream ``h (+ r)`` (B, L, D).
 
     Patch j (sequence index j, or j + 1 from the class token on) is in set A when j is even,
-    in B when odd. Cosine similarity of ``x * w`` between A and B rows; each A row's best B
-    row; the k A rows with the highest best score (ties: lower index first) are written, in
-    that order, to ``rem``/``dst`` (sequence indices).
+    in B when odd. Cosine similarity of ``x * w`` between A and B rows (the dot products on
+    tensor cores in tf32 when ``TF32``, else in fp32); each A row's best B row; the k
+    A rows with the highest best score (ties: lower index first) are written, in that order, to
+    ``rem``/``dst`` (sequence indices).
     """
     b = tl.program_id(0)
     ja = tl.arange(0, BLOCK_A)
@@ -98,15 +87,23 @@ def tome_match_kernel(x_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls, k,
     for d0 in range(0, D, BLOCK_D):
         dd = d0 + tl.arange(0, BLOCK_D)
         md = dd < D
-        a = tl.load(x_ptr + (b * L + sa[:, None]) * D + dd[None, :],
-                    mask=ma[:, None] & md[None, :], other=0.).to(tl.float32)
-        c = tl.load(x_ptr + (b * L + sb[:, None]) * D + dd[None, :],
-                    mask=mb[:, None] & md[None, :], other=0.).to(tl.float32)
+        oa = (b * L + sa[:, None]) * D + dd[None, :]
+        ob = (b * L + sb[:, None]) * D + dd[None, :]
+        m2a = ma[:, None] & md[None, :]
+        m2b = mb[:, None] & md[None, :]
+        a = tl.load(h_ptr + oa, mask=m2a, other=0.).to(tl.float32)
+        c = tl.load(h_ptr + ob, mask=m2b, other=0.).to(tl.float32)
+        if HAS_RES:
+            a += tl.load(r_ptr + oa, mask=m2a, other=0.).to(tl.float32)
+            c += tl.load(r_ptr + ob, mask=m2b, other=0.).to(tl.float32)
         if HAS_W:
             w = tl.load(w_ptr + dd, mask=md, other=0.).to(tl.float32)
             a = a * w[None, :]
             c = c * w[None, :]
-        acc += tl.dot(a, tl.trans(c), input_precision='ieee')
+        if TF32:
+            acc += tl.dot(a, tl.trans(c), input_precision='tf32')
+        else:
+            acc += tl.dot(a, tl.trans(c), input_precision='ieee')
         na2 += tl.sum(a * a, axis=1)
         nb2 += tl.sum(c * c, axis=1)
     na = tl.maximum(tl.sqrt(na2), 1e-12)

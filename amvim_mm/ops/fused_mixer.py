@@ -77,14 +77,16 @@ def fused_requested(setting: Optional[bool]) -> Optional[bool]:
 
 @functools.lru_cache(maxsize=None)
 def _kernels(interpret: bool):
-    """Compile (or wrap for the interpreter) the kernels once; (conv, scan, add_rmsnorm)."""
+    """Compile (or wrap for the interpreter) the kernels once; (conv, scan, add_rmsnorm,
+    merge_add_rmsnorm)."""
     import triton
 
     from . import _fused_mixer_kernels as k
     if interpret and not triton.knobs.runtime.interpret:
         raise RuntimeError('on CPU tensors the fused mixer runs in Triton\'s interpreter only: set '
                            'TRITON_INTERPRET=1 before starting Python (slow; meant for tests)')
-    return triton.jit(k.conv_kernel), triton.jit(k.scan_kernel), triton.jit(k.add_rmsnorm_kernel)
+    return (triton.jit(k.conv_kernel), triton.jit(k.scan_kernel),
+            triton.jit(k.add_rmsnorm_kernel), triton.jit(k.merge_add_rmsnorm_kernel))
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,7 +133,8 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
         hidden: (B, L, Dm) normalised block input.
         in_proj_weight: (2E, Dm); out_proj_weight: (Dm, E).
         conv_weight: (P, E, K) depthwise causal conv weights; conv_bias: (P, E).
-        x_proj_weight: (P, R + 2N, E); dt_proj_weight: (P, E, R); dt_proj_bias: (P, E).
+        x_proj_weight: (P, R + 2N (+ zero rows), E); dt_proj_weight: (P, E, R);
+            dt_proj_bias: (P, E).
         A: (P, E, N) real (``-exp(A_log)``); D: (P, E).
         perm: (P, B or 1, L) int32, ``perm[p, b, i]`` = token at position ``i`` of path ``p``
             (each row a permutation of ``0..L-1``).
@@ -151,7 +154,7 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
     if N & (N - 1):
         raise ValueError(f'the fused mixer needs a power-of-two d_state; got {N}')
     interpret = hidden.device.type != 'cuda'
-    conv_k, scan_k, _ = _kernels(interpret)
+    conv_k, scan_k, *_ = _kernels(interpret)
     import triton
     xz = F.linear(hidden, in_proj_weight)                       # (B, L, 2E), channel-last
     if xz.stride(-1) != 1:
@@ -176,12 +179,12 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
     block_r = max(triton.next_power_of_2(R), 2)
     if dt_in_kernel:
         delta = x_dbl      # unused
-    else:   # dt_proj as one batched matmul, like the official code
-        delta = torch.matmul(x_dbl[..., :R],
-                             dt_proj_weight.to(x_dbl.dtype).transpose(1, 2)[:, None])
+    else:   # dt_proj as one batched matmul over the paths, like the official code
+        delta = torch.bmm(x_dbl.view(P, Bsz * L, -1)[..., :R],
+                          dt_proj_weight.to(x_dbl.dtype).transpose(1, 2)).view(P, Bsz, L, E)
     y = torch.empty(Bsz, L, P * E, device=xz.device, dtype=x_dbl.dtype)
     scan_k[(Bsz, triton.cdiv(E, block_e), P)](
-        xc, x_dbl, delta, z, perm, dt_proj_weight.float().contiguous(),
+        xc, x_dbl, delta, z, perm, dt_proj_weight.contiguous(),
         dt_proj_bias.float().contiguous(), A.float().contiguous(), D.float().contiguous(), y, L,
         E, R, xc.stride(0), xc.stride(1), xc.stride(2), x_dbl.stride(0), x_dbl.stride(1),
         x_dbl.stride(2), delta.stride(0), delta.stride(1), delta.stride(2), z.stride(0),
@@ -193,28 +196,46 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
 
 
 def fused_add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float,
-                      out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+                      out_dtype: Optional[torch.dtype] = None, merge=None
+                      ) -> Tuple[Tensor, Tensor]:
     """The Vim block's ``residual = residual + hidden; normed = RMSNorm(residual)`` in one pass.
 
     ``residual`` (fp32) may be None (block 0: the residual is ``hidden``). Returns ``(normed,
     residual)``: the new fp32 residual and the normalised input of the mixer in ``out_dtype``
     (default: the autocast dtype when autocast is on, else the norm weight's dtype, as
     :class:`~amvim_mm.models.backbones.layers.RMSNorm` gives). Inference only (no autograd).
+
+    ``merge``: a :class:`~amvim_mm.ops.token_merge.MergePlan` (a ToMe step planned before this
+    block): the summed stream is merged in the same pass, so both outputs have the plan's new
+    length (:func:`~amvim_mm.ops.token_merge.apply_merge_plan` is the PyTorch equivalent).
     """
     import triton
     *lead, D = hidden.shape
     h = hidden.contiguous()
     r = residual.contiguous() if residual is not None else h
-    M = h.numel() // D
     if out_dtype is None:
         dev = hidden.device.type
         out_dtype = (torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev)
                      else weight.dtype)
-    res = torch.empty(h.shape, device=h.device, dtype=torch.float32)
-    out = torch.empty(h.shape, device=h.device, dtype=out_dtype)
-    _, _, k = _kernels(hidden.device.type != 'cuda')
+    _, _, k, merge_k = _kernels(hidden.device.type != 'cuda')
+    block_d = triton.next_power_of_2(D)
+    if merge is None:
+        res = torch.empty(h.shape, device=h.device, dtype=torch.float32)
+        out = torch.empty(h.shape, device=h.device, dtype=out_dtype)
+        M = h.numel() // D
+        block_m = 8
+        k[(triton.cdiv(M, block_m), )](h, r, weight, out, res, M, D, float(eps),
+                                       HAS_RES=residual is not None, BLOCK_M=block_m,
+                                       BLOCK_D=block_d, num_warps=4)
+        return out, res
+    B, L, _ = h.shape
+    L_new, R = merge.rows.shape[1], merge.removed.shape[1]
+    res = torch.empty(B, L_new, D, device=h.device, dtype=torch.float32)
+    out = torch.empty(B, L_new, D, device=h.device, dtype=out_dtype)
     block_m = 8
-    k[(triton.cdiv(M, block_m), )](h, r, weight, out, res, M, D, float(eps),
-                                   HAS_RES=residual is not None, BLOCK_M=block_m,
-                                   BLOCK_D=triton.next_power_of_2(D), num_warps=4)
+    n_blocks = triton.cdiv(L_new, block_m)
+    merge_k[(B * n_blocks, )](h, r, weight, out, res, merge.rows, merge.row_coef, merge.removed,
+                              merge.rem_tgt, merge.rem_coef, L, L_new, D, R, n_blocks,
+                              float(eps), HAS_RES=residual is not None, BLOCK_M=block_m,
+                              BLOCK_D=block_d, num_warps=4)
     return out, res

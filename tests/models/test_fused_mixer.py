@@ -29,11 +29,11 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
     import amvim_mm.ops.token_merge as tm
     from amvim_mm.registry import MODELS
     calls = []
-    _step = tm.fold_merge_step
+    _step = tm.plan_merge
     def counted(*a, **k):
         calls.append(1)
         return _step(*a, **k)
-    tm.fold_merge_step = counted
+    tm.plan_merge = counted
     cases = [
         dict(type='Vim', arch='test', img_size=64),
         dict(type='AMVim', arch='test', img_size=112, window_size=2),
@@ -70,24 +70,60 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
             errs.append(((a - b).abs().max() / b.abs().max()).item())
         res.append(dict(cfg=cfg['type'], errs=errs, counts=m.token_counts,
                         merge_calls=[n_calls[False], n_calls[True]], same_state=same_state))
-    # the one-kernel matching against ToMe.select (edge sets; random data has no ties)
+    # the one-kernel matching against ToMe.select (edge sets; random data has no ties), on one
+    # stream or on hidden + residual
     from amvim_mm.models.backbones.scan_context import ScanContext
     from amvim_mm.models.reduction.reducers import ToMe
-    from amvim_mm.models.reduction.state import init_reduction_state
+    from amvim_mm.models.reduction.state import (Streams, init_reduction_state,
+                                                 plan_merge_step, reduce_tokens)
     match = []
-    for bsz, n, cls, dim, k, metric in [(3, 20, 10, 16, 5, 'norm_input'),
-                                        (2, 21, -1, 40, 7, 'stream'),
-                                        (2, 196, 98, 64, 14, 'norm_input')]:
+    for bsz, n, cls, dim, k, metric, split in [(3, 20, 10, 16, 5, 'norm_input', False),
+                                               (2, 21, -1, 40, 7, 'stream', True),
+                                               (2, 196, 98, 64, 14, 'norm_input', True)]:
         ctx = init_reduction_state(ScanContext((1, n), cls_index=cls), bsz, 'cpu')
         x = torch.randn(bsz, n + (cls >= 0), dim)
+        resid = torch.randn_like(x) if split else None
         layer = torch.nn.Module()
         layer.norm = torch.nn.Module()
         layer.norm.weight = torch.nn.Parameter(torch.rand(dim) + 0.5)
-        rem0, dst0, _ = ToMe(r=k, locations=(0, ), metric=metric).select(0, k, x, ctx, layer)
-        rem1, dst1 = tm.tome_match(x, layer.norm.weight if metric == 'norm_input' else None,
+        rem0, dst0, _ = ToMe(r=k, locations=(0, ), metric=metric).select(
+            0, k, Streams(x, resid), ctx, layer)
+        rem1, dst1 = tm.tome_match(x, resid, layer.norm.weight if metric == 'norm_input' else None,
                                    n, cls, k)
         match.append(all(set(zip(a.tolist(), c.tolist())) == set(zip(b.tolist(), d.tolist()))
                          for a, b, c, d in zip(rem0, rem1, dst0, dst1)))
+    # a planned merge step (bookkeeping kernel + merge inside the fused add + RMSNorm) against
+    # reduce_tokens(fold=True): merged stream, normalised output, pos/size/source
+    from amvim_mm.ops.fused_mixer import fused_add_rmsnorm
+    plans = []
+    for cls in (7, -1):
+        torch.manual_seed(1)
+        n, bsz, dim, k = 15, 3, 24, 5
+        ctx = init_reduction_state(ScanContext((3, 5), cls_index=cls), bsz, 'cpu')
+        ctx.size = torch.randint(1, 4, ctx.size.shape).float()   # earlier merges
+        L = n + (cls >= 0)
+        h, resid = torch.randn(bsz, L, dim), torch.randn(bsz, L, dim)
+        w = torch.rand(dim) + 0.5
+        patches = [i for i in range(L) if i != cls]
+        removed, dst = [], []
+        for b in range(bsz):   # k distinct removed tokens, each into a random survivor
+            perm = torch.randperm(n).tolist()
+            rem = sorted(patches[i] for i in perm[:k])
+            keep = [patches[i] for i in perm[k:]]
+            removed.append(rem)
+            dst.append([keep[j] for j in torch.randint(0, len(keep), (k, )).tolist()])
+        removed, dst = torch.tensor(removed), torch.tensor(dst)
+        ref_h, _, ref_ctx = reduce_tokens(ctx, h, resid, removed, dst, fold=True)
+        plan, new_ctx = plan_merge_step(ctx, removed, dst)
+        normed, merged = fused_add_rmsnorm(h, resid, w, 1e-5, merge=plan)
+        ref_normed = ref_h * torch.rsqrt(ref_h.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+        plans.append(dict(
+            stream=((merged - ref_h).abs().max() / ref_h.abs().max()).item(),
+            torch_plan=((tm.apply_merge_plan(h, resid, plan) - ref_h).abs().max()).item(),
+            normed=((normed - ref_normed).abs().max()).item(),
+            state=all(torch.equal(getattr(new_ctx, a), getattr(ref_ctx, a))
+                      for a in ('pos', 'source')) and torch.allclose(new_ctx.size, ref_ctx.size)
+            and new_ctx.cls_index == ref_ctx.cls_index))
     # rank-ordered path indices of reduced sequences against path_permutation
     from amvim_mm.models.backbones.scan_orders import path_permutation, scan_rank
     perms = []
@@ -104,7 +140,7 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
         ref = path_permutation(rank, pos, ci, spec['reverse'], n_patches=keep)
         out = tm.rank_path_perm(pos, rank, ci, spec['reverse'], keep)
         perms.append(torch.equal(ref.to(torch.int32), out))
-    print('RESULT' + json.dumps(dict(models=res, match=match, perms=perms)))
+    print('RESULT' + json.dumps(dict(models=res, match=match, perms=perms, plans=plans)))
 ''')
 
 
@@ -120,12 +156,16 @@ def test_fused_matches_unfused_in_triton_interpreter(config, match):
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
     out = json.loads(line[len('RESULT'):])
     assert out['match'] == [True, True, True] and out['perms'] == [True, True]
+    for p in out['plans']:
+        assert p['stream'] < 1e-6 and p['torch_plan'] < 1e-5 and p['normed'] < 1e-5, p
+        assert p['state'], p
     results = out['models']
     assert len(results) == 7
     for r in results:
         assert max(r['errs']) < 1e-5, r
         assert r['same_state'], r
-    # ToMe took the two-kernel merge step (amvim_mm.ops.token_merge) on the fused side only
+    # ToMe's steps were planned for the fused add + RMSNorm (amvim_mm.ops.token_merge) on the
+    # fused side only
     for i in (3, 6):
         assert results[i]['merge_calls'][0] == 0 and results[i]['merge_calls'][1] > 0, results[i]
     # the reduced cases really ran on shorter sequences (per-sample path indices)
@@ -154,9 +194,9 @@ def test_auto_choice_keeps_mamba_for_small_batches():
 def test_reduction_kernels_switch_is_validated(monkeypatch):
     from amvim_mm.ops.token_merge import extra_kernels_enabled
     monkeypatch.delenv('AMVIM_FUSED_REDUCTION_KERNELS', raising=False)
+    assert extra_kernels_enabled() is True     # on by default since run 9
+    monkeypatch.setenv('AMVIM_FUSED_REDUCTION_KERNELS', 'off')
     assert extra_kernels_enabled() is False
-    monkeypatch.setenv('AMVIM_FUSED_REDUCTION_KERNELS', 'on')
-    assert extra_kernels_enabled() is True
     monkeypatch.setenv('AMVIM_FUSED_REDUCTION_KERNELS', 'sure')
     with pytest.raises(ValueError, match=r"AMVIM_FUSED_REDUCTION_KERNELS='sure': use 1"):
         extra_kernels_enabled()
@@ -279,11 +319,13 @@ def test_gpu_fused_is_chosen_automatically_and_graph_capturable():
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize('kernels', ['1', '0'])
 @gpu
-def test_gpu_fused_reduction_kernels(monkeypatch):
-    """The opt-in reduction kernels (matching, reduced path indices), compiled, against the
+def test_gpu_fused_reduction_kernels(monkeypatch, kernels):
+    """ToMe on the fused path, compiled (planned merge steps in the fused add + RMSNorm, the
+    matching and reduced path indices in Triton or, with the switch off, PyTorch) against the
     unfused model (fp32)."""
-    monkeypatch.setenv('AMVIM_FUSED_REDUCTION_KERNELS', '1')
+    monkeypatch.setenv('AMVIM_FUSED_REDUCTION_KERNELS', kernels)
     m = _pair(TOME)
     x = torch.randn(4, 3, 224, 160, device='cuda')
     old = torch.backends.cuda.matmul.allow_tf32
@@ -297,11 +339,44 @@ def test_gpu_fused_reduction_kernels(monkeypatch):
         assert a.shape == b.shape and _rel(a, b) < 1e-4
 
 
+@gpu
+def test_gpu_tome_match_in_bf16_finds_planted_edges():
+    """Under bf16 autocast the matching kernel's dot products run in tf32: on data whose edges
+    are well separated it picks the same edges as fp32 PyTorch, reading a bf16 ``hidden`` and
+    an fp32 ``residual``."""
+    from amvim_mm.models.backbones.scan_context import ScanContext
+    from amvim_mm.models.reduction.reducers import ToMe
+    from amvim_mm.models.reduction.state import Streams, init_reduction_state
+    from amvim_mm.ops.token_merge import tome_match
+    torch.manual_seed(0)
+    B, n, cls, D, k = 8, 196, 98, 192, 14
+    x = torch.randn(B, n + 1, D, device='cuda')
+    patches = [i for i in range(n + 1) if i != cls]
+    a_idx, b_idx = patches[0::2], patches[1::2]
+    for b in range(B):   # each A token's planted partner, noise growing with j: distinct edges
+        partner = torch.randperm(len(b_idx)).tolist()
+        for j, i in enumerate(a_idx):
+            noise = 0.1 + 0.05 * torch.randperm(len(a_idx))[j].item()
+            x[b, b_idx[partner[j]]] = x[b, i] + noise * torch.randn(D, device='cuda')
+    hidden = x.to(torch.bfloat16)
+    residual = (x - hidden.float()) + 0.0          # fp32: hidden + residual == x
+    ctx = init_reduction_state(ScanContext((14, 14), cls_index=cls), B, 'cuda')
+    layer = torch.nn.Module()
+    layer.norm = torch.nn.Module()
+    layer.norm.weight = torch.nn.Parameter(torch.rand(D, device='cuda') + 0.5)
+    rem0, dst0, _ = ToMe(r=k, locations=(0, )).select(0, k, Streams(x, None), ctx, layer)
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        rem1, dst1 = tome_match(hidden, residual, layer.norm.weight, n, cls, k,
+                                low_precision=True)
+    for a, b, c, d in zip(rem0, rem1, dst0, dst1):
+        assert set(zip(a.tolist(), c.tolist())) == set(zip(b.tolist(), d.tolist()))
+
+
 @needs_triton
 def test_tome_match_limits_are_named():
     from amvim_mm.ops.token_merge import tome_match
     x = torch.randn(1, 300, 8)
     with pytest.raises(ValueError, match='at most 128 tokens per set; got 150'):
-        tome_match(x, None, 299, 149, 4)
+        tome_match(x, None, None, 299, 149, 4)
     with pytest.raises(ValueError, match='cannot merge 20 of 10 tokens'):
-        tome_match(torch.randn(1, 21, 8), None, 20, 10, 20)
+        tome_match(torch.randn(1, 21, 8), None, None, 20, 10, 20)

@@ -12,7 +12,7 @@ OUT=${OUT:-$ROOT/.gpu_build/out}
 SITE=${SITE:-$ROOT/.gpu_build/site}
 mkdir -p "$SITE" "$OUT"
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build tests bench)
-# bench-reduction-extra: the reduction sweep with and without AMVIM_FUSED_REDUCTION_KERNELS=1
+# bench-reduction-compare: the reduction sweep with and without AMVIM_FUSED_REDUCTION_KERNELS=0
 # bench-tune: launch configuration of the fused Triton scan kernel (the best is used afterwards)
 # bench-profile: torch.profiler tables of Vim-T/AMVim-T bf16 forwards (top CUDA kernels)
 # Wheels built here are copied to $OUT/built; carried back in .whl/built/ they are installed
@@ -80,7 +80,7 @@ has bench-reduction && parts+=(reduction)
 has bench-resolution && parts+=(resolution)
 has bench-profile && parts+=(profile)
 extra=()
-has bench-reduction-extra && { parts+=(reduction); extra=(--reduction-variants default extra); }
+has bench-reduction-compare && { parts+=(reduction); extra=(--reduction-variants default torch-match); }
 if [ ${#parts[@]} -gt 0 ]; then
   python3 tools/benchmark.py --suite gpu --parts "${parts[@]}" --out-dir "$OUT" \
     --models ${BENCH_MODELS:-vim-t amvim-t vim-s amvim-s} "${extra[@]}" 2>&1 \

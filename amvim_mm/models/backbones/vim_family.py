@@ -195,33 +195,48 @@ class BiMambaMixer(nn.Module):
         self._fused_cache = None   # .to() / .cuda() / .half(): restack on the next fused call
         return super()._apply(fn, *args, **kwargs)
 
-    def fused_params(self) -> Tuple[torch.Tensor, ...]:
-        """The per-path parameters stacked for the fused kernels, and ``out_proj`` repeated per
-        path and scaled by 1 / P (cached until a parameter changes)."""
+    def fused_params(self, compute_dtype: Optional[torch.dtype] = None
+                     ) -> Tuple[torch.Tensor, ...]:
+        """The parameters as the fused kernels take them (cached until a parameter changes):
+        ``(in_proj, stacked per-path tensors, out_proj_cat)``.
+
+        ``out_proj_cat`` is ``out_proj`` repeated per path and scaled by 1 / P (Vim's mean of
+        the paths). ``compute_dtype`` (the autocast dtype, if any): the matmul weights are
+        cast once here instead of by autocast at every call, and ``x_proj``'s rows are padded
+        with zeros to a multiple of 8 (16-byte rows of ``x_dbl``, so the GEMMs get aligned
+        kernels; the kernels read ``dt``, ``B`` and ``C`` by offset and skip the padding).
+        """
         params = [p for k in range(self.num_paths) for p in self.path_params(k)]
-        params.append(self.out_proj)
+        params += [self.out_proj, self.in_proj]
         flat = []
         for m in params:
             flat.extend(m.parameters() if isinstance(m, nn.Module) else (m, ))
-        key = tuple((t.data_ptr(), t._version, t.dtype) for t in flat)
+        key = (compute_dtype, ) + tuple((t.data_ptr(), t._version, t.dtype) for t in flat)
         if self._fused_cache is not None and self._fused_cache[0] == key:
             return self._fused_cache[1]
         with torch.no_grad():
+            def mm(t):   # a matmul operand, in the dtype autocast would give it
+                return t if compute_dtype is None else t.to(compute_dtype)
+
             per = [self.path_params(k) for k in range(self.num_paths)]
+            x_proj = torch.stack([x.weight for _, x, *_ in per])               # (P, R+2N, E)
+            pad = -x_proj.shape[1] % 8
+            if pad:
+                x_proj = F.pad(x_proj, (0, 0, 0, pad))
             stacked = (
                 torch.stack([c.weight[:, 0] for c, *_ in per]),               # (P, E, K)
                 torch.stack([c.bias for c, *_ in per]),                       # (P, E)
-                torch.stack([x.weight for _, x, *_ in per]),                  # (P, R+2N, E)
-                torch.stack([d.weight for _, _, d, *_ in per]).float(),       # (P, E, R)
+                mm(x_proj),                                                   # (P, R+2N+pad, E)
+                mm(torch.stack([d.weight for _, _, d, *_ in per]).float()),   # (P, E, R)
                 torch.stack([d.bias for _, _, d, *_ in per]).float(),         # (P, E)
                 torch.stack([-torch.exp(a.float()) for *_, a, _ in per]),     # (P, E, N)
                 torch.stack([d for *_, d in per]).float(),                    # (P, E)
             )
             # Vim's mean of the paths folded into out_proj: (Dm, P * E)
             out_cat = torch.cat([self.out_proj.weight] * self.num_paths, 1) / self.num_paths
-            stacked = (stacked, out_cat)
-        self._fused_cache = (key, stacked)
-        return stacked
+            cached = (mm(self.in_proj.weight), stacked, mm(out_cat))
+        self._fused_cache = (key, cached)
+        return cached
 
     def forward(self, hidden: torch.Tensor, ctx: ScanContext, paths: Sequence,
                 fused: Optional[bool] = None) -> torch.Tensor:
@@ -235,9 +250,11 @@ class BiMambaMixer(nn.Module):
         elif fused:
             fused = not self._ctx_needs_unfused(ctx)
         if fused:
-            stacked, out_cat = self.fused_params()
-            return fused_mixer_forward(hidden, self.in_proj.weight, self.out_proj.weight,
-                                       *stacked, ctx.path_perms(paths), out_proj_cat=out_cat)
+            dev = hidden.device.type
+            amp = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+            in_w, stacked, out_cat = self.fused_params(amp)
+            return fused_mixer_forward(hidden, in_w, self.out_proj.weight, *stacked,
+                                       ctx.path_perms(paths), out_proj_cat=out_cat)
         Bsz, L, _ = hidden.shape
         # (2E, D) @ (D, B*L) -> (B, 2E, L) view with unit stride along L (official layout)
         xz = (self.in_proj.weight @ hidden.reshape(Bsz * L, -1).t()).view(-1, Bsz, L)
@@ -266,12 +283,19 @@ class VimBlock(nn.Module):
         self.paths = tuple(dict(k) for k in self.path_keys)
 
     def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
-                ctx: ScanContext) -> Tuple[torch.Tensor, torch.Tensor]:
+                ctx: ScanContext, merge=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``merge``: a ToMe step planned for this block
+        (:func:`~amvim_mm.models.reduction.state.plan_merge_step`): the streams come in at the
+        old length and the merge happens in the fused add + RMSNorm."""
         fused = self.mixer.use_fused(hidden, None)
         if fused and (not self.training or self.drop_path.drop_prob == 0):
             # inference: residual add + RMSNorm in one Triton pass (amvim_mm.ops.fused_mixer)
-            normed, residual = fused_add_rmsnorm(hidden, residual, self.norm.weight, self.norm.eps)
+            normed, residual = fused_add_rmsnorm(hidden, residual, self.norm.weight,
+                                                 self.norm.eps, merge=merge)
             return self.mixer(normed, ctx, self.path_keys, fused=True), residual
+        if merge is not None:
+            from amvim_mm.ops.token_merge import apply_merge_plan
+            hidden, residual = apply_merge_plan(hidden, residual, merge), None
         residual = hidden if residual is None else residual + self.drop_path(hidden)
         hidden = self.norm(residual.to(self.norm.weight.dtype))
         residual = residual.float()
@@ -599,10 +623,11 @@ class VimFamilyBackbone(BaseModule):
         hidden, ctx = self.embed(x)
         residual = None
         reducer = self.token_reducer
-        removals = None
+        removals = merge = None
         if reducer is not None:
-            from amvim_mm.models.reduction.state import (append_fused_slot,
-                                                         init_reduction_state, reduce_tokens)
+            from amvim_mm.models.reduction.state import (Streams, append_fused_slot,
+                                                         can_plan_merge, init_reduction_state,
+                                                         plan_merge_step, reduce_tokens)
             M = ctx.grid[0] * ctx.grid[1]
             removals = reducer.removals(M, self.num_layers)
             if not any(removals):
@@ -618,21 +643,26 @@ class VimFamilyBackbone(BaseModule):
             if removals is not None:
                 k = removals[i]
                 if k:
-                    stream = hidden if residual is None else residual + hidden
                     if reducer.freeze_sources:
                         hidden, residual, ctx = append_fused_slot(ctx, hidden, residual)
-                        stream = hidden if residual is None else residual + hidden
                     # inference on the fused path: Triton kernels for the reduction step too
                     fast = not self.training and layer.mixer.use_fused(hidden, None)
                     ctx.fused_ok = fast
-                    removed, dst, weight = reducer.select(i, k, stream, ctx, layer)
-                    hidden, residual, ctx = reduce_tokens(
-                        ctx, hidden, residual, removed, dst, weight, reducer.freeze_sources,
-                        reducer.merges, fold=not self.training, fast=fast)
+                    streams = Streams(hidden, residual)
+                    removed, dst, weight = reducer.select(i, k, streams, ctx, layer)
+                    if fast and can_plan_merge(ctx, reducer, weight):
+                        # the merge happens inside this block's fused add + RMSNorm
+                        merge, ctx = plan_merge_step(ctx, removed, dst)
+                    else:
+                        hidden, residual, ctx = reduce_tokens(
+                            ctx, hidden, residual, removed, dst, weight,
+                            reducer.freeze_sources, reducer.merges, fold=not self.training,
+                            stream=streams.total())
                     ctx.align = reducer.align
                 ctx.want_importance = reducer.needs_importance
-            counts.append(hidden.shape[1])
-            hidden, residual = layer(hidden, residual, ctx)
+            counts.append(hidden.shape[1] if merge is None else merge.rows.shape[1])
+            hidden, residual = layer(hidden, residual, ctx, merge=merge)
+            merge = None
             if i in self.out_indices:
                 stream = residual + (self.drop_path(hidden) if i == last else hidden)
                 outs.append(self.format_output(stream, ctx, i == last))

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from mmengine.registry import Registry
 
 from .schedule import ReductionSchedule
-from .state import FUSED_POS
+from .state import FUSED_POS, Streams
 
 TOKEN_REDUCERS = Registry('token reducer', scope='amvim_mm')
 ALIGN_DELTAS = ('bias', 'token')
@@ -86,9 +86,13 @@ class TokenReducer:
                              'keep_rate with locations (the blocks after which to prune)')
         return counts
 
-    def select(self, block: int, k: int, stream: torch.Tensor, ctx, layer
+    def select(self, block: int, k: int, stream: Streams, ctx, layer
                ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """Return (removed, dst, weight) for :func:`~.state.reduce_tokens`."""
+        """Return (removed, dst, weight) for :func:`~.state.reduce_tokens`.
+
+        ``stream``: the block's input streams (:class:`~.state.Streams`; ``stream.total()`` is
+        ``residual + hidden``); ``layer``: the block about to run.
+        """
         raise NotImplementedError
 
     #: the reducer merges removed tokens into survivors (else: they are pruned)
@@ -123,19 +127,25 @@ class ToMe(TokenReducer):
         self.metric = metric
 
     def select(self, block, k, stream, ctx, layer):
+        if isinstance(stream, torch.Tensor):
+            stream = Streams(stream, None)
         if ctx.fused_ok and not ctx.has_fused:
             from amvim_mm.ops import token_merge as tm
             if tm.extra_kernels_enabled() and (ctx.n_patches + 1) // 2 <= tm.MAX_MATCH_ROWS \
                     and 0 < k <= (ctx.n_patches + 1) // 2 and ctx.n_patches > 1:
                 w = layer.norm.weight if self.metric == 'norm_input' else None
-                return tm.tome_match(stream, w, ctx.n_patches, ctx.cls_index, k) + (None, )
+                dev = stream.hidden.device.type
+                low = torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) in (
+                    torch.bfloat16, torch.float16)
+                return tm.tome_match(stream.hidden, stream.residual, w, ctx.n_patches,
+                                     ctx.cls_index, k, low_precision=low) + (None, )
         idx = _patch_indices(ctx)
         a_idx, b_idx = idx[:, 0::2], idx[:, 1::2]
         if k > a_idx.shape[1] or b_idx.shape[1] == 0:
             raise ValueError(f'ToMe: cannot merge {k} tokens before block {block}: only '
                              f'{idx.shape[1]} patch tokens are left (at most '
                              f'{a_idx.shape[1] if b_idx.shape[1] else 0} can merge)')
-        m = stream.float()
+        m = stream.total().float()
         if self.metric == 'norm_input':
             # cosine similarity of RMSNorm(x) = x / rms(x) * w: the per-token 1 / rms cancels
             m = m * layer.norm.weight.float()

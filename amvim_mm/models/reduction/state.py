@@ -48,10 +48,28 @@ def init_reduction_state(ctx: ScanContext, batch: int, device) -> ScanContext:
     return new
 
 
+class Streams:
+    """The two streams at the start of a Vim block: ``hidden`` (the previous mixer's output)
+    and the fp32 ``residual`` (None before block 0). Their sum, the stream a reducer looks at,
+    is formed on the first :meth:`total` call only (the fused path's kernels read both)."""
+
+    __slots__ = ('hidden', 'residual', '_total')
+
+    def __init__(self, hidden: torch.Tensor, residual: Optional[torch.Tensor]) -> None:
+        self.hidden, self.residual, self._total = hidden, residual, None
+
+    def total(self) -> torch.Tensor:
+        if self._total is None:
+            self._total = (self.hidden if self.residual is None
+                           else self.residual + self.hidden)
+        return self._total
+
+
 def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[torch.Tensor],
                   removed: torch.Tensor, dst: torch.Tensor,
                   weight: Optional[torch.Tensor] = None, freeze_sources: bool = False,
-                  merges: bool = True, fold: bool = False, fast: bool = False
+                  merges: bool = True, fold: bool = False,
+                  stream: Optional[torch.Tensor] = None
                   ) -> Tuple[torch.Tensor, Optional[torch.Tensor], ScanContext]:
     """Remove patch tokens from both streams.
 
@@ -71,12 +89,11 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
             with ``residual=None`` (the averaging is linear, so this equals merging both
             streams, in fp32). Only valid when the next block's drop-path is the identity
             (inference); the backbone passes ``fold=not self.training``.
-        fast: with ``fold``, do the step with the two Triton kernels of
-            :mod:`amvim_mm.ops.token_merge` (same result; CUDA, or Triton's interpreter) when
-            the step allows it (merges only, default weights, no EViT fused token).
+        stream: ``residual + hidden`` when the caller has it already.
 
     No value is read back from the device (no host sync), so the step can be captured in a
-    CUDA graph.
+    CUDA graph. On the fused inference path the backbone plans ToMe steps with
+    :func:`plan_merge_step` instead (same result, no merged stream written).
 
     Returns:
         The reduced (hidden, residual, ctx). Survivors keep their original order and grid
@@ -87,19 +104,8 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
     device = hidden.device
     if r == 0:
         return hidden, residual, ctx
-    stream = hidden if residual is None else residual + hidden
-    if (fast and fold and merges and not freeze_sources and weight is None
-            and not ctx.has_fused):
-        from amvim_mm.ops.token_merge import fold_merge_step
-        n_keep = ctx.n_patches - r
-        new_cls = n_keep // 2 if ctx.cls_index >= 0 else -1
-        out, npos, nsize, nsrc = fold_merge_step(stream, ctx.pos, ctx.size, ctx.source, removed,
-                                                 dst, n_keep, new_cls)
-        new = ScanContext(ctx.grid, new_cls, pos=npos, device=device, n_patches=n_keep)
-        new.size, new.source, new.frozen = nsize, nsrc, ctx.frozen
-        new.num_patches = ctx.num_patches
-        new.reduced = True
-        return out, None, new
+    if stream is None:
+        stream = hidden if residual is None else residual + hidden
     merged = dst >= 0
     safe_dst = dst.clamp(min=0)
 
@@ -188,6 +194,34 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
     new.num_patches = ctx.num_patches
     new.reduced = True
     return hidden, residual, new
+
+
+def can_plan_merge(ctx: ScanContext, reducer, weight: Optional[torch.Tensor]) -> bool:
+    """Whether a step can be planned for the fused path (:func:`plan_merge_step`): plain
+    size-weighted merges (ToMe), no frozen sources, no EViT fused token."""
+    return (reducer.merges and not reducer.freeze_sources and weight is None
+            and not ctx.has_fused)
+
+
+def plan_merge_step(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor):
+    """The fused path's ToMe step: the new context now, the merge itself later.
+
+    Returns ``(plan, new_ctx)``: a :class:`~amvim_mm.ops.token_merge.MergePlan` that the block
+    applies inside its fused add + RMSNorm (``VimBlock.forward(..., merge=plan)``) to the
+    unchanged streams, and the context of the reduced sequence. Equal to
+    :func:`reduce_tokens` with ``fold=True`` (tests).
+    """
+    from amvim_mm.ops.token_merge import plan_merge
+    r = removed.shape[1]
+    n_keep = ctx.n_patches - r
+    new_cls = n_keep // 2 if ctx.cls_index >= 0 else -1
+    plan, npos, nsize, nsrc = plan_merge(ctx.pos, ctx.size, ctx.source, removed, dst, n_keep,
+                                         new_cls)
+    new = ScanContext(ctx.grid, new_cls, pos=npos, device=ctx.pos.device, n_patches=n_keep)
+    new.size, new.source, new.frozen = nsize, nsrc, ctx.frozen
+    new.num_patches = ctx.num_patches
+    new.reduced = True
+    return plan, new
 
 
 def restore_grid(ctx: ScanContext, feat: torch.Tensor) -> torch.Tensor:
