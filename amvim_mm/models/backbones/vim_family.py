@@ -203,8 +203,8 @@ class BiMambaMixer(nn.Module):
         ``out_proj_cat`` is ``out_proj`` repeated per path and scaled by 1 / P (Vim's mean of
         the paths). ``compute_dtype`` (the autocast dtype, if any): the matmul weights are
         cast once here instead of by autocast at every call, and ``x_proj``'s rows are padded
-        with zeros to a multiple of 8 (16-byte rows of ``x_dbl``, so the GEMMs get aligned
-        kernels; the kernels read ``dt``, ``B`` and ``C`` by offset and skip the padding).
+        with zeros to a power of two (the conv kernel's tile; ``dt``, ``B`` and ``C`` are read
+        by offset, the padding never).
         """
         params = [p for k in range(self.num_paths) for p in self.path_params(k)]
         params += [self.out_proj, self.in_proj]
@@ -220,13 +220,13 @@ class BiMambaMixer(nn.Module):
 
             per = [self.path_params(k) for k in range(self.num_paths)]
             x_proj = torch.stack([x.weight for _, x, *_ in per])               # (P, R+2N, E)
-            pad = -x_proj.shape[1] % 8
+            pad = (1 << (x_proj.shape[1] - 1).bit_length()) - x_proj.shape[1]
             if pad:
                 x_proj = F.pad(x_proj, (0, 0, 0, pad))
             stacked = (
                 torch.stack([c.weight[:, 0] for c, *_ in per]),               # (P, E, K)
                 torch.stack([c.bias for c, *_ in per]),                       # (P, E)
-                mm(x_proj),                                                   # (P, R+2N+pad, E)
+                mm(x_proj),                                                   # (P, 2^k, E)
                 mm(torch.stack([d.weight for _, _, d, *_ in per]).float()),   # (P, E, R)
                 torch.stack([d.bias for _, _, d, *_ in per]).float(),         # (P, E)
                 torch.stack([-torch.exp(a.float()) for *_, a, _ in per]),     # (P, E, N)
