@@ -4,53 +4,31 @@ Imported only when the fused path is used."""
 import triton
 import triton.language as tl
 
-def conv_kernel(x_ptr, perm_ptr, w_ptr, b_ptr, wx_ptr, out_ptr, xd_ptr, L, E, n_lblocks,
-                s_xb, s_xl, s_pp, s_pb, s_op, s_ob, s_ol, s_dp, s_db, s_dl, K: tl.constexpr,
-                BLOCK_L: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_X: tl.constexpr,
-                IEEE: tl.constexpr):
-    """One program: sample b, path positions [lb * BLOCK_L, ...), path p; all channels.
-
-    ``xc = silu(causal_conv_p(x[b, perm[p, b, :]]))`` in path order, channel block by channel
-    block, and ``x_proj`` of those rows accumulated on the way: ``x_dbl = xc @ wx[p].T``
-    (``wx`` (P, BLOCK_X, E), rows past R + 2N zero), so ``xc`` is not read again for it. The
-    product takes ``xc`` as stored (bf16 under autocast, like the unfused matmul), fp32
-    accumulation; fp32 inputs in full precision when ``IEEE`` (else tf32).
-    """
+def conv_kernel(x_ptr, perm_ptr, w_ptr, b_ptr, out_ptr, L, E, n_lblocks, s_xb, s_xl, s_pp,
+                s_pb, s_op, s_ob, s_ol, K: tl.constexpr, BLOCK_L: tl.constexpr,
+                BLOCK_E: tl.constexpr):
     pid = tl.program_id(0)
-    p = tl.program_id(1)
+    eb = tl.program_id(1)
+    p = tl.program_id(2)
     b = pid // n_lblocks
     lb = pid % n_lblocks
     offs_l = lb * BLOCK_L + tl.arange(0, BLOCK_L)
-    offs_x = tl.arange(0, BLOCK_X)
+    offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
     ml = offs_l < L
-    acc_x = tl.zeros((BLOCK_L, BLOCK_X), dtype=tl.float32)
-    for e0 in range(0, E, BLOCK_E):
-        offs_e = e0 + tl.arange(0, BLOCK_E)
-        me = offs_e < E
-        bias = tl.load(b_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
-        acc = tl.zeros((BLOCK_L, BLOCK_E), dtype=tl.float32) + bias[None, :]
-        for j in tl.static_range(K):
-            src = offs_l - (K - 1) + j
-            ok = ml & (src >= 0)
-            tok = tl.load(perm_ptr + p * s_pp + b * s_pb + src, mask=ok, other=0)
-            xv = tl.load(x_ptr + b * s_xb + tok[:, None] * s_xl + offs_e[None, :],
-                         mask=ok[:, None] & me[None, :], other=0.).to(tl.float32)
-            w = tl.load(w_ptr + (p * E + offs_e) * K + j, mask=me, other=0.).to(tl.float32)
-            acc += xv * w[None, :]
-        acc = acc / (1. + tl.exp(-acc))  # silu
-        acc = tl.where(me[None, :], acc, 0.)
-        xcq = acc.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + p * s_op + b * s_ob + offs_l[:, None] * s_ol + offs_e[None, :], xcq,
-                 mask=ml[:, None] & me[None, :])
-        # (BLOCK_E, BLOCK_X) slice of wx[p].T
-        wx = tl.load(wx_ptr + (p * BLOCK_X + offs_x[None, :]) * E + offs_e[:, None],
-                     mask=me[:, None], other=0.).to(out_ptr.dtype.element_ty)
-        if IEEE:
-            acc_x += tl.dot(xcq, wx, input_precision='ieee')
-        else:
-            acc_x += tl.dot(xcq, wx)
-    tl.store(xd_ptr + p * s_dp + b * s_db + offs_l[:, None] * s_dl + offs_x[None, :],
-             acc_x.to(xd_ptr.dtype.element_ty), mask=ml[:, None])
+    me = offs_e < E
+    bias = tl.load(b_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
+    acc = tl.zeros((BLOCK_L, BLOCK_E), dtype=tl.float32) + bias[None, :]
+    for j in tl.static_range(K):
+        src = offs_l - (K - 1) + j
+        ok = ml & (src >= 0)
+        tok = tl.load(perm_ptr + p * s_pp + b * s_pb + src, mask=ok, other=0)
+        xv = tl.load(x_ptr + b * s_xb + tok[:, None] * s_xl + offs_e[None, :],
+                     mask=ok[:, None] & me[None, :], other=0.).to(tl.float32)
+        w = tl.load(w_ptr + (p * E + offs_e) * K + j, mask=me, other=0.).to(tl.float32)
+        acc += xv * w[None, :]
+    acc = acc / (1. + tl.exp(-acc))  # silu
+    tl.store(out_ptr + p * s_op + b * s_ob + offs_l[:, None] * s_ol + offs_e[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=ml[:, None] & me[None, :])
 
 
 def scan_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, wdt_ptr, dtb_ptr, a_ptr, d_ptr, out_ptr,

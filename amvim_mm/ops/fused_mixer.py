@@ -12,17 +12,14 @@ path costs the same as Vim's identity and flip:
 
 1. ``xz = hidden @ in_proj.T`` (B, L, 2E);
 2. ``conv_kernel`` (one launch, every path): ``xc[p, b, i] = silu(conv_p(x[b, perm[p, b, :]]))``
-   in path order, reading the rows of ``x`` through ``perm`` (each row is contiguous), and
-   ``x_dbl[p] = xc[p] @ x_proj_p.T`` accumulated in the same program (one program holds all
-   channels of a block of path positions; a batched cuBLAS GEMM of this skinny shape took
-   ~27 us a layer at Vim-T's full length and switched to a slower kernel on reduced lengths,
-   run 10);
-3. ``scan_kernel`` (one launch, every path): one program per (sample, block of channels, path)
+   in path order, reading the rows of ``x`` through ``perm`` (each row is contiguous);
+3. ``x_dbl[p] = xc[p] @ x_proj_p.T`` (one batched matmul over the paths);
+4. ``scan_kernel`` (one launch, every path): one program per (sample, block of channels, path)
    walks its path step by step with the state (channels x N) in registers; ``delta`` is
    ``dt_proj`` as one batched matmul (or, per width, formed in the kernel from the low-rank
    ``dt``), the output is gated by ``silu(z)`` read at the token's place and written into token
    order, path ``p`` into columns ``p * E ... (p + 1) * E - 1``;
-4. ``out_proj`` over those P * E columns with its weight repeated per path and scaled by 1 / P:
+5. ``out_proj`` over those P * E columns with its weight repeated per path and scaled by 1 / P:
    Vim's mean of the paths in the same matmul.
 
 It computes exactly the mixer's math (fp32 state and accumulation; bf16 or fp32 storage like the
@@ -165,23 +162,17 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
     dtype = xz.dtype
     perm = perm.to(device=xz.device, dtype=torch.int32).contiguous()
     s_pb = perm.stride(1) if perm.shape[1] > 1 else 0
-    # x_proj rows padded with zeros to a power of two (the kernel's tile; dt, B, C are read by
-    # offset, the padding never)
-    X = triton.next_power_of_2(x_proj_weight.shape[1])
-    wx = x_proj_weight.to(dtype)
-    if X != wx.shape[1]:
-        wx = F.pad(wx, (0, 0, 0, X - wx.shape[1]))
-    wx = wx.contiguous()
     xc = torch.empty(P, Bsz, L, E, device=xz.device, dtype=dtype)
-    x_dbl = torch.empty(P, Bsz, L, X, device=xz.device, dtype=dtype)
     bl, be = CONV_BLOCK
     n_lb = triton.cdiv(L, bl)
-    ieee = dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
-    conv_k[(Bsz * n_lb, P)](
-        xz, perm, conv_weight.contiguous(), conv_bias.contiguous(), wx, xc, x_dbl, L, E, n_lb,
+    conv_k[(Bsz * n_lb, triton.cdiv(E, be), P)](
+        xz, perm, conv_weight.contiguous(), conv_bias.contiguous(), xc, L, E, n_lb,
         xz.stride(0), xz.stride(1), perm.stride(0), s_pb, xc.stride(0), xc.stride(1),
-        xc.stride(2), x_dbl.stride(0), x_dbl.stride(1), x_dbl.stride(2), K=K, BLOCK_L=bl,
-        BLOCK_E=be, BLOCK_X=X, IEEE=ieee, num_warps=4)
+        xc.stride(2), K=K, BLOCK_L=bl, BLOCK_E=be, num_warps=4)
+    x_dbl = torch.matmul(xc.view(P, Bsz * L, E), x_proj_weight.transpose(1, 2))
+    x_dbl = x_dbl.view(P, Bsz, L, -1)
+    if x_dbl.stride(-1) != 1:
+        x_dbl = x_dbl.contiguous()
     z = xz[..., E:]
     block_e, warps, dt_in_kernel = scan_config(E)
     block_e = min(block_e, triton.next_power_of_2(E))

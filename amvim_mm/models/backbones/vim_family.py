@@ -202,9 +202,12 @@ class BiMambaMixer(nn.Module):
 
         ``out_proj_cat`` is ``out_proj`` repeated per path and scaled by 1 / P (Vim's mean of
         the paths). ``compute_dtype`` (the autocast dtype, if any): the matmul weights are
-        cast once here instead of by autocast at every call, and ``x_proj``'s rows are padded
-        with zeros to a power of two (the conv kernel's tile; ``dt``, ``B`` and ``C`` are read
-        by offset, the padding never).
+        cast once here instead of by autocast at every call. Zero padding for aligned GEMMs:
+        the low rank ``R`` of ``dt`` is rounded up to a multiple of 8 (zero rows in ``x_proj``
+        after its first ``R`` rows, zero columns in ``dt_proj``: the same ``delta``; with
+        Vim-T's R = 12 the ``dt_proj`` GEMM ran a 2-element-aligned cuBLAS kernel, 27 us a
+        layer and slower still on reduced lengths, run 10), and ``x_proj``'s rows to a multiple
+        of 8 (16-byte rows of ``x_dbl``; the kernels read ``B`` and ``C`` by offset).
         """
         params = [p for k in range(self.num_paths) for p in self.path_params(k)]
         params += [self.out_proj, self.in_proj]
@@ -220,14 +223,21 @@ class BiMambaMixer(nn.Module):
 
             per = [self.path_params(k) for k in range(self.num_paths)]
             x_proj = torch.stack([x.weight for _, x, *_ in per])               # (P, R+2N, E)
-            pad = (1 << (x_proj.shape[1] - 1).bit_length()) - x_proj.shape[1]
+            dt_w = torch.stack([d.weight for _, _, d, *_ in per]).float()      # (P, E, R)
+            R = dt_w.shape[-1]
+            pad_r = -R % 8
+            if pad_r:
+                x_proj = torch.cat([x_proj[:, :R], x_proj.new_zeros(
+                    x_proj.shape[0], pad_r, x_proj.shape[2]), x_proj[:, R:]], 1)
+                dt_w = F.pad(dt_w, (0, pad_r))
+            pad = -x_proj.shape[1] % 8
             if pad:
                 x_proj = F.pad(x_proj, (0, 0, 0, pad))
             stacked = (
                 torch.stack([c.weight[:, 0] for c, *_ in per]),               # (P, E, K)
                 torch.stack([c.bias for c, *_ in per]),                       # (P, E)
-                mm(x_proj),                                                   # (P, 2^k, E)
-                mm(torch.stack([d.weight for _, _, d, *_ in per]).float()),   # (P, E, R)
+                mm(x_proj),                                                   # (P, R'+2N+pad, E)
+                mm(dt_w),                                                     # (P, E, R')
                 torch.stack([d.bias for _, _, d, *_ in per]).float(),         # (P, E)
                 torch.stack([-torch.exp(a.float()) for *_, a, _ in per]),     # (P, E, N)
                 torch.stack([d for *_, d in per]).float(),                    # (P, E)
