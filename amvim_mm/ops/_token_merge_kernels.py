@@ -1,4 +1,6 @@
-"""Triton kernels of :mod:`amvim_mm.ops.token_merge` (undecorated; compiled there)."""
+"""Triton kernels of :mod:`amvim_mm.ops.token_merge` (undecorated: compiled there; the helpers
+they call are decorated here)."""
+import triton
 import triton.language as tl
 
 
@@ -62,28 +64,33 @@ def merge_plan_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr,
     tl.store(nsrc_ptr + b * M + mo, tl.where(has, ns.to(tl.int64), src), mask=mm)
 
 
-def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls, k,
-                      HAS_RES: tl.constexpr, HAS_W: tl.constexpr, TF32: tl.constexpr,
-                      BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program per sample: ToMe's bipartite matching on the stream ``h (+ r)`` (B, L, D).
+@triton.jit
+def _seq_index(j, cls):
+    """Sequence index of patch j (the class token, at ``cls`` >= 0, is skipped)."""
+    return tl.where((cls >= 0) & (j >= cls), j + 1, j)
 
-    Patch j (sequence index j, or j + 1 from the class token on) is in set A when j is even,
-    in B when odd. Cosine similarity of ``x * w`` between A and B rows (the dot products on
-    tensor cores in tf32 when ``TF32``, else in fp32); each A row's best B row; the k
-    A rows with the highest best score (ties: lower index first) are written, in that order, to
-    ``rem``/``dst`` (sequence indices).
+
+def tome_scores_kernel(h_ptr, r_ptr, w_ptr, best_ptr, bestj_ptr, L, D, n_a, n_b, cls, n_ablocks,
+                       HAS_RES: tl.constexpr, HAS_W: tl.constexpr, TF32: tl.constexpr,
+                       BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr):
+    """ToMe's edges of one block of set A: program (sample b, A rows [ab * BLOCK_A, ...)).
+
+    Patch j is in set A when j is even, in B when odd. Cosine similarity of ``x * w``
+    (``x = h + r``) between the A rows and every B row (the dot products on tensor cores in
+    tf32 when ``TF32``, else in fp32); each A row's best score and the sequence index of its
+    best B row go to ``best`` / ``bestj`` (B, n_a).
     """
-    b = tl.program_id(0)
-    ja = tl.arange(0, BLOCK_A)
+    pid = tl.program_id(0)
+    b = pid // n_ablocks
+    ja = (pid % n_ablocks) * BLOCK_A + tl.arange(0, BLOCK_A)
+    jb = tl.arange(0, BLOCK_B)
     ma = ja < n_a
-    mb = ja < n_b
-    pa = 2 * ja
-    pb = 2 * ja + 1
-    sa = tl.where((cls >= 0) & (pa >= cls), pa + 1, pa)
-    sb = tl.where((cls >= 0) & (pb >= cls), pb + 1, pb)
-    acc = tl.zeros((BLOCK_A, BLOCK_A), dtype=tl.float32)
+    mb = jb < n_b
+    sa = _seq_index(2 * ja, cls)
+    sb = _seq_index(2 * jb + 1, cls)
+    acc = tl.zeros((BLOCK_A, BLOCK_B), dtype=tl.float32)
     na2 = tl.zeros((BLOCK_A, ), dtype=tl.float32)
-    nb2 = tl.zeros((BLOCK_A, ), dtype=tl.float32)
+    nb2 = tl.zeros((BLOCK_B, ), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         dd = d0 + tl.arange(0, BLOCK_D)
         md = dd < D
@@ -112,48 +119,60 @@ def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls
     scores = tl.where(mb[None, :], scores, float('-inf'))
     best = tl.max(scores, axis=1)
     best_j = tl.argmax(scores, axis=1)
-    best = tl.where(ma, best, float('-inf'))
+    tl.store(best_ptr + b * n_a + ja, best, mask=ma)
+    tl.store(bestj_ptr + b * n_a + ja, _seq_index(2 * best_j + 1, cls), mask=ma)
+
+
+def tome_select_kernel(best_ptr, bestj_ptr, rem_ptr, dst_ptr, n_a, cls, k,
+                       BLOCK_A: tl.constexpr):
+    """One program per sample: the k A rows with the highest best score (ties: lower index
+    first), in that order, to ``rem``/``dst`` (sequence indices)."""
+    b = tl.program_id(0)
+    ja = tl.arange(0, BLOCK_A)
+    ma = ja < n_a
+    best = tl.load(best_ptr + b * n_a + ja, mask=ma, other=float('-inf'))
     vi = best[:, None]
     vj = best[None, :]
     before = ((vj > vi) | ((vj == vi) & (ja[None, :] < ja[:, None]))) & ma[None, :]
     rank = tl.sum(before.to(tl.int32), axis=1)
     sel = ma & (rank < k)
-    pd = 2 * best_j + 1
-    sd = tl.where((cls >= 0) & (pd >= cls), pd + 1, pd)
-    tl.store(rem_ptr + b * k + rank, sa.to(tl.int64), mask=sel)
+    sd = tl.load(bestj_ptr + b * n_a + ja, mask=sel, other=0)
+    tl.store(rem_ptr + b * k + rank, _seq_index(2 * ja, cls).to(tl.int64), mask=sel)
     tl.store(dst_ptr + b * k + rank, sd.to(tl.int64), mask=sel)
 
 
-def rank_perm_kernel(pos_ptr, rank_ptr, buf_ptr, out_ptr, L, M, cls, n, REVERSE: tl.constexpr,
+def rank_perm_kernel(pos_ptr, rank_ptr, rev_ptr, buf_ptr, out_ptr, B, L, M, cls, n,
                      BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr):
-    """One program per sample: the order of its tokens along a path given by grid ranks.
+    """Program (sample b, path p): the order of the sample's tokens along path p, given by the
+    path's grid ranks ``rank[p]`` (M,) and direction ``rev[p]``.
 
-    Patch tokens sorted by ``rank[pos]`` (placed at their rank in a per-sample buffer of the
+    Patch tokens sorted by ``rank[p, pos]`` (placed at their rank in a per-sample buffer of the
     grid's size, then compacted), the class token (index ``cls``) at ``n // 2`` of the forward
-    sequence, everything flipped when ``REVERSE``: ``out[b, i]`` = token at path position i.
+    sequence, everything flipped when reversed: ``out[p, b, i]`` = token at path position i.
     """
     b = tl.program_id(0)
+    p = tl.program_id(1)
+    rev = tl.load(rev_ptr + p) != 0
     offs = tl.arange(0, BLOCK_L)
     ml = offs < L
-    p = tl.load(pos_ptr + b * L + offs, mask=ml, other=-3)
-    isp = ml & (p >= 0)
-    r = tl.load(rank_ptr + p, mask=isp, other=0)
+    pos = tl.load(pos_ptr + b * L + offs, mask=ml, other=-3)
+    isp = ml & (pos >= 0)
+    r = tl.load(rank_ptr + p * M + pos, mask=isp, other=0)
     mo = tl.arange(0, BLOCK_M)
     mm = mo < M
-    tl.store(buf_ptr + b * M + mo, tl.full((BLOCK_M, ), -1, tl.int32), mask=mm)
+    buf = buf_ptr + (p * B + b) * M
+    tl.store(buf + mo, tl.full((BLOCK_M, ), -1, tl.int32), mask=mm)
     tl.debug_barrier()
-    tl.store(buf_ptr + b * M + r, offs, mask=isp)
+    tl.store(buf + r, offs, mask=isp)
     tl.debug_barrier()
-    v = tl.load(buf_ptr + b * M + mo, mask=mm, other=-1)
+    v = tl.load(buf + mo, mask=mm, other=-1)
     has = mm & (v >= 0)
     slot = tl.cumsum(has.to(tl.int32), axis=0) - 1
     half = n // 2
     fi = tl.where((cls >= 0) & (slot >= half), slot + 1, slot)
     lp = tl.where(cls >= 0, n + 1, n)
-    if REVERSE:
-        fi = lp - 1 - fi
-    tl.store(out_ptr + b * L + fi, v, mask=has)
-    ci = half
-    if REVERSE:
-        ci = lp - 1 - half
-    tl.store(out_ptr + b * L + ci + offs * 0, cls + offs * 0, mask=(offs == 0) & (cls >= 0))
+    fi = tl.where(rev, lp - 1 - fi, fi)
+    out = out_ptr + (p * B + b) * L
+    tl.store(out + fi, v, mask=has)
+    ci = tl.where(rev, lp - 1 - half, half)
+    tl.store(out + ci + offs * 0, cls + offs * 0, mask=(offs == 0) & (cls >= 0))

@@ -1,7 +1,7 @@
-"""A ToMe merge step at inference: the matching in one Triton launch (:func:`tome_match`), the
+"""A ToMe merge step at inference: the matching in two Triton launches (:func:`tome_match`), the
 bookkeeping in one (:func:`plan_merge`), and the merge itself inside the next block's fused
 add + RMSNorm (:func:`amvim_mm.ops.fused_mixer.fused_add_rmsnorm` with ``merge=``); plus the
-path indices of a reduced sequence in one launch (:func:`rank_path_perm`).
+path indices of a reduced sequence in one launch (:func:`rank_path_perms`).
 
 The reference is :func:`amvim_mm.models.reduction.state.reduce_tokens` with ``fold=True``: the
 summed stream is merged once (size-weighted average into each removed token's destination),
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 __all__ = ['MergePlan', 'plan_merge', 'apply_merge_plan', 'tome_match', 'MAX_MATCH_ROWS',
-           'extra_kernels_enabled', 'rank_path_perm']
+           'extra_kernels_enabled', 'rank_path_perms']
 
 #: the matching kernel holds an (A x B) score tile in registers: at most 128 rows per set
 MAX_MATCH_ROWS = 128
@@ -51,8 +51,8 @@ def _kernels():
     import triton
 
     from . import _token_merge_kernels as k
-    return (triton.jit(k.merge_plan_kernel), triton.jit(k.tome_match_kernel),
-            triton.jit(k.rank_perm_kernel))
+    return (triton.jit(k.merge_plan_kernel), triton.jit(k.tome_scores_kernel),
+            triton.jit(k.tome_select_kernel), triton.jit(k.rank_perm_kernel))
 
 
 class MergePlan(NamedTuple):
@@ -83,7 +83,7 @@ def plan_merge(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor, dst: 
         (plan, new pos, new size, new source) with L' = L - r tokens.
     """
     import triton
-    plan_k, _, _ = _kernels()
+    plan_k, *_ = _kernels()
     B, L = pos.shape
     r = removed.shape[1]
     M = source.shape[1]
@@ -124,17 +124,17 @@ def apply_merge_plan(hidden: Tensor, residual: Optional[Tensor], plan: MergePlan
 def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
                n_patches: int, cls_index: int, k: int, low_precision: bool = False
                ) -> Tuple[Tensor, Tensor]:
-    """ToMe's order-preserving bipartite matching in one launch (one program per sample).
+    """ToMe's order-preserving bipartite matching in two launches.
 
     The reference is :meth:`amvim_mm.models.reduction.reducers.ToMe.select`: patch tokens
     alternate into sets A and B, cosine similarity of ``(residual + hidden) * weight``
     (``residual=None``: ``hidden`` alone; ``weight=None``: no weight), each A token's best B
-    token, the ``k`` strongest edges. ``low_precision``: the dot products in tf32 on tensor
-    cores (the backbone asks for it under 16-bit autocast, where the reference's matmul runs in
-    bf16 / fp16), else in fp32. Needs the
-    canonical layout (every token but the class token is a patch) and at most
-    ``MAX_MATCH_ROWS`` tokens per set. Ties between edges go to the lower index (PyTorch's
-    argsort leaves them open).
+    token (one program per sample and block of 32 A tokens), the ``k`` strongest edges (one
+    program per sample). ``low_precision``: the dot products in tf32 on tensor cores (the
+    backbone asks for it under 16-bit autocast, where the reference's matmul runs in bf16 /
+    fp16), else in fp32. Needs the canonical layout (every token but the class token is a
+    patch) and at most ``MAX_MATCH_ROWS`` tokens per set. Ties between edges go to the lower
+    index (PyTorch's argsort leaves them open).
 
     Returns:
         (removed, dst): (B, k) sequence indices.
@@ -147,35 +147,44 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
                          f'{n_a} ({n_patches} patch tokens)')
     if not 0 < k <= n_a:
         raise ValueError(f'tome_match: cannot merge {k} of {n_a} tokens of set A')
-    _, match_k, _ = _kernels()
+    _, scores_k, select_k, _ = _kernels()
     h = hidden.contiguous()
     r = residual.contiguous() if residual is not None else h
-    removed = torch.empty(B, k, device=h.device, dtype=torch.long)
-    dst = torch.empty(B, k, device=h.device, dtype=torch.long)
+    dev = h.device
+    best = torch.empty(B, n_a, device=dev, dtype=torch.float32)
+    best_j = torch.empty(B, n_a, device=dev, dtype=torch.int32)
+    removed = torch.empty(B, k, device=dev, dtype=torch.long)
+    dst = torch.empty(B, k, device=dev, dtype=torch.long)
     w = weight.contiguous() if weight is not None else h
-    match_k[(B, )](h, r, w, removed, dst, L, D, n_a, n_b, cls_index, k,
-                   HAS_RES=residual is not None, HAS_W=weight is not None,
-                   TF32=bool(low_precision), BLOCK_A=max(triton.next_power_of_2(n_a), 16),
-                   BLOCK_D=32, num_warps=8)
+    block_a = 32
+    n_ab = triton.cdiv(n_a, block_a)
+    scores_k[(B * n_ab, )](h, r, w, best, best_j, L, D, n_a, n_b, cls_index, n_ab,
+                           HAS_RES=residual is not None, HAS_W=weight is not None,
+                           TF32=bool(low_precision), BLOCK_A=block_a,
+                           BLOCK_B=max(triton.next_power_of_2(n_b), 16), BLOCK_D=32,
+                           num_warps=4)
+    select_k[(B, )](best, best_j, removed, dst, n_a, cls_index, k,
+                    BLOCK_A=max(triton.next_power_of_2(n_a), 16), num_warps=4)
     return removed, dst
 
 
-def rank_path_perm(pos: Tensor, rank: Tensor, cls_index: int, reverse: bool,
-                   n_patches: int) -> Tensor:
-    """:func:`~amvim_mm.models.backbones.scan_orders.path_permutation` in one launch, as int32.
+def rank_path_perms(pos: Tensor, ranks: Tensor, reverse: Tensor, cls_index: int,
+                    n_patches: int) -> Tensor:
+    """:func:`~amvim_mm.models.backbones.scan_orders.path_permutation` of every path in one
+    launch, as int32.
 
     For sequences in the canonical layout (every token but the class token is a patch with a
-    grid position): ``pos`` (B, L) grid positions (-1: class token), ``rank`` (M,) the path's
-    forward rank of every grid position. Returns (B, L) int32, the token at each path position.
+    grid position): ``pos`` (B, L) grid positions (-1: class token), ``ranks`` (P, M) int32 each
+    path's forward rank of every grid position, ``reverse`` (P,) int32 (1: the path runs
+    backwards). Returns (P, B, L) int32, the token at each path position.
     """
     import triton
-    _, _, perm_k = _kernels()
+    *_, perm_k = _kernels()
     B, L = pos.shape
-    M = rank.numel()
-    out = torch.empty(B, L, device=pos.device, dtype=torch.int32)
-    buf = torch.empty(B, M, device=pos.device, dtype=torch.int32)
-    perm_k[(B, )](pos.contiguous(), rank.to(device=pos.device, dtype=torch.int32).contiguous(),
-                  buf, out, L, M, cls_index, n_patches, REVERSE=bool(reverse),
-                  BLOCK_L=triton.next_power_of_2(L), BLOCK_M=triton.next_power_of_2(M),
-                  num_warps=4)
+    P, M = ranks.shape
+    out = torch.empty(P, B, L, device=pos.device, dtype=torch.int32)
+    buf = torch.empty(P, B, M, device=pos.device, dtype=torch.int32)
+    perm_k[(B, P)](pos.contiguous(), ranks, reverse, buf, out, B, L, M, cls_index, n_patches,
+                   BLOCK_L=triton.next_power_of_2(L), BLOCK_M=triton.next_power_of_2(M),
+                   num_warps=4)
     return out

@@ -137,9 +137,16 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
         ci = keep // 2 if with_cls else -1
         if with_cls:
             pos = torch.cat([pos[:, :ci], torch.full((3, 1), -1), pos[:, ci:]], 1)
-        ref = path_permutation(rank, pos, ci, spec['reverse'], n_patches=keep)
-        out = tm.rank_path_perm(pos, rank, ci, spec['reverse'], keep)
-        perms.append(torch.equal(ref.to(torch.int32), out))
+        # two paths in one launch: the window path and the raster path backwards (a flip)
+        raster = scan_rank(*grid, dict(order='raster'))
+        ref = torch.stack([path_permutation(rank, pos, ci, spec['reverse'], n_patches=keep),
+                           path_permutation(raster, pos, ci, True, n_patches=keep)])
+        out = tm.rank_path_perms(pos, torch.stack([rank, raster]).to(torch.int32),
+                                 torch.tensor([int(spec['reverse']), 1], dtype=torch.int32),
+                                 ci, keep)
+        perms.append(torch.equal(ref.to(torch.int32), out)
+                     and torch.equal(out[1], torch.arange(pos.shape[1]).flip(0)
+                                     .to(torch.int32).expand(3, -1)))
     print('RESULT' + json.dumps(dict(models=res, match=match, perms=perms, plans=plans)))
 ''')
 

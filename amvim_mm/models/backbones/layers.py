@@ -78,9 +78,14 @@ class PatchEmbed(nn.Module):
         if self.stride == p and x.is_cuda:
             # non-overlapping patches: one GEMM over the unfolded patches (cuDNN's conv for
             # a 16x16 stride-16 kernel is ~10x slower on an H200); same weights, same math
+            # the unfold and autocast's cast of the patches in one copy
             B, C = x.shape[:2]
-            x = x.reshape(B, C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, -1)
-            return F.linear(x, self.proj.weight.reshape(self.proj.out_channels, -1),
+            dtype = (torch.get_autocast_dtype('cuda') if torch.is_autocast_enabled('cuda')
+                     else x.dtype)
+            patches = torch.empty(B, gh, gw, C, p, p, device=x.device, dtype=dtype)
+            patches.copy_(x.reshape(B, C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5))
+            return F.linear(patches.view(B, gh * gw, -1),
+                            self.proj.weight.reshape(self.proj.out_channels, -1),
                             self.proj.bias), (gh, gw)
         x = self.proj(x)
         return x.flatten(2).transpose(1, 2), (gh, gw)

@@ -137,18 +137,10 @@ class ScanContext:
             elif self.has_fused or self.pos.dim() != 2 or not _extra_kernels():
                 perms = _stack_perms([self.path_index(k) for k in keys], L, device)
             else:
-                # rank-ordered paths of a reduced sequence: one Triton launch each
-                from amvim_mm.ops.token_merge import rank_path_perm
-                B = self.pos.shape[0]
-                rows = []
-                for key, kind in zip(keys, kinds):
-                    if kind:
-                        rows.append(_trivial_perms((kind, ), L, device)[0].expand(B, -1))
-                    else:
-                        rank = scan_rank_on(*self.grid, key, device)
-                        rows.append(rank_path_perm(self.pos, rank, self.cls_index,
-                                                   is_reverse(key), self.n_patches))
-                perms = torch.stack(rows)
+                # rank-ordered paths of a reduced sequence: every path in one Triton launch
+                from amvim_mm.ops.token_merge import rank_path_perms
+                ranks, rev = _path_ranks(self.grid, tuple(keys), str(torch.device(device)))
+                perms = rank_path_perms(self.pos, ranks, rev, self.cls_index, self.n_patches)
             self._perms[tuple(keys)] = perms
         return perms
 
@@ -211,6 +203,16 @@ def _stack_perms(indices, length: int, device) -> torch.Tensor:
     else:
         rows = [r.unsqueeze(0) for r in rows]
     return torch.stack(rows).to(torch.int32).contiguous()
+
+
+@functools.lru_cache(maxsize=512)
+def _path_ranks(grid: Tuple[int, int], keys: tuple, device: str
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(P, M) int32 forward grid ranks of the paths and (P,) int32 reverse flags, on ``device``
+    (cached: no host-to-device copy per forward)."""
+    ranks = torch.stack([scan_rank_on(*grid, k, device) for k in keys]).to(torch.int32)
+    rev = torch.tensor([int(is_reverse(k)) for k in keys], dtype=torch.int32, device=device)
+    return ranks.contiguous(), rev
 
 
 @functools.lru_cache(maxsize=512)
