@@ -78,6 +78,31 @@ def gpu_tune(args):
     return rows
 
 
+def gpu_tune_match(args):
+    """Launch configuration of ToMe's matching kernel (BLOCK_D, num_warps, num_stages) on
+    Vim-T's step shape (batch 128, 197 tokens, width 192, bf16 hidden + fp32 residual, 14
+    edges); the best is used for the rest of the run (and goes into MATCH_CONFIG by hand)."""
+    from amvim_mm.ops import token_merge as TM
+    h = torch.randn(128, 197, 192, device='cuda').to(torch.bfloat16)
+    r = torch.randn(128, 197, 192, device='cuda')
+    w = torch.rand(192, device='cuda') + 0.5
+    rows = []
+    for cfg in args.match_configs:
+        os.environ['AMVIM_TOME_MATCH_CONFIG'] = cfg
+        for _ in range(3):
+            TM.tome_match(h, r, w, 196, 98, 14, low_precision=True)
+        times = [B._timer(lambda: TM.tome_match(h, r, w, 196, 98, 14, low_precision=True), 200,
+                          'cuda') for _ in range(3)]
+        us = round(sorted(times)[1] * 1e6, 2)
+        rows.append(dict(config=cfg, us_per_call=us))
+        log(f'  tome_match BLOCK_D,num_warps,num_stages={cfg}: {us} us')
+    os.environ.pop('AMVIM_TOME_MATCH_CONFIG')
+    best = min(rows, key=lambda r: r['us_per_call'])
+    TM.MATCH_CONFIG = tuple(int(v) for v in best['config'].split(','))
+    log(f'  tome_match: using {TM.MATCH_CONFIG}')
+    return rows
+
+
 def gpu_main(args):
     rows = []
     for name in args.models:
@@ -191,10 +216,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--suite', choices=['cpu', 'gpu'], required=True)
     p.add_argument('--parts', nargs='+', default=['main', 'reduction', 'resolution'],
-                   choices=['tune', 'main', 'reduction', 'resolution', 'profile'])
+                   choices=['tune', 'tune-match', 'main', 'reduction', 'resolution',
+                            'profile'])
     p.add_argument('--tune-configs', nargs='+', default=[
         '32,1,1', '32,1,0', '64,2,1', '64,2,0', '16,1,1', '16,1,0'],
         help='tune part: BLOCK_E,num_warps,dt_in_kernel of the fused scan kernel')
+    p.add_argument('--match-configs', nargs='+', default=[
+        '32,8,1', '32,4,1', '64,8,1', '32,8,2', '64,8,2', '32,4,3'],
+        help='tune-match part: BLOCK_D,num_warps,num_stages of the ToMe matching kernel')
     p.add_argument('--reduction-modes', nargs='+', default=['graph'], choices=['eager', 'graph'],
                    help='reduction part: eager is launch-bound at batch 128 (many small ops)')
     p.add_argument('--reduction-variants', nargs='+', default=['default'],
@@ -220,6 +249,9 @@ def main(argv=None):
         if 'tune' in args.parts:
             log('tune: fused scan kernel launch configuration (Vim-T bf16 graph)')
             result['tune'] = gpu_tune(args)
+        if 'tune-match' in args.parts:
+            log('tune-match: ToMe matching kernel launch configuration')
+            result['tune_match'] = gpu_tune_match(args)
         if 'profile' in args.parts:
             result['profile'] = gpu_profile(args)
         if 'main' in args.parts:
@@ -247,6 +279,9 @@ def main(argv=None):
     if 'tune' in result:
         md += ['## tune (fused scan kernel: BLOCK_E,num_warps,dt_in_kernel; bf16 graph)', B.table(
             result['tune'], ['model', 'E', 'config', 'img_per_s', 'spread_pct']), '']
+    if 'tune_match' in result:
+        md += ['## tune-match (ToMe matching kernel: BLOCK_D,num_warps,num_stages)',
+               B.table(result['tune_match'], ['config', 'us_per_call']), '']
     if 'reduction' in result:
         md += ['## reduction (ToMe, bf16)', B.table(result['reduction'], [
             'model', 'variant', 'mode', 'ratio', 'realised', 'gflops', 'img_per_s', 'speedup',

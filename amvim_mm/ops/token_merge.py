@@ -1,4 +1,4 @@
-"""A ToMe merge step at inference: the matching in two Triton launches (:func:`tome_match`), the
+"""A ToMe merge step at inference: the matching in one Triton launch (:func:`tome_match`), the
 bookkeeping in one (:func:`plan_merge`), and the merge itself inside the next block's fused
 add + RMSNorm (:func:`amvim_mm.ops.fused_mixer.fused_add_rmsnorm` with ``merge=``); plus the
 path indices of a reduced sequence in one launch (:func:`rank_path_perms`).
@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 __all__ = ['MergePlan', 'plan_merge', 'apply_merge_plan', 'tome_match', 'MAX_MATCH_ROWS',
+           'MATCH_CONFIG', 'match_config',
            'extra_kernels_enabled', 'rank_path_perms']
 
 #: the matching kernel holds an (A x B) score tile in registers: at most 128 rows per set
@@ -51,8 +52,8 @@ def _kernels():
     import triton
 
     from . import _token_merge_kernels as k
-    return (triton.jit(k.merge_plan_kernel), triton.jit(k.tome_scores_kernel),
-            triton.jit(k.tome_select_kernel), triton.jit(k.rank_perm_kernel))
+    return (triton.jit(k.merge_plan_kernel), triton.jit(k.tome_match_kernel),
+            triton.jit(k.rank_perm_kernel))
 
 
 class MergePlan(NamedTuple):
@@ -121,20 +122,37 @@ def apply_merge_plan(hidden: Tensor, residual: Optional[Tensor], plan: MergePlan
                            add * plan.rem_coef.unsqueeze(-1))
 
 
+# Launch configuration of the matching kernel: (BLOCK_D, num_warps, num_stages); measured with
+# `tools/benchmark.py --suite gpu --parts tune-match` (which uses the best for the rest of its
+# run); environment override AMVIM_TOME_MATCH_CONFIG="32,8,1".
+MATCH_CONFIG = (32, 8, 1)
+
+
+def match_config() -> Tuple[int, int, int]:
+    env = os.environ.get('AMVIM_TOME_MATCH_CONFIG')
+    if env:
+        try:
+            bd, w, st = (int(v) for v in env.split(','))
+        except ValueError:
+            raise ValueError(f'AMVIM_TOME_MATCH_CONFIG={env!r}: expected "BLOCK_D,num_warps,'
+                             'num_stages", e.g. "32,8,1"') from None
+        return bd, w, st
+    return MATCH_CONFIG
+
+
 def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
                n_patches: int, cls_index: int, k: int, low_precision: bool = False
                ) -> Tuple[Tensor, Tensor]:
-    """ToMe's order-preserving bipartite matching in two launches.
+    """ToMe's order-preserving bipartite matching in one launch (one program per sample).
 
     The reference is :meth:`amvim_mm.models.reduction.reducers.ToMe.select`: patch tokens
     alternate into sets A and B, cosine similarity of ``(residual + hidden) * weight``
     (``residual=None``: ``hidden`` alone; ``weight=None``: no weight), each A token's best B
-    token (one program per sample and block of 32 A tokens), the ``k`` strongest edges (one
-    program per sample). ``low_precision``: the dot products in tf32 on tensor cores (the
-    backbone asks for it under 16-bit autocast, where the reference's matmul runs in bf16 /
-    fp16), else in fp32. Needs the canonical layout (every token but the class token is a
-    patch) and at most ``MAX_MATCH_ROWS`` tokens per set. Ties between edges go to the lower
-    index (PyTorch's argsort leaves them open).
+    token, the ``k`` strongest edges. ``low_precision``: the dot products in tf32 on tensor
+    cores (the backbone asks for it under 16-bit autocast, where the reference's matmul runs
+    in bf16 / fp16), else in fp32. Needs the canonical layout (every token but the class token
+    is a patch) and at most ``MAX_MATCH_ROWS`` tokens per set. Ties between edges go to the
+    lower index (PyTorch's argsort leaves them open).
 
     Returns:
         (removed, dst): (B, k) sequence indices.
@@ -147,24 +165,17 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
                          f'{n_a} ({n_patches} patch tokens)')
     if not 0 < k <= n_a:
         raise ValueError(f'tome_match: cannot merge {k} of {n_a} tokens of set A')
-    _, scores_k, select_k, _ = _kernels()
+    _, match_k, _ = _kernels()
     h = hidden.contiguous()
     r = residual.contiguous() if residual is not None else h
-    dev = h.device
-    best = torch.empty(B, n_a, device=dev, dtype=torch.float32)
-    best_j = torch.empty(B, n_a, device=dev, dtype=torch.int32)
-    removed = torch.empty(B, k, device=dev, dtype=torch.long)
-    dst = torch.empty(B, k, device=dev, dtype=torch.long)
+    removed = torch.empty(B, k, device=h.device, dtype=torch.long)
+    dst = torch.empty(B, k, device=h.device, dtype=torch.long)
     w = weight.contiguous() if weight is not None else h
-    block_a = 32
-    n_ab = triton.cdiv(n_a, block_a)
-    scores_k[(B * n_ab, )](h, r, w, best, best_j, L, D, n_a, n_b, cls_index, n_ab,
-                           HAS_RES=residual is not None, HAS_W=weight is not None,
-                           TF32=bool(low_precision), BLOCK_A=block_a,
-                           BLOCK_B=max(triton.next_power_of_2(n_b), 16), BLOCK_D=32,
-                           num_warps=4)
-    select_k[(B, )](best, best_j, removed, dst, n_a, cls_index, k,
-                    BLOCK_A=max(triton.next_power_of_2(n_a), 16), num_warps=4)
+    block_d, warps, stages = match_config()
+    match_k[(B, )](h, r, w, removed, dst, L, D, n_a, n_b, cls_index, k,
+                   HAS_RES=residual is not None, HAS_W=weight is not None,
+                   TF32=bool(low_precision), BLOCK_A=max(triton.next_power_of_2(n_a), 16),
+                   BLOCK_D=block_d, STAGES=stages, num_warps=warps)
     return removed, dst
 
 

@@ -153,10 +153,13 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
 
 @needs_triton
 # dt_proj in the kernel / as matmul; ToMe matching and reduced paths in PyTorch / Triton (opt-in)
-@pytest.mark.parametrize('config, match', [('32,1,1', '0'), ('16,1,0', '1')])
-def test_fused_matches_unfused_in_triton_interpreter(config, match):
+# and the matching kernel's launch configurations (BLOCK_D, warps, pipeline stages)
+@pytest.mark.parametrize('config, match, match_cfg', [('32,1,1', '0', '32,8,1'),
+                                                      ('16,1,0', '1', '64,4,2')])
+def test_fused_matches_unfused_in_triton_interpreter(config, match, match_cfg):
     env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1',
-               AMVIM_FUSED_SCAN_CONFIG=config, AMVIM_FUSED_REDUCTION_KERNELS=match)
+               AMVIM_FUSED_SCAN_CONFIG=config, AMVIM_FUSED_REDUCTION_KERNELS=match,
+               AMVIM_TOME_MATCH_CONFIG=match_cfg)
     proc = subprocess.run([sys.executable, '-c', INTERPRETER_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -178,6 +181,17 @@ def test_fused_matches_unfused_in_triton_interpreter(config, match):
     # the reduced cases really ran on shorter sequences (per-sample path indices)
     assert results[3]['counts'][-1] < results[3]['counts'][0]
     assert results[4]['counts'][-1] < results[4]['counts'][0]
+
+
+def test_match_config_env_is_validated(monkeypatch):
+    from amvim_mm.ops.token_merge import MATCH_CONFIG, match_config
+    monkeypatch.delenv('AMVIM_TOME_MATCH_CONFIG', raising=False)
+    assert match_config() == MATCH_CONFIG
+    monkeypatch.setenv('AMVIM_TOME_MATCH_CONFIG', '64,4,2')
+    assert match_config() == (64, 4, 2)
+    monkeypatch.setenv('AMVIM_TOME_MATCH_CONFIG', '64,4')
+    with pytest.raises(ValueError, match='AMVIM_TOME_MATCH_CONFIG=.64,4.: expected "BLOCK_D'):
+        match_config()
 
 
 def test_fused_scan_config_env_is_validated(monkeypatch):
