@@ -122,9 +122,11 @@ def apply_merge_plan(hidden: Tensor, residual: Optional[Tensor], plan: MergePlan
                            add * plan.rem_coef.unsqueeze(-1))
 
 
-# Launch configuration of the matching kernel: (BLOCK_D, num_warps, num_stages); measured with
-# `tools/benchmark.py --suite gpu --parts tune-match` (which uses the best for the rest of its
-# run); environment override AMVIM_TOME_MATCH_CONFIG="32,8,1".
+# Launch configuration of the matching kernel: (BLOCK_D, num_warps, num_stages). In profiles of
+# Vim-T bf16 with ToMe 0.46 (batch 128) one call took 15.5 us with (32, 8, 1) (run 12) and
+# 18.6 us with (32, 8, 2) (run 14b). `tools/benchmark.py --suite gpu --parts tune-match` times
+# the candidates (as CUDA-graph replays since run 14b, whose eager timings were launch-bound)
+# and uses the best for the rest of its run; override: AMVIM_TOME_MATCH_CONFIG="32,8,1".
 MATCH_CONFIG = (32, 8, 1)
 
 
