@@ -17,7 +17,16 @@ def merge_plan_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr,
     Plan: ``rows[b, j]`` the old index of the token kept at new index j with weight
     ``rcoef[b, j]``; removed token t adds with weight ``rmcoef[b, t]`` to new row ``rtgt[b, t]``.
     """
-    b = tl.program_id(0)
+    _merge_plan(tl.program_id(0), rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr, keep_ptr,
+                dest_ptr, wnew_ptr, nidx_ptr, rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr,
+                nsize_ptr, nsrc_ptr, L, R, M, L_new, mid, BLOCK_L, BLOCK_R, BLOCK_M)
+
+
+@triton.jit
+def _merge_plan(b, rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr, keep_ptr, dest_ptr, wnew_ptr,
+                nidx_ptr, rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr,
+                nsrc_ptr, L, R, M, L_new, mid, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
+                BLOCK_M: tl.constexpr):
     offs = tl.arange(0, BLOCK_L)
     ml = offs < L
     ro = tl.arange(0, BLOCK_R)
@@ -71,8 +80,13 @@ def _seq_index(j, cls):
 
 
 def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls, k,
+                      pos_ptr, size_ptr, src_ptr, keep_ptr, dest_ptr, wnew_ptr, nidx_ptr,
+                      rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr,
+                      M, mid,
                       HAS_RES: tl.constexpr, HAS_W: tl.constexpr, TF32: tl.constexpr,
-                      BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, STAGES: tl.constexpr):
+                      BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, STAGES: tl.constexpr,
+                      PLAN: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
+                      BLOCK_M: tl.constexpr):
     """One program per sample: ToMe's bipartite matching on the stream ``h + r`` (B, L, D).
 
     Patch j is in set A when j is even, in B when odd. Cosine similarity of ``x * w`` between
@@ -80,7 +94,8 @@ def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls
     row's best B row; the k A rows with the highest best score (ties: lower index first) are
     written, in that order, to ``rem``/``dst`` (sequence indices). (Splitting a sample's A rows
     over several programs re-reads the B rows and was slower on an H200: 26 vs 15.5 us at
-    Vim-T's size, run 13.)
+    Vim-T's size, run 13.) With ``PLAN`` the same program then makes the merge plan of those
+    edges (:func:`merge_plan_kernel`'s work; the arguments after ``k`` are its).
     """
     b = tl.program_id(0)
     ja = tl.arange(0, BLOCK_A)
@@ -127,6 +142,11 @@ def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls
     sel = ma & (rank < k)
     tl.store(rem_ptr + b * k + rank, sa.to(tl.int64), mask=sel)
     tl.store(dst_ptr + b * k + rank, _seq_index(2 * best_j + 1, cls).to(tl.int64), mask=sel)
+    if PLAN:
+        tl.debug_barrier()   # the edges just written are read back by the whole program
+        _merge_plan(b, rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr, keep_ptr, dest_ptr,
+                    wnew_ptr, nidx_ptr, rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr,
+                    nsize_ptr, nsrc_ptr, L, k, M, L - k, mid, BLOCK_L, BLOCK_R, BLOCK_M)
 
 
 def rank_perm_kernel(pos_ptr, rank_ptr, rev_ptr, buf_ptr, out_ptr, B, L, M, cls, n,

@@ -83,16 +83,22 @@ def plan_merge(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor, dst: 
     Returns:
         (plan, new pos, new size, new source) with L' = L - r tokens.
     """
-    import triton
     plan_k, *_ = _kernels()
+    removed, dst = removed.contiguous(), dst.contiguous()
+    args, meta, out = _plan_args(pos, size, source, removed, n_keep_patch)
+    plan_k[(pos.shape[0], )](removed, dst, *args, new_cls, **meta, num_warps=4)
+    return out
+
+
+def _plan_args(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor, n_keep_patch: int):
+    """Buffers and launch arguments of the plan step (after ``removed, dst``): (args up to
+    ``L_new``, constexpr sizes, (plan, npos, nsize, nsrc))."""
+    import triton
     B, L = pos.shape
     r = removed.shape[1]
     M = source.shape[1]
     L_new = L - r
     dev = pos.device
-    removed = removed.contiguous()
-    dst = dst.contiguous()
-    size = size.float().contiguous()
     i32 = dict(device=dev, dtype=torch.int32)
     f32 = dict(device=dev, dtype=torch.float32)
     keep, dest, nidx = (torch.empty(B, L, **i32) for _ in range(3))
@@ -102,12 +108,12 @@ def plan_merge(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor, dst: 
     npos = torch.empty(B, L_new, device=dev, dtype=pos.dtype)
     nsize = torch.empty(B, L_new, **f32)
     nsrc = torch.empty(B, M, device=dev, dtype=source.dtype)
-    plan_k[(B, )](removed, dst, pos.contiguous(), size, source.contiguous(), keep, dest, wnew,
-                  nidx, plan.rows, plan.row_coef, plan.rem_tgt, plan.rem_coef, npos, nsize, nsrc,
-                  L, r, M, L_new, new_cls, BLOCK_L=triton.next_power_of_2(L),
-                  BLOCK_R=max(triton.next_power_of_2(r), 2),
-                  BLOCK_M=triton.next_power_of_2(M), num_warps=4)
-    return plan, npos, nsize, nsrc
+    args = (pos.contiguous(), size.float().contiguous(), source.contiguous(), keep, dest, wnew,
+            nidx, plan.rows, plan.row_coef, plan.rem_tgt, plan.rem_coef, npos, nsize, nsrc, L, r,
+            M, L_new)
+    meta = dict(BLOCK_L=triton.next_power_of_2(L), BLOCK_R=max(triton.next_power_of_2(r), 2),
+                BLOCK_M=triton.next_power_of_2(M))
+    return args, meta, (plan, npos, nsize, nsrc)
 
 
 def apply_merge_plan(hidden: Tensor, residual: Optional[Tensor], plan: MergePlan) -> Tensor:
@@ -143,8 +149,8 @@ def match_config() -> Tuple[int, int, int]:
 
 
 def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
-               n_patches: int, cls_index: int, k: int, low_precision: bool = False
-               ) -> Tuple[Tensor, Tensor]:
+               n_patches: int, cls_index: int, k: int, low_precision: bool = False,
+               plan_state: Optional[Tuple[Tensor, Tensor, Tensor]] = None):
     """ToMe's order-preserving bipartite matching in one launch (one program per sample).
 
     The reference is :meth:`amvim_mm.models.reduction.reducers.ToMe.select`: patch tokens
@@ -156,8 +162,12 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     is a patch) and at most ``MAX_MATCH_ROWS`` tokens per set. Ties between edges go to the
     lower index (PyTorch's argsort leaves them open).
 
+    ``plan_state``: the sequence's ``(pos, size, source)``; the same launch then also makes the
+    merge plan of the edges (what :func:`plan_merge` does, one launch less per step).
+
     Returns:
-        (removed, dst): (B, k) sequence indices.
+        (removed, dst): (B, k) sequence indices; with ``plan_state``, (removed, dst, planned)
+        where ``planned`` is :func:`plan_merge`'s result.
     """
     import triton
     B, L, D = hidden.shape
@@ -174,10 +184,21 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     dst = torch.empty(B, k, device=h.device, dtype=torch.long)
     w = weight.contiguous() if weight is not None else h
     block_d, warps, stages = match_config()
-    match_k[(B, )](h, r, w, removed, dst, L, D, n_a, n_b, cls_index, k,
+    if plan_state is not None:
+        n_keep = n_patches - k
+        new_cls = n_keep // 2 if cls_index >= 0 else -1
+        args, meta, planned = _plan_args(*plan_state, removed, n_keep)
+        plan_args = args[:-4] + (args[-2], new_cls)        # ..., nsrc, M, mid
+    else:
+        plan_args = (h, ) * 14 + (0, -1)                     # unused (PLAN=False)
+        meta = dict(BLOCK_L=2, BLOCK_R=2, BLOCK_M=2)
+    match_k[(B, )](h, r, w, removed, dst, L, D, n_a, n_b, cls_index, k, *plan_args,
                    HAS_RES=residual is not None, HAS_W=weight is not None,
                    TF32=bool(low_precision), BLOCK_A=max(triton.next_power_of_2(n_a), 16),
-                   BLOCK_D=block_d, STAGES=stages, num_warps=warps)
+                   BLOCK_D=block_d, STAGES=stages, PLAN=plan_state is not None, **meta,
+                   num_warps=warps)
+    if plan_state is not None:
+        return removed, dst, planned
     return removed, dst
 
 

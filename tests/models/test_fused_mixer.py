@@ -28,12 +28,17 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
     import json, torch, amvim_mm
     import amvim_mm.ops.token_merge as tm
     from amvim_mm.registry import MODELS
-    calls = []
-    _step = tm.plan_merge
+    import amvim_mm.models.reduction.state as st
+    calls, plan_calls = [], []
+    _step, _plan = st.plan_merge_step, tm.plan_merge
     def counted(*a, **k):
         calls.append(1)
         return _step(*a, **k)
-    tm.plan_merge = counted
+    def counted_plan(*a, **k):
+        plan_calls.append(1)
+        return _plan(*a, **k)
+    st.plan_merge_step = counted
+    tm.plan_merge = counted_plan
     cases = [
         dict(type='Vim', arch='test', img_size=64),
         dict(type='AMVim', arch='test', img_size=112, window_size=2),
@@ -60,9 +65,10 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
                 for layer in m.layers:
                     layer.mixer.fused = fused
                 calls.clear()
+                plan_calls.clear()
                 outs[fused] = m(x)
                 ctxs[fused] = m.last_context
-                n_calls[fused] = len(calls)
+                n_calls[fused] = (len(calls), len(plan_calls))
         same_state = all(torch.equal(getattr(ctxs[True], k), getattr(ctxs[False], k))
                          for k in ('pos', 'source') if hasattr(ctxs[False], k))
         for a, b in zip(outs[True], outs[False]):
@@ -175,9 +181,11 @@ def test_fused_matches_unfused_in_triton_interpreter(config, match, match_cfg):
         assert max(r['errs']) < 1e-5, r
         assert r['same_state'], r
     # ToMe's steps were planned for the fused add + RMSNorm (amvim_mm.ops.token_merge) on the
-    # fused side only
+    # fused side only: by the matching kernel itself, or (matching in PyTorch) by plan_merge
     for i in (3, 6):
-        assert results[i]['merge_calls'][0] == 0 and results[i]['merge_calls'][1] > 0, results[i]
+        (steps0, plans0), (steps1, plans1) = results[i]['merge_calls']
+        assert steps0 == plans0 == 0 and steps1 > 0, results[i]
+        assert plans1 == (0 if match == '1' else steps1), results[i]
     # the reduced cases really ran on shorter sequences (per-sample path indices)
     assert results[3]['counts'][-1] < results[3]['counts'][0]
     assert results[4]['counts'][-1] < results[4]['counts'][0]

@@ -137,8 +137,12 @@ class ToMe(TokenReducer):
                 dev = stream.hidden.device.type
                 low = torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) in (
                     torch.bfloat16, torch.float16)
-                return tm.tome_match(stream.hidden, stream.residual, w, ctx.n_patches,
-                                     ctx.cls_index, k, low_precision=low) + (None, )
+                # the same launch plans the merge; plan_merge_step picks it up from ctx
+                removed, dst, planned = tm.tome_match(
+                    stream.hidden, stream.residual, w, ctx.n_patches, ctx.cls_index, k,
+                    low_precision=low, plan_state=(ctx.pos, ctx.size, ctx.source))
+                ctx.planned_merge = (removed, dst, planned)
+                return removed, dst, None
         idx = _patch_indices(ctx)
         a_idx, b_idx = idx[:, 0::2], idx[:, 1::2]
         if k > a_idx.shape[1] or b_idx.shape[1] == 0:

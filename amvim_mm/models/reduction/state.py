@@ -215,8 +215,12 @@ def plan_merge_step(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor):
     r = removed.shape[1]
     n_keep = ctx.n_patches - r
     new_cls = n_keep // 2 if ctx.cls_index >= 0 else -1
-    plan, npos, nsize, nsrc = plan_merge(ctx.pos, ctx.size, ctx.source, removed, dst, n_keep,
-                                         new_cls)
+    planned = getattr(ctx, 'planned_merge', None)
+    if planned is not None and planned[0] is removed and planned[1] is dst:
+        plan, npos, nsize, nsrc = planned[2]    # made by ToMe's matching kernel, same launch
+    else:
+        plan, npos, nsize, nsrc = plan_merge(ctx.pos, ctx.size, ctx.source, removed, dst,
+                                             n_keep, new_cls)
     new = ScanContext(ctx.grid, new_cls, pos=npos, device=ctx.pos.device, n_patches=n_keep)
     new.size, new.source, new.frozen = nsize, nsrc, ctx.frozen
     new.num_patches = ctx.num_patches
