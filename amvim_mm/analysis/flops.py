@@ -19,7 +19,7 @@ Two conventions, named in every result:
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 CONVENTION = ('MACs of linear/conv layers + selective scan 9*L*E*N per path (mamba-ssm '
               'convention), per-block token counts; norms, activations and reducer cost '

@@ -108,7 +108,6 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
         load_model_weights(runner.model, ckpt, strict=True)
         backbone = find_reducible_backbone(runner.model)
         size = backbone.img_size
-        base_metric = None
         for method, ratio in mine:
             bar.set_postfix_str(f'{names[i]} {method} {ratio}')
             zero = next((r for k, r in done.items()

@@ -1,4 +1,5 @@
-"""Vim (Vision Mamba, bimamba v2, middle class token) and AMVim (asymmetric multi-scale scanning)."""
+"""Vim (Vision Mamba, bimamba v2, middle class token) and AMVim (asymmetric multi-scale
+scanning)."""
 from __future__ import annotations
 
 from typing import List, Optional, Sequence

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from mmengine.registry import Registry
 
 from .schedule import ReductionSchedule
-from .state import FUSED_POS, Streams
+from .state import Streams
 
 TOKEN_REDUCERS = Registry('token reducer', scope='amvim_mm')
 ALIGN_DELTAS = ('bias', 'token')
