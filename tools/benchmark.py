@@ -15,6 +15,7 @@ Suites:
 Every row records the command, device and versions.
 """
 import argparse
+import contextlib
 import json
 import os
 import os.path as osp
@@ -29,6 +30,26 @@ from amvim_mm.analysis.flops import vim_family_flops  # noqa: E402
 
 RATIOS = (0.0, 0.17, 0.27, 0.36, 0.46)
 EXTRA = 'AMVIM_FUSED_REDUCTION_KERNELS'
+
+
+@contextlib.contextmanager
+def env_var(key, value):
+    """``os.environ[key] = value`` for the block; the user's own value (or its absence) after."""
+    before = os.environ.get(key)
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+def variant_env(variant):
+    """The reduction variant's switch: 'torch-match' matches and orders reduced paths with
+    PyTorch ops (AMVIM_FUSED_REDUCTION_KERNELS=0), 'default' with the Triton kernels."""
+    return env_var(EXTRA, '0' if variant == 'torch-match' else '1')
 
 
 def log(msg):
@@ -62,12 +83,11 @@ def gpu_tune(args):
         E = m.backbone.layers[0].mixer.d_inner
         mine = []
         for cfg in args.tune_configs:
-            os.environ['AMVIM_FUSED_SCAN_CONFIG'] = cfg
-            r = B.measure(m, 128, 224, 'bf16', 'graph', warmup=3, iters=10, repeats=3)
+            with env_var('AMVIM_FUSED_SCAN_CONFIG', cfg):
+                r = B.measure(m, 128, 224, 'bf16', 'graph', warmup=3, iters=10, repeats=3)
             r.update(model=name, E=E, config=cfg)
             mine.append(r)
             log(f'  {name} (E={E}) BLOCK_E,warps,dt_in_kernel={cfg}: {r["img_per_s"]} img/s')
-        os.environ.pop('AMVIM_FUSED_SCAN_CONFIG')
         best = max(mine, key=lambda r: r['img_per_s'])
         be, w, dk = (int(v) for v in best['config'].split(','))
         FM.SCAN_CONFIGS[E] = (be, w, bool(dk))
@@ -88,16 +108,15 @@ def gpu_tune_match(args):
     w = torch.rand(192, device='cuda') + 0.5
     rows = []
     for cfg in args.match_configs:
-        os.environ['AMVIM_TOME_MATCH_CONFIG'] = cfg
         # timed as CUDA-graph replays: eager calls are bound by Triton's Python launch
         # (~29 us per call in run 14b, whatever the configuration)
-        graph, _ = B.capture_cuda_graph(
-            lambda: TM.tome_match(h, r, w, 196, 98, 14, low_precision=True), warmup=3)
+        with env_var('AMVIM_TOME_MATCH_CONFIG', cfg):
+            graph, _ = B.capture_cuda_graph(
+                lambda: TM.tome_match(h, r, w, 196, 98, 14, low_precision=True), warmup=3)
         times = [B._timer(graph.replay, 200, 'cuda') for _ in range(3)]
         us = round(sorted(times)[1] * 1e6, 2)
         rows.append(dict(config=cfg, us_per_call=us))
         log(f'  tome_match BLOCK_D,num_warps,num_stages={cfg}: {us} us')
-    os.environ.pop('AMVIM_TOME_MATCH_CONFIG')
     best = min(rows, key=lambda r: r['us_per_call'])
     TM.MATCH_CONFIG = tuple(int(v) for v in best['config'].split(','))
     log(f'  tome_match: using {TM.MATCH_CONFIG}')
@@ -128,16 +147,14 @@ def gpu_main(args):
 
 def gpu_reduction(args):
     rows = []
-    before = os.environ.get(EXTRA)
     for variant, name, mode in [(v, n, m) for v in args.reduction_variants
                                 for n in ('vim-t', 'amvim-t') for m in args.reduction_modes]:
-        # 'torch-match': ToMe's matching and the reduced paths' indices in PyTorch ops
-        os.environ[EXTRA] = '0' if variant == 'torch-match' else '1'
         base = None
         for ratio in RATIOS:
             red = dict(type='ToMe', ratio=ratio) if ratio else None
             m = B.build(name, 224, head=True, token_reduction=red)
-            r = B.measure(m, 128, 224, 'bf16', mode)
+            with variant_env(variant):
+                r = B.measure(m, 128, 224, 'bf16', mode)
             fl = vim_family_flops(m.backbone, 224, 'model')
             r.update(model=name, method='ToMe', ratio=ratio, gflops=round(fl['gflops'], 3),
                      realised=round(fl['realised_ratio'], 3), variant=variant)
@@ -151,7 +168,6 @@ def gpu_reduction(args):
                 f'{r["speedup"]} vs FLOPs ratio {r["flops_ratio"]}')
             del m
             torch.cuda.empty_cache()
-    _restore_env(EXTRA, before)
     return rows
 
 
@@ -183,12 +199,10 @@ def gpu_profile(args):
     cases += [(n, 'fused', tome, v) for n in ('vim-t', 'amvim-t')
               for v in ('default', 'torch-match')]
     out = {}
-    before = os.environ.get(EXTRA)
     for name, mixer, red, variant in cases:
-        os.environ[EXTRA] = '0' if variant == 'torch-match' else '1'
         m = B.build(name, 224, head=True, fused_mixer=MIXERS[mixer], token_reduction=red)
         x = torch.randn(128, 3, 224, 224, device='cuda')
-        with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+        with variant_env(variant), torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
             for _ in range(3):
                 m(x)
             torch.cuda.synchronize()
@@ -202,15 +216,7 @@ def gpu_profile(args):
         log(f'profile, {key}:\n{t}')
         del m
         torch.cuda.empty_cache()
-    _restore_env(EXTRA, before)
     return out
-
-
-def _restore_env(key, value):
-    if value is None:
-        os.environ.pop(key, None)
-    else:
-        os.environ[key] = value
 
 
 def main(argv=None):

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ['fused_mixer_available', 'fused_mixer_forward', 'fused_add_rmsnorm', 'FUSED_ENV_VAR',
-           'fused_requested', 'auto_prefers_fused']
+           'fused_requested', 'auto_prefers_fused', 'autocast_dtype', 'launch_config_from_env']
 
 FUSED_ENV_VAR = 'AMVIM_FUSED_MIXER'
 LOG2E = 1.4426950408889634
@@ -111,14 +111,33 @@ DEFAULT_SCAN_CONFIG = (64, 2, False)
 CONV_BLOCK = (32, 64)
 
 
+def launch_config_from_env(var: str, fields: str, example: str) -> Optional[Tuple[int, ...]]:
+    """A kernel launch configuration from environment variable ``var`` ("a,b,c": the integers
+    named in ``fields``), or None when it is unset."""
+    env = os.environ.get(var)
+    if not env:
+        return None
+    values = env.split(',')
+    try:
+        if len(values) != len(fields.split(',')):
+            raise ValueError
+        return tuple(int(v) for v in values)
+    except ValueError:
+        raise ValueError(f'{var}={env!r}: expected "{fields}", e.g. "{example}"') from None
+
+
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The autocast dtype on ``device_type`` when autocast is on there, else None."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
 def scan_config(E: int) -> Tuple[int, int, bool]:
-    env = os.environ.get('AMVIM_FUSED_SCAN_CONFIG')
-    if env:
-        try:
-            be, w, dk = (int(v) for v in env.split(','))
-        except ValueError:
-            raise ValueError(f'AMVIM_FUSED_SCAN_CONFIG={env!r}: expected "BLOCK_E,num_warps,'
-                             'dt_in_kernel", e.g. "32,1,1"') from None
+    env = launch_config_from_env('AMVIM_FUSED_SCAN_CONFIG', 'BLOCK_E,num_warps,dt_in_kernel',
+                                 '32,1,1')
+    if env is not None:
+        be, w, dk = env
         return be, w, bool(dk)
     return SCAN_CONFIGS.get(E, DEFAULT_SCAN_CONFIG)
 
@@ -214,9 +233,7 @@ def fused_add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor
     h = hidden.contiguous()
     r = residual.contiguous() if residual is not None else h
     if out_dtype is None:
-        dev = hidden.device.type
-        out_dtype = (torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev)
-                     else weight.dtype)
+        out_dtype = autocast_dtype(hidden.device.type) or weight.dtype
     _, _, k, merge_k = _kernels(hidden.device.type != 'cuda')
     block_d = triton.next_power_of_2(D)
     if merge is None:

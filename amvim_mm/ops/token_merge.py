@@ -26,6 +26,8 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
+from .fused_mixer import launch_config_from_env
+
 __all__ = ['MergePlan', 'plan_merge', 'apply_merge_plan', 'tome_match', 'MAX_MATCH_ROWS',
            'MATCH_CONFIG', 'match_config',
            'extra_kernels_enabled', 'rank_path_perms']
@@ -71,28 +73,29 @@ class MergePlan(NamedTuple):
 
 
 def plan_merge(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor, dst: Tensor,
-               n_keep_patch: int, new_cls: int) -> Tuple[MergePlan, Tensor, Tensor, Tensor]:
+               new_cls: int) -> Tuple[MergePlan, Tensor, Tensor, Tensor]:
     """Plan merging ``removed`` tokens into ``dst`` and compacting (one launch).
 
     Args:
         pos: (B, L) grid positions (-1: class token); size: (B, L) token sizes (the weights);
         source: (B, M) token carrying each grid patch; removed, dst: (B, r) sequence indices
         (distinct removed tokens, never the class token; every dst a survivor).
-        n_keep_patch: patch tokens left; new_cls: the class token's new index (-1: none).
+        new_cls: the class token's new index (-1: none).
 
     Returns:
         (plan, new pos, new size, new source) with L' = L - r tokens.
     """
     plan_k, *_ = _kernels()
     removed, dst = removed.contiguous(), dst.contiguous()
-    args, meta, out = _plan_args(pos, size, source, removed, n_keep_patch)
-    plan_k[(pos.shape[0], )](removed, dst, *args, new_cls, **meta, num_warps=4)
+    bufs, (L, r, M, L_new), meta, out = _plan_args(pos, size, source, removed)
+    plan_k[(pos.shape[0], )](removed, dst, *bufs, L, r, M, L_new, new_cls, **meta, num_warps=4)
     return out
 
 
-def _plan_args(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor, n_keep_patch: int):
-    """Buffers and launch arguments of the plan step (after ``removed, dst``): (args up to
-    ``L_new``, constexpr sizes, (plan, npos, nsize, nsrc))."""
+def _plan_args(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor):
+    """The plan step's launch arguments after ``removed, dst``: (the 14 tensors: state in,
+    scratch, plan and new state out; sizes (L, r, M, L'); block sizes; (plan, npos, nsize,
+    nsrc))."""
     import triton
     B, L = pos.shape
     r = removed.shape[1]
@@ -108,12 +111,11 @@ def _plan_args(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor, n_kee
     npos = torch.empty(B, L_new, device=dev, dtype=pos.dtype)
     nsize = torch.empty(B, L_new, **f32)
     nsrc = torch.empty(B, M, device=dev, dtype=source.dtype)
-    args = (pos.contiguous(), size.float().contiguous(), source.contiguous(), keep, dest, wnew,
-            nidx, plan.rows, plan.row_coef, plan.rem_tgt, plan.rem_coef, npos, nsize, nsrc, L, r,
-            M, L_new)
+    bufs = (pos.contiguous(), size.float().contiguous(), source.contiguous(), keep, dest, wnew,
+            nidx, plan.rows, plan.row_coef, plan.rem_tgt, plan.rem_coef, npos, nsize, nsrc)
     meta = dict(BLOCK_L=triton.next_power_of_2(L), BLOCK_R=max(triton.next_power_of_2(r), 2),
                 BLOCK_M=triton.next_power_of_2(M))
-    return args, meta, (plan, npos, nsize, nsrc)
+    return bufs, (L, r, M, L_new), meta, (plan, npos, nsize, nsrc)
 
 
 def apply_merge_plan(hidden: Tensor, residual: Optional[Tensor], plan: MergePlan) -> Tensor:
@@ -137,15 +139,9 @@ MATCH_CONFIG = (32, 8, 1)
 
 
 def match_config() -> Tuple[int, int, int]:
-    env = os.environ.get('AMVIM_TOME_MATCH_CONFIG')
-    if env:
-        try:
-            bd, w, st = (int(v) for v in env.split(','))
-        except ValueError:
-            raise ValueError(f'AMVIM_TOME_MATCH_CONFIG={env!r}: expected "BLOCK_D,num_warps,'
-                             'num_stages", e.g. "32,8,1"') from None
-        return bd, w, st
-    return MATCH_CONFIG
+    env = launch_config_from_env('AMVIM_TOME_MATCH_CONFIG', 'BLOCK_D,num_warps,num_stages',
+                                 '32,8,1')
+    return MATCH_CONFIG if env is None else env
 
 
 def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
@@ -187,8 +183,8 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     if plan_state is not None:
         n_keep = n_patches - k
         new_cls = n_keep // 2 if cls_index >= 0 else -1
-        args, meta, planned = _plan_args(*plan_state, removed, n_keep)
-        plan_args = args[:-4] + (args[-2], new_cls)        # ..., nsrc, M, mid
+        bufs, (_, _, M, _), meta, planned = _plan_args(*plan_state, removed)
+        plan_args = bufs + (M, new_cls)
     else:
         plan_args = (h, ) * 14 + (0, -1)                     # unused (PLAN=False)
         meta = dict(BLOCK_L=2, BLOCK_R=2, BLOCK_M=2)

@@ -8,6 +8,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from amvim_mm.ops.fused_mixer import autocast_dtype
+
 
 class RMSNorm(nn.Module):
     """RMSNorm with a weight and no bias (``mamba_ssm``'s ``RMSNorm``), computed in fp32."""
@@ -80,8 +82,7 @@ class PatchEmbed(nn.Module):
             # a 16x16 stride-16 kernel is ~10x slower on an H200); same weights, same math
             # the unfold and autocast's cast of the patches in one copy
             B, C = x.shape[:2]
-            dtype = (torch.get_autocast_dtype('cuda') if torch.is_autocast_enabled('cuda')
-                     else x.dtype)
+            dtype = autocast_dtype('cuda') or x.dtype
             patches = torch.empty(B, gh, gw, C, p, p, device=x.device, dtype=dtype)
             patches.copy_(x.reshape(B, C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5))
             return F.linear(patches.view(B, gh * gw, -1),

@@ -24,7 +24,7 @@ from mmengine.model import BaseModule
 
 from amvim_mm.ops.backends import log_choice_once, mamba_selective_scan, requested_backend
 from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
-from amvim_mm.ops.fused_mixer import (auto_prefers_fused, fused_add_rmsnorm,
+from amvim_mm.ops.fused_mixer import (auto_prefers_fused, autocast_dtype, fused_add_rmsnorm,
                                       fused_mixer_available, fused_mixer_forward, fused_requested)
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from .layers import DropPath, PatchEmbed, RMSNorm, infer_square_grid, resize_pos_embed
@@ -260,9 +260,7 @@ class BiMambaMixer(nn.Module):
         elif fused:
             fused = not self._ctx_needs_unfused(ctx)
         if fused:
-            dev = hidden.device.type
-            amp = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-            in_w, stacked, out_cat = self.fused_params(amp)
+            in_w, stacked, out_cat = self.fused_params(autocast_dtype(hidden.device.type))
             return fused_mixer_forward(hidden, in_w, self.out_proj.weight, *stacked,
                                        ctx.path_perms(paths), out_proj_cat=out_cat)
         Bsz, L, _ = hidden.shape

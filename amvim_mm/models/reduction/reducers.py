@@ -131,12 +131,12 @@ class ToMe(TokenReducer):
             stream = Streams(stream, None)
         if ctx.fused_ok and not ctx.has_fused:
             from amvim_mm.ops import token_merge as tm
+            from amvim_mm.ops.fused_mixer import autocast_dtype
             if tm.extra_kernels_enabled() and (ctx.n_patches + 1) // 2 <= tm.MAX_MATCH_ROWS \
                     and 0 < k <= (ctx.n_patches + 1) // 2 and ctx.n_patches > 1:
                 w = layer.norm.weight if self.metric == 'norm_input' else None
-                dev = stream.hidden.device.type
-                low = torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) in (
-                    torch.bfloat16, torch.float16)
+                low = autocast_dtype(stream.hidden.device.type) in (torch.bfloat16,
+                                                                     torch.float16)
                 # the same launch plans the merge; plan_merge_step picks it up from ctx
                 removed, dst, planned = tm.tome_match(
                     stream.hidden, stream.residual, w, ctx.n_patches, ctx.cls_index, k,

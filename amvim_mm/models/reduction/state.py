@@ -220,7 +220,7 @@ def plan_merge_step(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor):
         plan, npos, nsize, nsrc = planned[2]    # made by ToMe's matching kernel, same launch
     else:
         plan, npos, nsize, nsrc = plan_merge(ctx.pos, ctx.size, ctx.source, removed, dst,
-                                             n_keep, new_cls)
+                                             new_cls)
     new = ScanContext(ctx.grid, new_cls, pos=npos, device=ctx.pos.device, n_patches=n_keep)
     new.size, new.source, new.frozen = nsize, nsrc, ctx.frozen
     new.num_patches = ctx.num_patches
