@@ -34,9 +34,13 @@ EXTRA = 'AMVIM_FUSED_REDUCTION_KERNELS'
 
 @contextlib.contextmanager
 def env_var(key, value):
-    """``os.environ[key] = value`` for the block; the user's own value (or its absence) after."""
+    """``os.environ[key] = value`` (None: unset) for the block; the user's own value (or its
+    absence) after."""
     before = os.environ.get(key)
-    os.environ[key] = value
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
     try:
         yield
     finally:
@@ -101,25 +105,58 @@ def gpu_tune(args):
 def gpu_tune_match(args):
     """Launch configuration of ToMe's matching kernel (BLOCK_D, num_warps, num_stages) on
     Vim-T's step shape (batch 128, 197 tokens, width 192, bf16 hidden + fp32 residual, 14
-    edges); the best is used for the rest of the run (and goes into MATCH_CONFIG by hand)."""
+    edges, the merge plan made in the same launch as on the fused path); the best is used for
+    the rest of the run (and goes into MATCH_CONFIG by hand)."""
+    from amvim_mm.models.backbones.scan_context import ScanContext
+    from amvim_mm.models.reduction.state import init_reduction_state
     from amvim_mm.ops import token_merge as TM
     h = torch.randn(128, 197, 192, device='cuda').to(torch.bfloat16)
     r = torch.randn(128, 197, 192, device='cuda')
     w = torch.rand(192, device='cuda') + 0.5
+    ctx = init_reduction_state(ScanContext((14, 14), cls_index=98), 128, 'cuda')
+    state = (ctx.pos, ctx.size, ctx.source)
+    rows = _tune_kernel('tome_match', 'AMVIM_TOME_MATCH_CONFIG', args.match_configs,
+                        lambda: TM.tome_match(h, r, w, 196, 98, 14, low_precision=True,
+                                              plan_state=state))
+    TM.MATCH_CONFIG = tuple(int(v) for v in rows[-1]['config'].split(','))
+    log(f'  tome_match: using {TM.MATCH_CONFIG}')
+    return rows[:-1]
+
+
+def _tune_kernel(name, env, configs, fn):
+    """Microseconds per call of ``fn`` under each launch configuration in ``env``, timed as
+    CUDA-graph replays (eager calls are bound by Triton's Python launch: ~29 us per call in run
+    14b, whatever the configuration); the rows, then the best row again."""
     rows = []
-    for cfg in args.match_configs:
-        # timed as CUDA-graph replays: eager calls are bound by Triton's Python launch
-        # (~29 us per call in run 14b, whatever the configuration)
-        with env_var('AMVIM_TOME_MATCH_CONFIG', cfg):
-            graph, _ = B.capture_cuda_graph(
-                lambda: TM.tome_match(h, r, w, 196, 98, 14, low_precision=True), warmup=3)
+    for cfg in configs:
+        with env_var(env, cfg):
+            graph, _ = B.capture_cuda_graph(fn, warmup=3)
         times = [B._timer(graph.replay, 200, 'cuda') for _ in range(3)]
         us = round(sorted(times)[1] * 1e6, 2)
         rows.append(dict(config=cfg, us_per_call=us))
-        log(f'  tome_match BLOCK_D,num_warps,num_stages={cfg}: {us} us')
-    best = min(rows, key=lambda r: r['us_per_call'])
-    TM.MATCH_CONFIG = tuple(int(v) for v in best['config'].split(','))
-    log(f'  tome_match: using {TM.MATCH_CONFIG}')
+        log(f'  {name} {cfg}: {us} us')
+    return rows + [min(rows, key=lambda r: r['us_per_call'])]
+
+
+def gpu_tune_embed(args):
+    """Launch configuration of the one-kernel embedding (BLOCK_M, BLOCK_N, num_warps,
+    num_stages) on Vim-T's shape (batch 128, 224, bf16 autocast), next to the reference's five
+    launches (unfold + cast copy, GEMM, class-token concatenation, position add); the best is
+    used for the rest of the run (and goes into EMBED_CONFIG by hand)."""
+    from amvim_mm.ops import fused_embed as FE
+    m = B.build('vim-t', 224, head=False, fused_mixer=True)
+    x = torch.randn(128, 3, 224, 224, device='cuda')
+
+    def embed():
+        with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+            return m.embed(x)[0]
+    rows = _tune_kernel('embed', 'AMVIM_EMBED_CONFIG', args.embed_configs, embed)
+    FE.EMBED_CONFIG = tuple(int(v) for v in rows[-1]['config'].split(','))
+    log(f'  embed: using {FE.EMBED_CONFIG}')
+    for layer in m.layers:
+        layer.mixer.fused = False      # the reference embedding
+    rows[-1] = _tune_kernel('embed (reference)', 'AMVIM_EMBED_CONFIG', [None], embed)[0]
+    rows[-1]['config'] = 'reference (5 launches)'
     return rows
 
 
@@ -223,14 +260,18 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--suite', choices=['cpu', 'gpu'], required=True)
     p.add_argument('--parts', nargs='+', default=['main', 'reduction', 'resolution'],
-                   choices=['tune', 'tune-match', 'main', 'reduction', 'resolution',
-                            'profile'])
+                   choices=['tune', 'tune-match', 'tune-embed', 'main', 'reduction',
+                            'resolution', 'profile'])
     p.add_argument('--tune-configs', nargs='+', default=[
         '32,1,1', '32,1,0', '64,2,1', '64,2,0', '16,1,1', '16,1,0'],
         help='tune part: BLOCK_E,num_warps,dt_in_kernel of the fused scan kernel')
     p.add_argument('--match-configs', nargs='+', default=[
-        '32,8,1', '32,4,1', '64,8,1', '32,8,2', '64,8,2', '32,4,3'],
+        '32,8,1', '32,4,1', '32,16,1', '64,8,1', '64,16,1', '32,8,2', '64,16,2', '32,4,3'],
         help='tune-match part: BLOCK_D,num_warps,num_stages of the ToMe matching kernel')
+    p.add_argument('--embed-configs', nargs='+', default=[
+        '64,128,4,3', '64,256,4,1', '64,256,8,1', '64,256,8,2', '128,256,8,1', '32,256,4,1',
+        '32,256,4,2', '128,128,8,2'],
+        help='tune-embed part: BLOCK_M,BLOCK_N,num_warps,num_stages of the embedding kernel')
     p.add_argument('--reduction-modes', nargs='+', default=['graph'], choices=['eager', 'graph'],
                    help='reduction part: eager is launch-bound at batch 128 (many small ops)')
     p.add_argument('--reduction-variants', nargs='+', default=['default'],
@@ -259,6 +300,9 @@ def main(argv=None):
         if 'tune-match' in args.parts:
             log('tune-match: ToMe matching kernel launch configuration')
             result['tune_match'] = gpu_tune_match(args)
+        if 'tune-embed' in args.parts:
+            log('tune-embed: one-kernel embedding launch configuration')
+            result['tune_embed'] = gpu_tune_embed(args)
         if 'profile' in args.parts:
             result['profile'] = gpu_profile(args)
         if 'main' in args.parts:
@@ -289,6 +333,9 @@ def main(argv=None):
     if 'tune_match' in result:
         md += ['## tune-match (ToMe matching kernel: BLOCK_D,num_warps,num_stages)',
                B.table(result['tune_match'], ['config', 'us_per_call']), '']
+    if 'tune_embed' in result:
+        md += ['## tune-embed (one-kernel embedding: BLOCK_M,BLOCK_N,num_warps,num_stages)',
+               B.table(result['tune_embed'], ['config', 'us_per_call']), '']
     if 'reduction' in result:
         md += ['## reduction (ToMe, bf16)', B.table(result['reduction'], [
             'model', 'variant', 'mode', 'ratio', 'realised', 'gflops', 'img_per_s', 'speedup',

@@ -4,72 +4,69 @@ import triton
 import triton.language as tl
 
 
-def merge_plan_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr,
-                      keep_ptr, dest_ptr, wnew_ptr, nidx_ptr,
+def merge_plan_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr, f_ptr,
                       rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr,
                       L, R, M, L_new, mid,
                       BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr):
-    """One program per sample: the merge plan (who lands where, with which weight) and the new
-    state.
-
-    Scratch rows (per sample, length L): keep, dest (token carrying token i after the merge:
-    itself or its destination), wnew (sizes after the merge), nidx (new index of kept tokens).
-    Plan: ``rows[b, j]`` the old index of the token kept at new index j with weight
-    ``rcoef[b, j]``; removed token t adds with weight ``rmcoef[b, t]`` to new row ``rtgt[b, t]``.
-    """
-    _merge_plan(tl.program_id(0), rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr, keep_ptr,
-                dest_ptr, wnew_ptr, nidx_ptr, rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr,
-                nsize_ptr, nsrc_ptr, L, R, M, L_new, mid, BLOCK_L, BLOCK_R, BLOCK_M)
+    """One program per sample: the merge plan of edges ``rem[b, t] -> dst[b, t]`` (who lands
+    where, with which weight) and the new state (see :func:`_merge_plan`)."""
+    b = tl.program_id(0)
+    ro = tl.arange(0, BLOCK_R)
+    mr = ro < R
+    rem = tl.load(rem_ptr + b * R + ro, mask=mr, other=-1)
+    dst = tl.load(dst_ptr + b * R + ro, mask=mr, other=-1)
+    _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, rows_ptr, rcoef_ptr,
+                rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr, L, R, M, L_new, mid,
+                BLOCK_L, BLOCK_M)
 
 
 @triton.jit
-def _merge_plan(b, rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr, keep_ptr, dest_ptr, wnew_ptr,
-                nidx_ptr, rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr,
-                nsrc_ptr, L, R, M, L_new, mid, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
-                BLOCK_M: tl.constexpr):
+def _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, rows_ptr, rcoef_ptr,
+                rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr, L, R, M, L_new, mid,
+                BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Sample b's merge plan from its edges ``rem[t] -> dst[t]`` (vectors over ``ro``, valid
+    where ``mr``; -1 elsewhere), in registers: token i is removed when some ``rem[t] == i``;
+    its weight after the merge is its size plus the sizes merged into it; survivors are
+    renumbered in order (the class token, ``pos == -1``, at ``mid``).
+
+    Plan: ``rows[b, j]`` the old index of the token kept at new index j with weight
+    ``rcoef[b, j]``; removed token t adds with weight ``rmcoef[b, t]`` to new row
+    ``rtgt[b, t]``; new pos / size / source. The one scratch row ``f`` (length L: the new index
+    carrying old token i) is written and read back for the source gather.
+    """
     offs = tl.arange(0, BLOCK_L)
     ml = offs < L
-    ro = tl.arange(0, BLOCK_R)
-    mr = ro < R
-    rem = tl.load(rem_ptr + b * R + ro, mask=mr, other=0)
-    dst = tl.load(dst_ptr + b * R + ro, mask=mr, other=0)
-    w = tl.load(size_ptr + b * L + offs, mask=ml, other=0.)
     row = b * L
-    tl.store(keep_ptr + row + offs, tl.full((BLOCK_L, ), 1, tl.int32), mask=ml)
-    tl.store(dest_ptr + row + offs, offs, mask=ml)
-    tl.store(wnew_ptr + row + offs, w, mask=ml)
-    tl.debug_barrier()
-    tl.store(keep_ptr + row + rem, tl.zeros((BLOCK_R, ), tl.int32), mask=mr)
-    tl.store(dest_ptr + row + rem, dst.to(tl.int32), mask=mr)
+    w = tl.load(size_ptr + row + offs, mask=ml, other=0.)
     w_rem = tl.load(size_ptr + row + rem, mask=mr, other=0.)
-    tl.atomic_add(wnew_ptr + row + dst, w_rem, mask=mr)
-    tl.debug_barrier()
-    keep = tl.load(keep_ptr + row + offs, mask=ml, other=0)
+    is_rem = offs[:, None] == rem[None, :]                                  # (L, R)
+    is_dst = offs[:, None] == dst[None, :]
+    removed = tl.max(is_rem.to(tl.int32), axis=1) > 0
+    wn = w + tl.sum(tl.where(is_dst, w_rem[None, :], 0.), axis=1)
     p = tl.load(pos_ptr + row + offs, mask=ml, other=-3)
-    kp = (keep != 0) & (p >= 0) & ml
+    kp = (~removed) & (p >= 0) & ml
     rank = tl.cumsum(kp.to(tl.int32), axis=0) - 1
     ni = tl.where((mid >= 0) & (rank >= mid), rank + 1, rank)
     is_cls = (p == -1) & ml
     ni = tl.where(is_cls, mid, ni)
     ni = tl.where(kp | is_cls, ni, -1)
-    tl.store(nidx_ptr + row + offs, ni, mask=ml)
-    tl.debug_barrier()
     valid = ml & (ni >= 0)
-    wn = tl.load(wnew_ptr + row + offs, mask=ml, other=1.)
     tl.store(rows_ptr + b * L_new + ni, offs, mask=valid)
     tl.store(rcoef_ptr + b * L_new + ni, w / tl.maximum(wn, 1e-12), mask=valid)
     tl.store(npos_ptr + b * L_new + ni, p, mask=valid)
     tl.store(nsize_ptr + b * L_new + ni, wn, mask=valid)
-    tgt = tl.load(nidx_ptr + row + dst, mask=mr, other=0)
-    wd = tl.load(wnew_ptr + row + dst, mask=mr, other=1.)
+    tgt = tl.sum(tl.where(is_dst, ni[:, None], 0), axis=0)                 # ni[dst[t]]
+    wd = tl.sum(tl.where(is_dst, wn[:, None], 0.), axis=0)                 # wn[dst[t]]
     tl.store(rtgt_ptr + b * R + ro, tgt, mask=mr)
     tl.store(rmcoef_ptr + b * R + ro, w_rem / tl.maximum(wd, 1e-12), mask=mr)
+    f = tl.where(removed, tl.sum(tl.where(is_rem, tgt[None, :], 0), axis=1), ni)
+    tl.store(f_ptr + row + offs, f, mask=ml)
+    tl.debug_barrier()
     mo = tl.arange(0, BLOCK_M)
     mm = mo < M
     src = tl.load(src_ptr + b * M + mo, mask=mm, other=-1)
     has = mm & (src >= 0)
-    d = tl.load(dest_ptr + row + src, mask=has, other=0)
-    ns = tl.load(nidx_ptr + row + d, mask=has, other=0)
+    ns = tl.load(f_ptr + row + src, mask=has, other=0)
     tl.store(nsrc_ptr + b * M + mo, tl.where(has, ns.to(tl.int64), src), mask=mm)
 
 
@@ -80,7 +77,7 @@ def _seq_index(j, cls):
 
 
 def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls, k,
-                      pos_ptr, size_ptr, src_ptr, keep_ptr, dest_ptr, wnew_ptr, nidx_ptr,
+                      pos_ptr, size_ptr, src_ptr, f_ptr,
                       rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr,
                       M, mid,
                       HAS_RES: tl.constexpr, HAS_W: tl.constexpr, TF32: tl.constexpr,
@@ -140,13 +137,19 @@ def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls
     before = ((vj > vi) | ((vj == vi) & (ja[None, :] < ja[:, None]))) & ma[None, :]
     rank = tl.sum(before.to(tl.int32), axis=1)
     sel = ma & (rank < k)
+    sd = _seq_index(2 * best_j + 1, cls)
     tl.store(rem_ptr + b * k + rank, sa.to(tl.int64), mask=sel)
-    tl.store(dst_ptr + b * k + rank, _seq_index(2 * best_j + 1, cls).to(tl.int64), mask=sel)
+    tl.store(dst_ptr + b * k + rank, sd.to(tl.int64), mask=sel)
     if PLAN:
-        tl.debug_barrier()   # the edges just written are read back by the whole program
-        _merge_plan(b, rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr, keep_ptr, dest_ptr,
-                    wnew_ptr, nidx_ptr, rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr,
-                    nsize_ptr, nsrc_ptr, L, k, M, L - k, mid, BLOCK_L, BLOCK_R, BLOCK_M)
+        # the edges in rank order, from registers: edge t is the A row of rank t
+        ro = tl.arange(0, BLOCK_R)
+        mr = ro < k
+        at = (rank[:, None] == ro[None, :]) & sel[:, None]                 # (A, R)
+        rem = tl.where(mr, tl.sum(tl.where(at, sa[:, None], 0), axis=0), -1)
+        dst = tl.where(mr, tl.sum(tl.where(at, sd[:, None], 0), axis=0), -1)
+        _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, rows_ptr,
+                    rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr, L, k, M,
+                    L - k, mid, BLOCK_L, BLOCK_M)
 
 
 def rank_perm_kernel(pos_ptr, rank_ptr, rev_ptr, buf_ptr, out_ptr, B, L, M, cls, n,

@@ -254,5 +254,6 @@ def fused_add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor
     merge_k[(B * n_blocks, )](h, r, weight, out, res, merge.rows, merge.row_coef, merge.removed,
                               merge.rem_tgt, merge.rem_coef, L, L_new, D, R, n_blocks,
                               float(eps), HAS_RES=residual is not None, BLOCK_M=block_m,
-                              BLOCK_D=block_d, num_warps=4)
+                              BLOCK_D=block_d, BLOCK_R=max(triton.next_power_of_2(R), 2),
+                              num_warps=4)
     return out, res

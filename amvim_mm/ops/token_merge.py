@@ -93,7 +93,7 @@ def plan_merge(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor, dst: 
 
 
 def _plan_args(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor):
-    """The plan step's launch arguments after ``removed, dst``: (the 14 tensors: state in,
+    """The plan step's launch arguments after ``removed, dst``: (the 11 tensors: state in,
     scratch, plan and new state out; sizes (L, r, M, L'); block sizes; (plan, npos, nsize,
     nsrc))."""
     import triton
@@ -104,15 +104,14 @@ def _plan_args(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor):
     dev = pos.device
     i32 = dict(device=dev, dtype=torch.int32)
     f32 = dict(device=dev, dtype=torch.float32)
-    keep, dest, nidx = (torch.empty(B, L, **i32) for _ in range(3))
-    wnew = torch.empty(B, L, **f32)
+    scratch = torch.empty(B, L, **i32)
     plan = MergePlan(torch.empty(B, L_new, **i32), torch.empty(B, L_new, **f32), removed,
                      torch.empty(B, r, **i32), torch.empty(B, r, **f32))
     npos = torch.empty(B, L_new, device=dev, dtype=pos.dtype)
     nsize = torch.empty(B, L_new, **f32)
     nsrc = torch.empty(B, M, device=dev, dtype=source.dtype)
-    bufs = (pos.contiguous(), size.float().contiguous(), source.contiguous(), keep, dest, wnew,
-            nidx, plan.rows, plan.row_coef, plan.rem_tgt, plan.rem_coef, npos, nsize, nsrc)
+    bufs = (pos.contiguous(), size.float().contiguous(), source.contiguous(), scratch,
+            plan.rows, plan.row_coef, plan.rem_tgt, plan.rem_coef, npos, nsize, nsrc)
     meta = dict(BLOCK_L=triton.next_power_of_2(L), BLOCK_R=max(triton.next_power_of_2(r), 2),
                 BLOCK_M=triton.next_power_of_2(M))
     return bufs, (L, r, M, L_new), meta, (plan, npos, nsize, nsrc)
@@ -130,12 +129,12 @@ def apply_merge_plan(hidden: Tensor, residual: Optional[Tensor], plan: MergePlan
                            add * plan.rem_coef.unsqueeze(-1))
 
 
-# Launch configuration of the matching kernel: (BLOCK_D, num_warps, num_stages). In profiles of
-# Vim-T bf16 with ToMe 0.46 (batch 128) one call took 15.5 us with (32, 8, 1) (run 12) and
-# 18.6 us with (32, 8, 2) (run 14b). `tools/benchmark.py --suite gpu --parts tune-match` times
-# the candidates (as CUDA-graph replays since run 14b, whose eager timings were launch-bound)
-# and uses the best for the rest of its run; override: AMVIM_TOME_MATCH_CONFIG="32,8,1".
-MATCH_CONFIG = (32, 8, 1)
+# Launch configuration of the matching kernel: (BLOCK_D, num_warps, num_stages).
+# `tools/benchmark.py --suite gpu --parts tune-match` times the candidates as CUDA-graph replays
+# of matching + plan at Vim-T's step shape and uses the best for the rest of its run. Run 16
+# (plan in registers): (64, 8, 1) 17.8 us, (32, 8, 1) 18.6, (32, 16, 1) 21.5, (32, 8, 2) 25.6.
+# Override: AMVIM_TOME_MATCH_CONFIG="32,8,1".
+MATCH_CONFIG = (64, 8, 1)
 
 
 def match_config() -> Tuple[int, int, int]:
@@ -186,7 +185,7 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
         bufs, (_, _, M, _), meta, planned = _plan_args(*plan_state, removed)
         plan_args = bufs + (M, new_cls)
     else:
-        plan_args = (h, ) * 14 + (0, -1)                     # unused (PLAN=False)
+        plan_args = (h, ) * 11 + (0, -1)                     # unused (PLAN=False)
         meta = dict(BLOCK_L=2, BLOCK_R=2, BLOCK_M=2)
     match_k[(B, )](h, r, w, removed, dst, L, D, n_a, n_b, cls_index, k, *plan_args,
                    HAS_RES=residual is not None, HAS_W=weight is not None,

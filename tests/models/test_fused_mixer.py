@@ -153,7 +153,32 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
         perms.append(torch.equal(ref.to(torch.int32), out)
                      and torch.equal(out[1], torch.arange(pos.shape[1]).flip(0)
                                      .to(torch.int32).expand(3, -1)))
-    print('RESULT' + json.dumps(dict(models=res, match=match, perms=perms, plans=plans)))
+    # the one-kernel embedding against the reference (patch GEMM, class token, position
+    # embedding): fp32 and fp16 autocast (16-bit patches and weights, the product rounded to
+    # fp16), with and without a class token, an image that needs corner padding
+    embeds = []
+    for cfg, (h, w) in [(dict(type='Vim', arch='test', img_size=64), (64, 48)),
+                        (dict(type='Vim', arch='test', img_size=64, with_cls_token=False),
+                         (70, 50))]:
+        torch.manual_seed(2)
+        m = MODELS.build(dict(cfg, out_type='featmap')).eval()
+        x = torch.randn(2, 3, h, w)
+        for dt in (None, torch.float16):
+            got = {}
+            for fused in (False, True):
+                for layer in m.layers:
+                    layer.mixer.fused = fused
+                with torch.no_grad(), torch.autocast('cpu', dtype=dt or torch.float32,
+                                                     enabled=dt is not None):
+                    tok, ctx = m.embed(x)
+                got[fused] = (tok, ctx.cls_index, ctx.grid)
+            (a, ca, ga), (b, cb, gb) = got[True], got[False]
+            embeds.append(dict(shape=a.shape == b.shape, dtype=a.dtype == b.dtype,
+                               ctx=(ca, ga) == (cb, gb), half=dt is not None,
+                               err=((a - b).abs().max() / b.abs().max()).item(),
+                               mean=((a - b).abs().mean() / b.abs().mean()).item()))
+    print('RESULT' + json.dumps(dict(models=res, match=match, perms=perms, plans=plans,
+                                     embeds=embeds)))
 ''')
 
 
@@ -172,6 +197,10 @@ def test_fused_matches_unfused_in_triton_interpreter(config, match, match_cfg):
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
     out = json.loads(line[len('RESULT'):])
     assert out['match'] == [True, True, True] and out['perms'] == [True, True]
+    assert len(out['embeds']) == 4
+    for e in out['embeds']:   # fp16: a few accumulation-order flips of one fp16 step (~1e-3)
+        assert e['shape'] and e['dtype'] and e['ctx'], e
+        assert e['err'] < (2e-3 if e['half'] else 1e-5) and e['mean'] < 1e-4, e
     for p in out['plans']:
         assert p['stream'] < 1e-6 and p['torch_plan'] < 1e-5 and p['normed'] < 1e-5, p
         assert p['state'], p
@@ -326,6 +355,27 @@ def test_gpu_fused_matches_unfused(cfg, dtype):
     for a, b in zip(out, ref):
         assert a.shape == b.shape and torch.isfinite(a).all()
         assert _rel(a, b) < tol
+
+
+@pytest.mark.parametrize('with_cls', [True, False])
+@gpu
+def test_gpu_fused_embedding_matches_reference(with_cls):
+    """The one-kernel embedding under bf16 autocast (an image that needs corner padding): the
+    patch product is rounded to bf16 like F.linear's, so only accumulation-order flips of one
+    bf16 step remain (not rounding would leave a mean error of ~1/4 step everywhere)."""
+    m = _pair(dict(type='Vim', arch='small', img_size=224, with_cls_token=with_cls))
+    x = torch.randn(8, 3, 230, 200, device='cuda')
+    got = {}
+    for fused in (False, True):
+        for layer in m.layers:
+            layer.mixer.fused = fused
+        with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+            got[fused] = m.embed(x)
+    (a, ca), (b, cb) = got[True], got[False]
+    assert a.shape == b.shape == (8, 15 * 13 + with_cls, 384) and a.dtype == b.dtype
+    assert (ca.cls_index, ca.grid) == (cb.cls_index, cb.grid)
+    assert _rel(a, b) < 1e-2
+    assert (a - b).abs().mean() < 1e-4 * b.abs().mean()
 
 
 @gpu

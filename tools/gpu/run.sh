@@ -15,6 +15,7 @@ steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build tests bench)
 # bench-reduction-compare: the reduction sweep with and without AMVIM_FUSED_REDUCTION_KERNELS=0
 # bench-tune: launch configuration of the fused Triton scan kernel (the best is used afterwards)
 # bench-tune-match: the same for ToMe's matching kernel
+# bench-tune-embed: the same for the one-kernel embedding (patch GEMM, class token, position)
 # bench-profile: torch.profiler tables of Vim-T/AMVim-T bf16 forwards (top CUDA kernels)
 # Wheels built here are copied to $OUT/built; carried back in .whl/built/ they are installed
 # instead of building again (same GPU architecture and image).
@@ -74,9 +75,10 @@ if has tests; then
   rc=${PIPESTATUS[0]}
 fi
 parts=()
-has bench && parts=(tune tune-match main reduction resolution)
+has bench && parts=(tune tune-match tune-embed main reduction resolution)
 has bench-tune && parts+=(tune)
 has bench-tune-match && parts+=(tune-match)
+has bench-tune-embed && parts+=(tune-embed)
 has bench-main && parts+=(main)
 has bench-reduction && parts+=(reduction)
 has bench-resolution && parts+=(resolution)

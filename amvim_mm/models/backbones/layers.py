@@ -64,14 +64,35 @@ class PatchEmbed(nn.Module):
             raise ValueError(f'input image {H}x{W} is smaller than one patch ({p}x{p})')
         return -(-(H - p) // s) + 1, -(-(W - p) // s) + 1
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+    def check_input(self, x: torch.Tensor) -> Tuple[int, int]:
+        """The patch grid of images ``x``, or a ValueError naming what is wrong with them."""
         if x.dim() != 4:
             raise ValueError(f'expected images of shape (B, C, H, W), got {tuple(x.shape)}')
         if x.shape[1] != self.proj.in_channels:
             raise ValueError(f'expected {self.proj.in_channels} input channels, '
                              f'got {x.shape[1]} (input shape {tuple(x.shape)})')
+        return self.grid_size(*x.shape[-2:])
+
+    def _apply(self, fn, *args, **kwargs):
+        self._gemm_cache = None   # .to() / .cuda() / .half(): rebuilt on the next call
+        return super()._apply(fn, *args, **kwargs)
+
+    def gemm_weight(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``proj`` as a GEMM operand: ((C * p * p, D) weight, (D,) bias) in ``dtype``, cached
+        until a parameter changes (for :func:`amvim_mm.ops.fused_embed.fused_patch_embed`)."""
+        w, b = self.proj.weight, self.proj.bias
+        key = (dtype, w.data_ptr(), w._version, b.data_ptr(), b._version)
+        cache = getattr(self, '_gemm_cache', None)
+        if cache is None or cache[0] != key:
+            with torch.no_grad():
+                cache = (key, (w.reshape(w.shape[0], -1).t().to(dtype).contiguous(),
+                               b.to(dtype)))
+            self._gemm_cache = cache
+        return cache[1]
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        gh, gw = self.check_input(x)
         H, W = x.shape[-2:]
-        gh, gw = self.grid_size(H, W)
         pad_h = (gh - 1) * self.stride + self.patch_size - H
         pad_w = (gw - 1) * self.stride + self.patch_size - W
         if pad_h or pad_w:

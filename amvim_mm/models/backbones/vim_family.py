@@ -581,8 +581,35 @@ class VimFamilyBackbone(BaseModule):
         return resize_pos_embed(self.pos_embed, self.patch_resolution, grid,
                                 self.interpolate_mode)
 
+    def _embed_fused(self, x: torch.Tensor) -> bool:
+        pe = self.patch_embed
+        if self.training or pe.stride != pe.patch_size or pe.patch_size & (pe.patch_size - 1):
+            return False
+        if torch.is_grad_enabled() and (x.requires_grad or any(
+                t.requires_grad for t in (pe.proj.weight, pe.proj.bias, self.pos_embed,
+                                          self.cls_token))):
+            return False
+        if x.is_cuda and autocast_dtype('cuda') not in (torch.float16, torch.bfloat16):
+            return False
+        return x.dim() == 4 and self.layers[0].mixer.use_fused(x, None)
+
     def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, ScanContext]:
-        """Patch embed, middle class token and position embedding -> (tokens, context)."""
+        """Patch embed, middle class token and position embedding -> (tokens, context).
+
+        On the fused inference path (CUDA under 16-bit autocast; any dtype in Triton's
+        interpreter) this is one kernel, :func:`amvim_mm.ops.fused_embed.fused_patch_embed`.
+        In fp32 on CUDA cuBLAS's fp32 GEMM stays (Triton's fp32 dot products are not faster).
+        """
+        if self._embed_fused(x):
+            from amvim_mm.ops.fused_embed import fused_patch_embed
+            pe = self.patch_embed
+            grid = pe.check_input(x)
+            w, b = pe.gemm_weight(autocast_dtype(x.device.type) or pe.proj.weight.dtype)
+            tokens = fused_patch_embed(x, w, b, self.pos_embed_for(grid),
+                                       self.cls_token if self.with_cls_token else None,
+                                       pe.patch_size, grid)
+            cls_index = grid[0] * grid[1] // 2 if self.with_cls_token else -1
+            return tokens, ScanContext(grid, cls_index=cls_index, device=tokens.device)
         tokens, grid = self.patch_embed(x)
         B, M, _ = tokens.shape
         pos_embed = self.pos_embed_for(grid)
@@ -621,7 +648,8 @@ class VimFamilyBackbone(BaseModule):
             H, W = ctx.grid
             return feat.transpose(1, 2).reshape(B, D, H, W).contiguous()
         if self.out_type == 'cls_token':
-            stream = stream[:, ctx.cls_index:ctx.cls_index + 1]
+            if stream.shape[1] != 1:   # the whole stream, or just the class token's row
+                stream = stream[:, ctx.cls_index:ctx.cls_index + 1]
             if last and self.final_norm:
                 stream = self.norm_f(stream)
             return stream[:, 0]
@@ -672,7 +700,11 @@ class VimFamilyBackbone(BaseModule):
             hidden, residual = layer(hidden, residual, ctx, merge=merge)
             merge = None
             if i in self.out_indices:
-                stream = residual + (self.drop_path(hidden) if i == last else hidden)
+                h, r = hidden, residual
+                if self.out_type == 'cls_token':   # only the class token's row is needed
+                    c = ctx.cls_index
+                    h, r = h[:, c:c + 1], r[:, c:c + 1]
+                stream = r + (self.drop_path(h) if i == last else h)
                 outs.append(self.format_output(stream, ctx, i == last))
         self.token_counts = counts
         self.last_context = ctx
