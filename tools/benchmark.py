@@ -269,8 +269,8 @@ def main(argv=None):
         '32,8,1', '32,4,1', '32,16,1', '64,8,1', '64,16,1', '32,8,2', '64,16,2', '32,4,3'],
         help='tune-match part: BLOCK_D,num_warps,num_stages of the ToMe matching kernel')
     p.add_argument('--embed-configs', nargs='+', default=[
-        '64,128,4,3', '64,256,4,1', '64,256,8,1', '64,256,8,2', '128,256,8,1', '32,256,4,1',
-        '32,256,4,2', '128,128,8,2'],
+        '64,128,4,3', '64,64,4,3', '128,64,4,3', '32,128,4,3', '64,128,4,4', '64,128,8,3',
+        '64,256,4,1', '128,256,8,1'],
         help='tune-embed part: BLOCK_M,BLOCK_N,num_warps,num_stages of the embedding kernel')
     p.add_argument('--reduction-modes', nargs='+', default=['graph'], choices=['eager', 'graph'],
                    help='reduction part: eager is launch-bound at batch 128 (many small ops)')

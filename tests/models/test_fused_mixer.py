@@ -231,6 +231,17 @@ def test_match_config_env_is_validated(monkeypatch):
         match_config()
 
 
+def test_embed_config_env_is_validated(monkeypatch):
+    from amvim_mm.ops.fused_embed import EMBED_CONFIG, embed_config
+    monkeypatch.delenv('AMVIM_EMBED_CONFIG', raising=False)
+    assert embed_config() == EMBED_CONFIG
+    monkeypatch.setenv('AMVIM_EMBED_CONFIG', '32,64,4,2')
+    assert embed_config() == (32, 64, 4, 2)
+    monkeypatch.setenv('AMVIM_EMBED_CONFIG', '32,64,4')
+    with pytest.raises(ValueError, match='AMVIM_EMBED_CONFIG=.*BLOCK_M,BLOCK_N,num_warps'):
+        embed_config()
+
+
 def test_fused_scan_config_env_is_validated(monkeypatch):
     from amvim_mm.ops.fused_mixer import DEFAULT_SCAN_CONFIG, scan_config
     assert scan_config(12345) == DEFAULT_SCAN_CONFIG and scan_config(384) == (64, 2, False)
