@@ -29,8 +29,10 @@ __all__ = ['fused_patch_embed', 'EMBED_CONFIG', 'embed_config']
 
 # Launch configuration (BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_N is capped at the
 # width's next power of two. `tools/benchmark.py --suite gpu --parts tune-embed` times the
-# candidates on Vim-T's shape; override: AMVIM_EMBED_CONFIG="64,256,8,1".
-EMBED_CONFIG = (64, 128, 4, 3)
+# candidates on Vim-T's shape (runs 18 and 19: (64, 128, 4, 4) 61.1 / 61.3 us, (64, 128, 4, 3)
+# 61.7 / 61.9, (64, 256, 4, 1) 71.9, (64, 128, 8, 3) 103.7; the reference's five launches 127.5);
+# override: AMVIM_EMBED_CONFIG="64,256,8,1".
+EMBED_CONFIG = (64, 128, 4, 4)
 
 
 def embed_config() -> Tuple[int, int, int, int]:
