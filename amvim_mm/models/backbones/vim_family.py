@@ -383,7 +383,8 @@ class VimFamilyBackbone(BaseModule):
             reduced sequence. The sequence length seen by each block of the last forward is in
             ``self.token_counts``.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, strict=True])`` loads an official
-            Vim file or one of ours strictly (see :func:`amvim_mm.utils.checkpoint.load_backbone_checkpoint`).
+            Vim file or one of ours strictly (see
+            :func:`amvim_mm.utils.checkpoint.load_backbone_checkpoint`).
     """
 
     arch_zoo: Dict[str, dict] = {}
@@ -583,7 +584,8 @@ class VimFamilyBackbone(BaseModule):
 
     def _embed_fused(self, x: torch.Tensor) -> bool:
         pe = self.patch_embed
-        if self.training or pe.stride != pe.patch_size or pe.patch_size & (pe.patch_size - 1):
+        p = pe.patch_size
+        if self.training or pe.stride != p or p < 4 or p & (p - 1):   # the kernel's K steps
             return False
         if torch.is_grad_enabled() and (x.requires_grad or any(
                 t.requires_grad for t in (pe.proj.weight, pe.proj.bias, self.pos_embed,
