@@ -538,7 +538,8 @@ def test_demo_quick(tmp_path):
     assert (out_dir / 'toy_shapes').is_dir() and (out_dir / 'train').is_dir()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason='checks the message on a machine without CUDA')
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason='checks the message on a machine without CUDA')
 def test_benchmark_gpu_suite_without_cuda_says_so(tmp_path):
     rc, out = run_tool(['benchmark.py', '--suite', 'gpu', '--parts', 'reduction',
                         '--reduction-variants', 'default', 'torch-match', '--out-dir', tmp_path],

@@ -115,18 +115,17 @@ def gpu_tune_match(args):
     w = torch.rand(192, device='cuda') + 0.5
     ctx = init_reduction_state(ScanContext((14, 14), cls_index=98), 128, 'cuda')
     state = (ctx.pos, ctx.size, ctx.source)
-    rows = _tune_kernel('tome_match', 'AMVIM_TOME_MATCH_CONFIG', args.match_configs,
-                        lambda: TM.tome_match(h, r, w, 196, 98, 14, low_precision=True,
-                                              plan_state=state))
-    TM.MATCH_CONFIG = tuple(int(v) for v in rows[-1]['config'].split(','))
+    rows, TM.MATCH_CONFIG = _tune_kernel(
+        'tome_match', 'AMVIM_TOME_MATCH_CONFIG', args.match_configs,
+        lambda: TM.tome_match(h, r, w, 196, 98, 14, low_precision=True, plan_state=state))
     log(f'  tome_match: using {TM.MATCH_CONFIG}')
-    return rows[:-1]
+    return rows
 
 
 def _tune_kernel(name, env, configs, fn):
     """Microseconds per call of ``fn`` under each launch configuration in ``env``, timed as
     CUDA-graph replays (eager calls are bound by Triton's Python launch: ~29 us per call in run
-    14b, whatever the configuration); the rows, then the best row again."""
+    14b, whatever the configuration). Returns (rows, the fastest configuration as a tuple)."""
     rows = []
     for cfg in configs:
         with env_var(env, cfg):
@@ -135,7 +134,8 @@ def _tune_kernel(name, env, configs, fn):
         us = round(sorted(times)[1] * 1e6, 2)
         rows.append(dict(config=cfg, us_per_call=us))
         log(f'  {name} {cfg}: {us} us')
-    return rows + [min(rows, key=lambda r: r['us_per_call'])]
+    best = min(rows, key=lambda r: r['us_per_call'])['config']
+    return rows, tuple(int(v) for v in best.split(','))
 
 
 def gpu_tune_embed(args):
@@ -150,14 +150,13 @@ def gpu_tune_embed(args):
     def embed():
         with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
             return m.embed(x)[0]
-    rows = _tune_kernel('embed', 'AMVIM_EMBED_CONFIG', args.embed_configs, embed)
-    FE.EMBED_CONFIG = tuple(int(v) for v in rows[-1]['config'].split(','))
+    rows, FE.EMBED_CONFIG = _tune_kernel('embed', 'AMVIM_EMBED_CONFIG', args.embed_configs,
+                                         embed)
     log(f'  embed: using {FE.EMBED_CONFIG}')
     for layer in m.layers:
-        layer.mixer.fused = False      # the reference embedding
-    rows[-1] = _tune_kernel('embed (reference)', 'AMVIM_EMBED_CONFIG', [None], embed)[0]
-    rows[-1]['config'] = 'reference (5 launches)'
-    return rows
+        layer.mixer.fused = False      # the reference embedding (no launch configuration)
+    ref, _ = _tune_kernel('embed (reference)', 'AMVIM_EMBED_CONFIG', [None], embed)
+    return rows + [dict(ref[0], config='reference (5 launches)')]
 
 
 def gpu_main(args):
@@ -256,12 +255,23 @@ def gpu_profile(args):
     return out
 
 
+
+# the GPU suite's parts: (name, progress title, function)
+GPU_PARTS = [
+    ('tune', 'fused scan kernel launch configuration (Vim-T bf16 graph)', gpu_tune),
+    ('tune-match', 'ToMe matching kernel launch configuration', gpu_tune_match),
+    ('tune-embed', 'one-kernel embedding launch configuration', gpu_tune_embed),
+    ('profile', None, gpu_profile),
+    ('main', 'whole classifiers, batch 128, 224', gpu_main),
+    ('reduction', 'ToMe, bf16, batch 128, 224', gpu_reduction),
+    ('resolution', 'bf16, CUDA graph, pixels per batch constant', gpu_resolution),
+]
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--suite', choices=['cpu', 'gpu'], required=True)
     p.add_argument('--parts', nargs='+', default=['main', 'reduction', 'resolution'],
-                   choices=['tune', 'tune-match', 'tune-embed', 'main', 'reduction',
-                            'resolution', 'profile'])
+                   choices=[part for part, *_ in GPU_PARTS])
     p.add_argument('--tune-configs', nargs='+', default=[
         '32,1,1', '32,1,0', '64,2,1', '64,2,0', '16,1,1', '16,1,0'],
         help='tune part: BLOCK_E,num_warps,dt_in_kernel of the fused scan kernel')
@@ -294,26 +304,11 @@ def main(argv=None):
     if args.suite == 'cpu':
         result['cpu'] = cpu_suite(args)
     else:
-        if 'tune' in args.parts:
-            log('tune: fused scan kernel launch configuration (Vim-T bf16 graph)')
-            result['tune'] = gpu_tune(args)
-        if 'tune-match' in args.parts:
-            log('tune-match: ToMe matching kernel launch configuration')
-            result['tune_match'] = gpu_tune_match(args)
-        if 'tune-embed' in args.parts:
-            log('tune-embed: one-kernel embedding launch configuration')
-            result['tune_embed'] = gpu_tune_embed(args)
-        if 'profile' in args.parts:
-            result['profile'] = gpu_profile(args)
-        if 'main' in args.parts:
-            log('main: whole classifiers, batch 128, 224')
-            result['main'] = gpu_main(args)
-        if 'reduction' in args.parts:
-            log('reduction: ToMe, bf16, batch 128, 224')
-            result['reduction'] = gpu_reduction(args)
-        if 'resolution' in args.parts:
-            log('resolution: bf16, CUDA graph, pixels per batch constant')
-            result['resolution'] = gpu_resolution(args)
+        for part, title, fn in GPU_PARTS:    # in this order (tunes first: later parts use them)
+            if part in args.parts:
+                if title:
+                    log(f'{part}: {title}')
+                result[part.replace('-', '_')] = fn(args)
     path = osp.join(args.out_dir, f'benchmark_{args.suite}.json')
     with open(path, 'w') as f:
         json.dump(result, f, indent=2)

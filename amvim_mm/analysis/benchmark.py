@@ -83,6 +83,16 @@ def capture_cuda_graph(fn: Callable, warmup: int = 3):
     return graph, out
 
 
+def eager_and_replayed(fn: Callable):
+    """Run ``fn`` eagerly, then capture it in a CUDA graph and replay it once; returns
+    ``(eager output (a copy), replayed output)``, to check that a forward survives capture."""
+    ref = fn().clone()
+    graph, out = capture_cuda_graph(fn, warmup=1)
+    graph.replay()
+    torch.cuda.synchronize()
+    return ref, out
+
+
 def _timer(fn: Callable, iters: int, device: str) -> float:
     """Seconds per call of ``fn`` over ``iters`` calls."""
     if device == 'cuda':

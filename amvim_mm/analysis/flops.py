@@ -13,9 +13,10 @@ Two conventions, named in every result:
   counted **once** per block (of path 0), and per path a scan of ``5 * L * E * N + 2 * L * E``.
   Vim-T at 224: 1.48 GFLOPs, 2 % above the 1.45 the AMVim paper lists. With the AMVim protocol
   its reduced rows give 1.24 / 1.10 / 0.96 / 0.81 against the published 1.27 / 1.13 / 1.00 /
-  0.86; the published rows are matched within 1 % (1.26 / 1.13 / 1.00 / 0.86) if the merged tokens are counted from the
-  block after each even block (``count_after_merge=True``), which suggests the paper's counter
-  applies the merge at the end of the even blocks. We report this, we do not assume it.
+  0.86; the published rows are matched within 1 % (1.26 / 1.13 / 1.00 / 0.86) if the merged
+  tokens are counted from the block after each even block (``count_after_merge=True``), which
+  suggests the paper's counter applies the merge at the end of the even blocks. We report this,
+  we do not assume it.
 """
 from __future__ import annotations
 

@@ -399,13 +399,9 @@ def test_gpu_fused_is_chosen_automatically_and_graph_capturable():
     with torch.no_grad():
         assert mixer.use_fused(h, ScanContext((14, 14), 98, device='cuda'))
     assert not mixer.use_fused(h.requires_grad_(), ScanContext((14, 14), 98, device='cuda'))
-    from amvim_mm.analysis.benchmark import capture_cuda_graph
+    from amvim_mm.analysis.benchmark import eager_and_replayed
     with torch.no_grad():
-        ref = m(x)[0].clone()
-        g, outs = capture_cuda_graph(lambda: m(x), warmup=1)
-        out = outs[0]
-        g.replay()
-        torch.cuda.synchronize()
+        ref, out = eager_and_replayed(lambda: m(x)[0])
     assert torch.equal(out, ref)
 
 

@@ -635,7 +635,8 @@ class VimFamilyBackbone(BaseModule):
         self.token_reducer = reducer
 
     def format_output(self, stream: torch.Tensor, ctx: ScanContext, last: bool) -> torch.Tensor:
-        """Turn the residual stream after a block into the requested output."""
+        """Turn the residual stream after a block into the requested output (for ``out_type=
+        'cls_token'`` the stream is just the class token's row, (B, 1, D))."""
         B, _, D = stream.shape
         if self.out_type == 'featmap':
             if ctx.reduced:
@@ -650,8 +651,6 @@ class VimFamilyBackbone(BaseModule):
             H, W = ctx.grid
             return feat.transpose(1, 2).reshape(B, D, H, W).contiguous()
         if self.out_type == 'cls_token':
-            if stream.shape[1] != 1:   # the whole stream, or just the class token's row
-                stream = stream[:, ctx.cls_index:ctx.cls_index + 1]
             if last and self.final_norm:
                 stream = self.norm_f(stream)
             return stream[:, 0]
