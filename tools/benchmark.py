@@ -27,6 +27,7 @@ import torch  # noqa: E402
 
 from amvim_mm.analysis import benchmark as B  # noqa: E402
 from amvim_mm.analysis.flops import vim_family_flops  # noqa: E402
+from amvim_mm.apis.cli import run_cli  # noqa: E402
 
 RATIOS = (0.0, 0.17, 0.27, 0.36, 0.46)
 EXTRA = 'AMVIM_FUSED_REDUCTION_KERNELS'
@@ -347,4 +348,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -65,8 +65,8 @@ def export_weights(src: str, dst: str, config: str, command: str) -> None:
     import torch
 
     from amvim_mm.engine.fileio import atomic_write_bytes
-    from amvim_mm.utils.compat import load_checkpoint_file
-    ck = load_checkpoint_file(src, trusted=True)
+    from amvim_mm.utils.safe_load import load_checkpoint_file
+    ck = load_checkpoint_file(src)
     meta = dict(config=config, command=command, iter=ck.get('meta', {}).get('iter'))
     import io
     buf = io.BytesIO()

@@ -15,6 +15,7 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmen
 import torch  # noqa: E402
 
 import amvim_mm  # noqa: F401,E402
+from amvim_mm.apis.cli import run_cli  # noqa: E402
 from amvim_mm.models.backbones.scan_orders import is_reverse, scan_rank  # noqa: E402
 from amvim_mm.registry import MODELS  # noqa: E402
 
@@ -83,4 +84,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))

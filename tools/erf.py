@@ -14,8 +14,7 @@ import warnings
 
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 from amvim_mm.analysis.erf import erf_map, high_contribution_area, normalise_erf  # noqa: E402
-from amvim_mm.utils.checkpoint import CheckpointMismatchError  # noqa: E402
-from amvim_mm.utils.compat import UnsafeCheckpointError  # noqa: E402
+from amvim_mm.apis.cli import run_cli  # noqa: E402
 
 
 def build_backbone(config, checkpoint, device):
@@ -54,12 +53,7 @@ def main(argv=None) -> int:
     import matplotlib.pyplot as plt
     maps = []
     for (config, ckpt), name in zip(pairs, names):
-        try:
-            bb = build_backbone(config, ckpt, args.device)
-        except (FileNotFoundError, ValueError, CheckpointMismatchError,
-                UnsafeCheckpointError) as e:
-            print(f'error: {e}', file=sys.stderr)
-            return 2
+        bb = build_backbone(config, ckpt, args.device)
         m = erf_map(bb, (args.size, args.size), args.samples, device=args.device)
         maps.append(m)
         print(f'{name}: high-contribution area (>0.2) {high_contribution_area(m):.3f}')
@@ -78,4 +72,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))

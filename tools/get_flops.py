@@ -15,6 +15,7 @@ import warnings
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 import amvim_mm  # noqa: F401,E402
 from amvim_mm.analysis.flops import vim_family_flops  # noqa: E402
+from amvim_mm.apis.cli import run_cli  # noqa: E402
 from amvim_mm.registry import MODELS  # noqa: E402
 
 
@@ -54,4 +55,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))

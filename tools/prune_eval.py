@@ -6,6 +6,15 @@
 Prints a markdown table (metric, drop vs ratio 0, GFLOPs, realised ratio, img/s on a GPU),
 writes DIR/results.json and DIR/prune_eval.png (metric vs ratio, one line per model/method).
 An interrupted sweep keeps what it finished; running the same command again resumes it.
+Rows are reused only for the same checkpoint file content and loaded config (sha256 of both,
+stored in each row); rows of the same model name from another checkpoint or config are
+recomputed and replaced. Several sweeps may write into one --out-dir at the same time (e.g. one
+per method): every write merges into results.json under a lock, so each keeps the others' rows.
+
+--threads N calls torch.set_num_threads(N) before the sweep. Without it torch keeps its default
+(OMP_NUM_THREADS if set, else one thread per core); when several processes share the cores,
+give each e.g. --threads 1 (or OMP_NUM_THREADS=1), since spinning OpenMP threads of competing
+processes make a sweep many times slower.
 """
 import argparse
 import os.path as osp
@@ -17,8 +26,17 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmen
 from mmengine.config import DictAction
 
 from amvim_mm.apis.prune_eval import METHODS, markdown_table, plot, run_sweep
-from amvim_mm.utils.checkpoint import CheckpointMismatchError
-from amvim_mm.utils.compat import UnsafeCheckpointError
+from amvim_mm.errors import AmvimError
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f'expected a positive integer, got {text!r}')
+    return n
 
 
 def parse_args(argv=None):
@@ -32,6 +50,8 @@ def parse_args(argv=None):
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='overrides applied to every config')
     p.add_argument('--verbose', action='store_true', help='keep the runners\' logs')
+    p.add_argument('--threads', type=_positive_int, default=None, metavar='N',
+                   help='torch.set_num_threads(N) (default: leave torch\'s default)')
     args = p.parse_args(argv)
     if len(args.pairs) % 2:
         p.error(f'expected CONFIG CHECKPOINT pairs, got {len(args.pairs)} paths')
@@ -41,11 +61,13 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.threads is not None:
+        import torch
+        torch.set_num_threads(args.threads)
     try:
         data = run_sweep(args.models, args.methods, args.ratios, args.out_dir,
                          names=args.names, cfg_options=args.cfg_options, verbose=args.verbose)
-    except (FileNotFoundError, ValueError, KeyError, UnsafeCheckpointError,
-            CheckpointMismatchError) as e:
+    except (AmvimError, FileNotFoundError, ValueError, KeyError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     print(markdown_table(data))

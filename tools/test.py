@@ -5,16 +5,19 @@
 
 CHECKPOINT is loaded strictly (missing/unexpected keys are reported); official Vim ImageNet
 files are converted on the fly for classification configs. ``--reduce`` switches training-free
-token reduction on for the test (AMVim protocol at the given ratio).
+token reduction on for the test (AMVim protocol at the given ratio). A bad config value,
+checkpoint or data path ends with a one-line error (exit 2).
 """
 import argparse
 import os
+import sys
 
 import warnings
 
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 from mmengine.config import DictAction
 
+from amvim_mm.apis.cli import run_cli
 from amvim_mm.apis.runner import (add_token_reduction_hook, load_config, load_model_weights,
                                   make_runner)
 
@@ -42,7 +45,7 @@ def parse_args():
 def main():
     args = parse_args()
     if not os.path.isfile(args.checkpoint):
-        raise SystemExit(f'checkpoint not found: {args.checkpoint}')
+        raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
     cfg = load_config(args.config, args.cfg_options, args.work_dir, args.launcher)
     cfg.load_from = None
     if args.reduce:
@@ -56,4 +59,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(run_cli(main))

@@ -4,17 +4,21 @@ Same flags as the libraries' own train.py:
     python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
                                  [--cfg-options k=v ...] [--launcher none|pytorch|slurm|mpi]
 Multi-GPU: torchrun --nproc_per_node=N tools/train.py CONFIG --launcher pytorch
-Checkpoints are written atomically; --resume with no path resumes the latest one of the work dir.
+Checkpoints are written atomically; --resume with no path resumes the latest complete one of the
+work dir. A bad config value, checkpoint or data path ends with a one-line error (exit 2).
 """
 import argparse
 import os
+import sys
 
 import warnings
 
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 from mmengine.config import DictAction
 
+from amvim_mm.apis.cli import run_cli
 from amvim_mm.apis.runner import enable_amp, load_config, make_runner
+from amvim_mm.engine.checkpoint_hook import latest_checkpoint
 
 
 def parse_args():
@@ -42,8 +46,12 @@ def main():
         enable_amp(cfg)
     if args.resume == 'auto':
         cfg.resume = True
-        cfg.load_from = None
+        # the newest complete checkpoint (also when mmengine's own hook left last_checkpoint
+        # naming a deleted file); none: training starts from the beginning
+        cfg.load_from = latest_checkpoint(cfg.work_dir)
     elif args.resume is not None:
+        if not os.path.isfile(args.resume):
+            raise FileNotFoundError(f'--resume: checkpoint not found: {args.resume}')
         cfg.resume = True
         cfg.load_from = args.resume
     runner = make_runner(cfg)
@@ -51,4 +59,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(run_cli(main))

@@ -16,6 +16,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.nn as nn
 
+from amvim_mm.errors import ConfigError, LookupConfigError
+
 # measured anchors of the official code (one H200, PyTorch 2.11 + CUDA 13.0, 2026-11-29),
 # inference, 224x224, batch 128, images/s (../shared/spec/performance.md)
 OFFICIAL_ANCHORS = {
@@ -55,7 +57,7 @@ def build(name: str, img_size: int = 224, head: bool = True,
     (``None``: the automatic choice, the fused Triton mixer for CUDA inference)."""
     from amvim_mm.registry import MODELS as REG
     if name not in MODELS:
-        raise KeyError(f'unknown model {name!r}; choose from {", ".join(MODELS)}')
+        raise LookupConfigError(f'unknown model {name!r}; choose from {", ".join(MODELS)}')
     cfg = dict(MODELS[name], img_size=img_size, out_type='cls_token',
                token_reduction=token_reduction, scan_backend=scan_backend)
     if fused_mixer is not None:
@@ -133,7 +135,7 @@ def measure(model: nn.Module, batch: int, res: int, dtype: str = 'fp32', mode: s
         graph, _ = capture_cuda_graph(fwd, warmup=3)
         fn = graph.replay
     elif mode != 'eager':
-        raise ValueError(f'mode must be eager or graph, got {mode!r}')
+        raise ConfigError(f'mode must be eager or graph, got {mode!r}')
     for _ in range(warmup):
         fn()
     if device == 'cuda':

@@ -12,12 +12,14 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 
+from amvim_mm.errors import ConfigError
+
 
 def erf_map(backbone: nn.Module, input_size: Tuple[int, int] = (224, 224), num_samples: int = 8,
             batch_size: int = 4, seed: int = 0, device: str = 'cpu') -> torch.Tensor:
     """(H, W) aggregated input-gradient magnitude of the centre output token."""
     if num_samples < 1:
-        raise ValueError(f'num_samples must be positive, got {num_samples}')
+        raise ConfigError(f'num_samples must be positive, got {num_samples}')
     saved = backbone.out_type, backbone.out_indices
     backbone.out_type, backbone.out_indices = 'featmap', [backbone.num_layers - 1]
     was_training = backbone.training

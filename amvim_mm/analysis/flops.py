@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple, Union
 
+from amvim_mm.errors import ConfigError
+
 CONVENTION = ('MACs of linear/conv layers + selective scan 9*L*E*N per path (mamba-ssm '
               'convention), per-block token counts; norms, activations and reducer cost '
               'excluded')
@@ -54,8 +56,8 @@ def vim_family_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
     """
     from amvim_mm.models.reduction import ReductionSchedule, build_reducer
     if convention not in CONVENTIONS:
-        raise ValueError(f'unknown FLOPs convention {convention!r}; choose from '
-                         f'{", ".join(CONVENTIONS)}')
+        raise ConfigError(f'unknown FLOPs convention {convention!r}; choose from '
+                          f'{", ".join(CONVENTIONS)}')
     if isinstance(input_shape, int):
         input_shape = (input_shape, input_shape)
     gh, gw = model.patch_embed.grid_size(*input_shape)

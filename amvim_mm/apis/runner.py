@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from mmengine.config import Config
 
-from amvim_mm.utils.compat import trust_directory
+from amvim_mm.errors import ConfigError
 
 SCOPES = ('mmseg', 'mmdet', 'mmpretrain')
 
@@ -27,19 +27,17 @@ def load_config(path: str, cfg_options: Optional[dict] = None,
         cfg.merge_from_dict(cfg_options)
     scope = cfg.get('default_scope')
     if scope not in SCOPES:
-        raise ValueError(f'{path}: default_scope is {scope!r}; amvim_mm tools run mmseg, mmdet '
-                         f'and mmpretrain configs ({", ".join(SCOPES)})')
+        raise ConfigError(f'{path}: default_scope is {scope!r}; amvim_mm tools run mmseg, mmdet '
+                          f'and mmpretrain configs ({", ".join(SCOPES)})')
     cfg.launcher = launcher
     if work_dir is not None:
         cfg.work_dir = work_dir
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(path))[0])
-    # checkpoints of this run are ours: allow resuming them (amvim_mm.utils.compat)
-    trust_directory(cfg.work_dir)
-    # atomic checkpoint writes unless the config chose a backend
+    # crash-safe checkpoint saves (amvim_mm.engine.checkpoint_hook) for mmengine's hook
     ckpt = cfg.get('default_hooks', {}).get('checkpoint')
-    if ckpt is not None and not ckpt.get('backend_args'):
-        ckpt['backend_args'] = dict(backend='atomic_local')
+    if ckpt is not None and ckpt.get('type') in ('CheckpointHook', 'mmengine.CheckpointHook'):
+        ckpt['type'] = 'AtomicCheckpointHook'
     return cfg
 
 
@@ -78,7 +76,7 @@ def load_model_weights(model, filename: str, strict: bool = True) -> None:
 
     from amvim_mm.utils.checkpoint import (CheckpointMismatchError, convert_vim_official,
                                            extract_state_dict, is_official_vim)
-    from amvim_mm.utils.compat import load_checkpoint_file
+    from amvim_mm.utils.safe_load import load_checkpoint_file
     if is_model_wrapper(model):
         model = model.module
     sd = extract_state_dict(load_checkpoint_file(filename))

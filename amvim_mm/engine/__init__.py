@@ -1,6 +1,7 @@
+from .checkpoint_hook import AtomicCheckpointHook, latest_checkpoint
 from .fileio import AtomicLocalBackend, atomic_write_bytes
 from .hooks import TokenReductionHook
 from .optim import LayerDecayOptimWrapperConstructor
 
 __all__ = ['TokenReductionHook', 'LayerDecayOptimWrapperConstructor', 'AtomicLocalBackend',
-           'atomic_write_bytes']
+           'atomic_write_bytes', 'AtomicCheckpointHook', 'latest_checkpoint']

@@ -6,6 +6,7 @@ from typing import Optional, Sequence
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 
+from amvim_mm.errors import ConfigError
 from amvim_mm.registry import HOOKS
 
 PHASES = ('train', 'val', 'test')
@@ -18,9 +19,9 @@ def find_reducible_backbone(model):
     for m in (getattr(model, 'backbone', None), model):
         if m is not None and hasattr(m, 'set_token_reduction'):
             return m
-    raise TypeError(f'{type(model).__name__} has no Vim-family backbone (a module with '
-                    '`set_token_reduction` at `model.backbone`); token reduction needs Vim, '
-                    'AMVim or LocalVim')
+    raise ConfigError(f'{type(model).__name__} has no Vim-family backbone (a module with '
+                      '`set_token_reduction` at `model.backbone`); token reduction needs Vim, '
+                      'AMVim or LocalVim')
 
 
 @HOOKS.register_module()
@@ -47,8 +48,8 @@ class TokenReductionHook(Hook):
             phases = (phases, )
         bad = [p for p in phases if p not in PHASES]
         if bad or not phases:
-            raise ValueError(f'TokenReductionHook: phases must be a non-empty subset of {PHASES}, '
-                             f'got {tuple(phases)}')
+            raise ConfigError(f'TokenReductionHook: phases must be a non-empty subset of {PHASES}, '
+                              f'got {tuple(phases)}')
         from amvim_mm.models.reduction import build_reducer
         build_reducer(reduction)  # fail at build time on a bad config
         self.reduction = reduction

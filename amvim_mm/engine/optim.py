@@ -25,6 +25,8 @@ from mmengine.model import is_model_wrapper
 from mmengine.optim import DefaultOptimWrapperConstructor
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
+from amvim_mm.errors import ConfigError
+
 NO_DECAY_SUFFIXES = ('pos_embed', 'cls_token')
 
 
@@ -44,13 +46,13 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         rate = float(cfg.pop('layer_decay_rate', 1.0))
         extra = list(cfg.pop('no_decay_names', []))
         if cfg:
-            raise ValueError(f'LayerDecayOptimWrapperConstructor: unknown paramwise_cfg keys '
-                             f'{sorted(cfg)}; use layer_decay_rate and no_decay_names')
+            raise ConfigError(f'LayerDecayOptimWrapperConstructor: unknown paramwise_cfg keys '
+                              f'{sorted(cfg)}; use layer_decay_rate and no_decay_names')
         model = module.module if is_model_wrapper(module) else module
         backbone = getattr(model, 'backbone', model)
         if not hasattr(backbone, 'get_layer_depth'):
-            raise TypeError(f'{type(backbone).__name__} has no get_layer_depth(); layer-wise '
-                            'decay needs a Vim-family backbone')
+            raise ConfigError(f'{type(backbone).__name__} has no get_layer_depth(); layer-wise '
+                              'decay needs a Vim-family backbone')
         prefix = 'backbone.' if backbone is not model else ''
         groups = {}
         for name, param in model.named_parameters():

@@ -19,6 +19,8 @@ import logging
 import os
 from typing import Callable, Optional, Tuple
 
+from amvim_mm.errors import ConfigError
+
 SCAN_BACKENDS = ('cuda', 'torch', 'reference')
 ENV_VAR = 'AMVIM_SCAN_BACKEND'
 
@@ -56,10 +58,10 @@ def requested_backend(backend: Optional[str] = None) -> str:
     name = backend if backend is not None else os.environ.get(ENV_VAR, 'auto')
     name = name.strip().lower()
     if name not in SCAN_BACKENDS + ('auto', ):
-        raise ValueError(
-            f'unknown scan backend {name!r} (from '
-            f'{"argument" if backend is not None else ENV_VAR}); '
-            f'choose one of auto, {", ".join(SCAN_BACKENDS)}')
+        raise ConfigError(
+             f'unknown scan backend {name!r} (from '
+             f'{"argument" if backend is not None else ENV_VAR}); '
+             f'choose one of auto, {", ".join(SCAN_BACKENDS)}')
     return name
 
 

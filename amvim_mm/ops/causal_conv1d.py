@@ -18,6 +18,7 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
+from amvim_mm.errors import ConfigError
 from . import backends
 
 __all__ = ['causal_conv1d_fn', 'causal_conv1d_torch', 'resolve_conv_backend', 'CONV_BACKENDS']
@@ -33,10 +34,10 @@ def resolve_conv_backend(is_cuda: bool, width: int, backend: Optional[str] = Non
     name = backend if backend is not None else os.environ.get(CONV_ENV_VAR, 'auto')
     name = name.strip().lower()
     if name not in CONV_BACKENDS + ('auto', ):
-        raise ValueError(
-            f'unknown causal conv backend {name!r} (from '
-            f'{"argument" if backend is not None else CONV_ENV_VAR}); '
-            f'choose one of auto, {", ".join(CONV_BACKENDS)}')
+        raise ConfigError(
+             f'unknown causal conv backend {name!r} (from '
+             f'{"argument" if backend is not None else CONV_ENV_VAR}); '
+             f'choose one of auto, {", ".join(CONV_BACKENDS)}')
     if name == 'auto':
         if is_cuda and width in _CUDA_WIDTHS and backends.causal_conv1d_kernel()[0] is not None:
             return 'cuda'
@@ -57,17 +58,17 @@ def resolve_conv_backend(is_cuda: bool, width: int, backend: Optional[str] = Non
 def _check(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: Optional[str]) -> Tensor:
     """Validate the inputs; return the weight as (E, K)."""
     if activation not in _ACTIVATIONS:
-        raise ValueError(f'activation must be None, "silu" or "swish"; got {activation!r}')
+        raise ConfigError(f'activation must be None, "silu" or "swish"; got {activation!r}')
     if x.dim() != 3:
-        raise ValueError(f'x must have shape (batch, E, L); got {tuple(x.shape)}')
+        raise ConfigError(f'x must have shape (batch, E, L); got {tuple(x.shape)}')
     dim = x.shape[1]
     if weight.dim() == 3 and weight.shape[1] == 1:
         weight = weight.squeeze(1)
     if weight.dim() != 2 or weight.shape[0] != dim or weight.shape[1] < 1:
-        raise ValueError(f'weight must have shape (E={dim}, K) or (E, 1, K); got '
-                         f'{tuple(weight.shape)} for x {tuple(x.shape)}')
+        raise ConfigError(f'weight must have shape (E={dim}, K) or (E, 1, K); got '
+                          f'{tuple(weight.shape)} for x {tuple(x.shape)}')
     if bias is not None and bias.shape != (dim, ):
-        raise ValueError(f'bias must have shape (E={dim},); got {tuple(bias.shape)}')
+        raise ConfigError(f'bias must have shape (E={dim},); got {tuple(bias.shape)}')
     return weight
 
 

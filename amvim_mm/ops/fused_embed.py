@@ -23,6 +23,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from amvim_mm.errors import ConfigError
 from .fused_mixer import launch_config_from_env
 
 __all__ = ['fused_patch_embed', 'EMBED_CONFIG', 'embed_config']
@@ -74,11 +75,11 @@ def fused_patch_embed(x: Tensor, weight_kd: Tensor, bias: Tensor, pos_embed: Ten
     K, D = weight_kd.shape
     p = patch_size
     if K != C * p * p or pos_embed.shape[-2:] != (M + 1, D):
-        raise ValueError(f'fused_patch_embed: weight {tuple(weight_kd.shape)} / pos_embed '
-                         f'{tuple(pos_embed.shape)} do not fit {C} channels, {p}x{p} patches, '
-                         f'{M} patches')
+        raise ConfigError(f'fused_patch_embed: weight {tuple(weight_kd.shape)} / pos_embed '
+                          f'{tuple(pos_embed.shape)} do not fit {C} channels, {p}x{p} patches, '
+                          f'{M} patches')
     if p & (p - 1) or p < 4:
-        raise ValueError(f'fused_patch_embed needs a power-of-two patch size >= 4; got {p}')
+        raise ConfigError(f'fused_patch_embed needs a power-of-two patch size >= 4; got {p}')
     x = x.contiguous()
     L = M + (cls_token is not None)
     out = torch.empty(B, L, D, device=x.device, dtype=torch.float32)

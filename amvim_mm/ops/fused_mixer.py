@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from amvim_mm.errors import ConfigError
+
 __all__ = ['fused_mixer_available', 'fused_mixer_forward', 'fused_add_rmsnorm', 'FUSED_ENV_VAR',
            'fused_requested', 'auto_prefers_fused', 'autocast_dtype', 'launch_config_from_env']
 
@@ -72,7 +74,7 @@ def fused_requested(setting: Optional[bool]) -> Optional[bool]:
         return True
     if env in ('0', 'false', 'off', 'no'):
         return False
-    raise ValueError(f'{FUSED_ENV_VAR}={env!r}: use 1 (on), 0 (off) or auto')
+    raise ConfigError(f'{FUSED_ENV_VAR}={env!r}: use 1 (on), 0 (off) or auto')
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,7 +125,7 @@ def launch_config_from_env(var: str, fields: str, example: str) -> Optional[Tupl
             raise ValueError
         return tuple(int(v) for v in values)
     except ValueError:
-        raise ValueError(f'{var}={env!r}: expected "{fields}", e.g. "{example}"') from None
+        raise ConfigError(f'{var}={env!r}: expected "{fields}", e.g. "{example}"') from None
 
 
 def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
@@ -168,10 +170,10 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
     N = A.shape[-1]
     R = dt_proj_weight.shape[-1]
     if perm.dim() != 3 or perm.shape[0] != P or perm.shape[1] not in (1, Bsz) or perm.shape[2] != L:
-        raise ValueError(f'perm must have shape (P={P}, 1 or B={Bsz}, L={L}); '
-                         f'got {tuple(perm.shape)}')
+        raise ConfigError(f'perm must have shape (P={P}, 1 or B={Bsz}, L={L}); '
+                          f'got {tuple(perm.shape)}')
     if N & (N - 1):
-        raise ValueError(f'the fused mixer needs a power-of-two d_state; got {N}')
+        raise ConfigError(f'the fused mixer needs a power-of-two d_state; got {N}')
     interpret = hidden.device.type != 'cuda'
     conv_k, scan_k, *_ = _kernels(interpret)
     import triton

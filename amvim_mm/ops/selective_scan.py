@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from amvim_mm.errors import ConfigError
 from . import backends
 
 __all__ = [
@@ -52,15 +53,15 @@ def _check_shapes(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: 
                   z: Optional[Tensor], delta_bias: Optional[Tensor]) -> None:
     """Raise ``ValueError`` naming the offending shapes when the inputs do not fit together."""
     if u.dim() != 3:
-        raise ValueError(f'u must have shape (batch, E, L); got {tuple(u.shape)}')
+        raise ConfigError(f'u must have shape (batch, E, L); got {tuple(u.shape)}')
     bsz, dim, length = u.shape
     if delta.shape != u.shape:
-        raise ValueError(
-            f'delta must have the shape of u {tuple(u.shape)}; got {tuple(delta.shape)}')
+        raise ConfigError(
+             f'delta must have the shape of u {tuple(u.shape)}; got {tuple(delta.shape)}')
     if A.dim() != 2 or A.shape[0] != dim:
-        raise ValueError(f'A must have shape (E={dim}, N); got {tuple(A.shape)}')
+        raise ConfigError(f'A must have shape (E={dim}, N); got {tuple(A.shape)}')
     if A.is_complex():
-        raise ValueError('complex A is not supported; A must be real (A = -exp(A_log))')
+        raise ConfigError('complex A is not supported; A must be real (A = -exp(A_log))')
     dstate = A.shape[1]
     for name, t in (('B', B), ('C', C)):
         if t.dim() == 3:
@@ -71,15 +72,15 @@ def _check_shapes(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: 
         else:
             ok = False
         if not ok:
-            raise ValueError(
-                f'{name} must have shape (batch={bsz}, N={dstate}, L={length}) or '
-                f'(batch, G, N, L) with E={dim} divisible by G; got {tuple(t.shape)} '
-                f'(u {tuple(u.shape)}, A {tuple(A.shape)})')
+            raise ConfigError(
+                 f'{name} must have shape (batch={bsz}, N={dstate}, L={length}) or '
+                 f'(batch, G, N, L) with E={dim} divisible by G; got {tuple(t.shape)} '
+                 f'(u {tuple(u.shape)}, A {tuple(A.shape)})')
     for name, t in (('D', D), ('delta_bias', delta_bias)):
         if t is not None and t.shape != (dim, ):
-            raise ValueError(f'{name} must have shape (E={dim},); got {tuple(t.shape)}')
+            raise ConfigError(f'{name} must have shape (E={dim},); got {tuple(t.shape)}')
     if z is not None and z.shape != u.shape:
-        raise ValueError(f'z must have the shape of u {tuple(u.shape)}; got {tuple(z.shape)}')
+        raise ConfigError(f'z must have the shape of u {tuple(u.shape)}; got {tuple(z.shape)}')
 
 
 def _expand_bc(t: Tensor, dim: int, dtype: torch.dtype) -> Tensor:
@@ -268,9 +269,9 @@ def selective_scan_torch(u: Tensor,
     192 ms. ``logstep`` stays as an option.
     """
     if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f'chunk_size must be a positive int or None; got {chunk_size}')
+        raise ConfigError(f'chunk_size must be a positive int or None; got {chunk_size}')
     if method not in ('chunked', 'logstep'):
-        raise ValueError(f'method must be "chunked" or "logstep"; got {method!r}')
+        raise ConfigError(f'method must be "chunked" or "logstep"; got {method!r}')
     if method == 'logstep':
         ct, uf, a, b, Cf = _prepare(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
         if u.shape[-1] == 0:
@@ -431,8 +432,8 @@ def aligned_selective_scan(u: Tensor,
         try:
             torch.broadcast_shapes(gap_delta.shape, u.shape)
         except RuntimeError:
-            raise ValueError(f'gap_delta must broadcast to the shape of u {tuple(u.shape)}; '
-                             f'got {tuple(gap_delta.shape)}') from None
+            raise ConfigError(f'gap_delta must broadcast to the shape of u {tuple(u.shape)}; '
+                              f'got {tuple(gap_delta.shape)}') from None
         d2 = d + gap_delta.to(ct)
         # d' >= d >= 0; d' == 0 only when d == 0, where u' does not matter (d' * u' = 0)
         u2 = uf * (d / d2.clamp_min(torch.finfo(ct).tiny))
@@ -448,12 +449,12 @@ def kept_indices(keep_mask: Tensor) -> Tensor:
     (``ValueError`` otherwise), which is how the reducers of this project prune.
     """
     if keep_mask.dim() != 2 or keep_mask.dtype != torch.bool:
-        raise ValueError(f'keep_mask must be a (batch, L) bool tensor; got {keep_mask.dtype} '
-                         f'{tuple(keep_mask.shape)}')
+        raise ConfigError(f'keep_mask must be a (batch, L) bool tensor; got {keep_mask.dtype} '
+                          f'{tuple(keep_mask.shape)}')
     counts = keep_mask.sum(1)
     if counts.numel() and not bool((counts == counts[0]).all()):
-        raise ValueError('every sample must keep the same number of tokens; kept counts per '
-                         f'sample: {counts.tolist()}')
+        raise ConfigError('every sample must keep the same number of tokens; kept counts per '
+                          f'sample: {counts.tolist()}')
     k = int(counts[0]) if counts.numel() else 0
     pos = torch.arange(keep_mask.shape[1], device=keep_mask.device).expand_as(keep_mask)
     return pos[keep_mask].view(keep_mask.shape[0], k)
@@ -479,20 +480,20 @@ def gap_deltas_from_mask(keep_mask: Tensor, pruned_delta: Tensor) -> Tensor:
         Pruned positions after the last kept token affect no kept output and are dropped.
     """
     if keep_mask.dim() != 2 or keep_mask.dtype != torch.bool:
-        raise ValueError(f'keep_mask must be a (batch, L) bool tensor; got {keep_mask.dtype} '
-                         f'{tuple(keep_mask.shape)}')
+        raise ConfigError(f'keep_mask must be a (batch, L) bool tensor; got {keep_mask.dtype} '
+                          f'{tuple(keep_mask.shape)}')
     bsz, length = keep_mask.shape
     if pruned_delta.dim() == 1:
         pruned_delta = pruned_delta[:, None]
     try:
         shape = torch.broadcast_shapes(pruned_delta.shape, (bsz, 1, length))
     except RuntimeError:
-        raise ValueError(f'pruned_delta {tuple(pruned_delta.shape)} does not broadcast to '
-                         f'(batch={bsz}, E, L={length}) of keep_mask {tuple(keep_mask.shape)}'
-                         ) from None
+        raise ConfigError(f'pruned_delta {tuple(pruned_delta.shape)} does not broadcast to '
+                          f'(batch={bsz}, E, L={length}) of keep_mask {tuple(keep_mask.shape)}'
+                          ) from None
     if len(shape) != 3:
-        raise ValueError(f'pruned_delta must broadcast to (batch, E, L); got '
-                         f'{tuple(pruned_delta.shape)}')
+        raise ConfigError(f'pruned_delta must broadcast to (batch, E, L); got '
+                          f'{tuple(pruned_delta.shape)}')
     k = kept_indices(keep_mask).shape[1]
     dtype = torch.promote_types(pruned_delta.dtype, torch.float32)
     vals = (pruned_delta.to(dtype) * (~keep_mask).to(dtype)[:, None, :]).expand(shape)

@@ -26,6 +26,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
+from amvim_mm.errors import ConfigError
 from .fused_mixer import launch_config_from_env
 
 __all__ = ['MergePlan', 'plan_merge', 'apply_merge_plan', 'tome_match', 'MAX_MATCH_ROWS',
@@ -46,7 +47,7 @@ def extra_kernels_enabled() -> bool:
         return True
     if value in ('0', 'false', 'off', 'no'):
         return False
-    raise ValueError(f'{EXTRA_ENV_VAR}={value!r}: use 1 (on) or 0 (off)')
+    raise ConfigError(f'{EXTRA_ENV_VAR}={value!r}: use 1 (on) or 0 (off)')
 
 
 @functools.lru_cache(maxsize=None)
@@ -168,10 +169,10 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     B, L, D = hidden.shape
     n_a, n_b = (n_patches + 1) // 2, n_patches // 2
     if n_a > MAX_MATCH_ROWS:
-        raise ValueError(f'tome_match handles at most {MAX_MATCH_ROWS} tokens per set; got '
-                         f'{n_a} ({n_patches} patch tokens)')
+        raise ConfigError(f'tome_match handles at most {MAX_MATCH_ROWS} tokens per set; got '
+                          f'{n_a} ({n_patches} patch tokens)')
     if not 0 < k <= n_a:
-        raise ValueError(f'tome_match: cannot merge {k} of {n_a} tokens of set A')
+        raise ConfigError(f'tome_match: cannot merge {k} of {n_a} tokens of set A')
     _, match_k, _ = _kernels()
     h = hidden.contiguous()
     r = residual.contiguous() if residual is not None else h

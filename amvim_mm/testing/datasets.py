@@ -67,6 +67,8 @@ from typing import Dict, List, Sequence, Tuple, Union
 import cv2
 import numpy as np
 
+from amvim_mm.errors import ConfigError
+
 PathLike = Union[str, os.PathLike]
 
 ADE20K_NUM_CLASSES = 150
@@ -124,7 +126,7 @@ def _palette(num: int) -> np.ndarray:
 def _check_size(size: Sequence[int]) -> Tuple[int, int]:
     h, w = (int(s) for s in size)
     if h < 16 or w < 16:
-        raise ValueError(f'size must be at least (16, 16), got {tuple(size)}')
+        raise ConfigError(f'size must be at least (16, 16), got {tuple(size)}')
     return h, w
 
 
@@ -193,7 +195,7 @@ def make_ade20k(root: PathLike,
     """
     h, w = _check_size(size)
     if not 1 <= num_classes <= 254:
-        raise ValueError(f'num_classes must be in 1..254, got {num_classes}')
+        raise ConfigError(f'num_classes must be in 1..254, got {num_classes}')
     root = Path(root)
     palette = _palette(num_classes + 1)
     rng = np.random.default_rng(seed)
@@ -356,7 +358,7 @@ def make_imagenet(root: PathLike,
     """
     h, w = _check_size(size)
     if num_classes < 1 or per_class < 1:
-        raise ValueError('num_classes and per_class must be >= 1')
+        raise ConfigError('num_classes and per_class must be >= 1')
     root = Path(root)
     palette = _palette(num_classes)
     rng = np.random.default_rng(seed)

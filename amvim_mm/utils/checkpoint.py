@@ -15,21 +15,23 @@ import torch
 import torch.nn as nn
 from mmengine.logging import MMLogger
 
-from .compat import load_checkpoint_file
+from amvim_mm.errors import CheckpointMismatchError, ConfigError
+from .safe_load import load_checkpoint_file
 
 OFFICIAL_HEAD_KEYS = ('head.weight', 'head.bias')
 # Keys some official/derived files carry that are buffers of other code, not weights.
 IGNORED_KEYS = ('rope.freqs_cos', 'rope.freqs_sin')
 
 
-class CheckpointMismatchError(RuntimeError):
-    """A checkpoint's keys or shapes do not match the model."""
+__all__ = ['CheckpointMismatchError', 'as_model_checkpoint', 'backbone_state_dict',
+           'convert_vim_official', 'extract_state_dict', 'is_official_vim',
+           'load_backbone_checkpoint']
 
 
 def extract_state_dict(checkpoint: Mapping) -> Dict[str, torch.Tensor]:
     """The weights of a loaded checkpoint: under ``state_dict``, ``model`` or the dict itself."""
     if not isinstance(checkpoint, Mapping):
-        raise TypeError(f'a checkpoint must be a dict, got {type(checkpoint).__name__}')
+        raise ConfigError(f'a checkpoint must be a dict, got {type(checkpoint).__name__}')
     for key in ('state_dict', 'model', 'module'):
         if key in checkpoint and isinstance(checkpoint[key], Mapping):
             sd = checkpoint[key]
@@ -39,8 +41,8 @@ def extract_state_dict(checkpoint: Mapping) -> Dict[str, torch.Tensor]:
     out = OrderedDict()
     for k, v in sd.items():
         if not isinstance(v, torch.Tensor):
-            raise TypeError(f'checkpoint entry {k!r} is a {type(v).__name__}, not a tensor; '
-                            'is this a weights file?')
+            raise ConfigError(f'checkpoint entry {k!r} is a {type(v).__name__}, not a tensor; '
+                              'is this a weights file?')
         if k.startswith('module.'):  # DistributedDataParallel wrapper
             k = k[len('module.'):]
         out[k] = v
@@ -59,8 +61,8 @@ def convert_vim_official(sd: Mapping[str, torch.Tensor],
     (``LinearClsHead``) when ``with_head``. RoPE buffers of other variants are dropped.
     """
     if not is_official_vim(sd):
-        raise ValueError('not an official Vim state dict: expected keys patch_embed.proj.weight '
-                         'and layers.*')
+        raise ConfigError('not an official Vim state dict: expected keys patch_embed.proj.weight '
+                          'and layers.*')
     out = OrderedDict()
     for k, v in sd.items():
         if k in IGNORED_KEYS:
@@ -71,6 +73,25 @@ def convert_vim_official(sd: Mapping[str, torch.Tensor],
             continue
         out['backbone.' + k] = v
     return out
+
+
+def as_model_checkpoint(checkpoint):
+    """A loaded official Vim file in the layout mmengine loads into a whole model.
+
+    Official files hold ``{"model": {<backbone keys>, head.weight, head.bias}, ...}`` (or the bare
+    state dict); mmengine would look for ``state_dict`` and load nothing. They are returned as
+    ``{"state_dict": convert_vim_official(...), "meta": {...}}``, the layout of an mmpretrain
+    ``ImageClassifier``; any other checkpoint is returned unchanged.
+    """
+    if not isinstance(checkpoint, Mapping) or 'state_dict' in checkpoint:
+        return checkpoint
+    sd = checkpoint.get('model', checkpoint)
+    if not isinstance(sd, Mapping) or not is_official_vim(sd) or \
+            any(k.startswith('backbone.') for k in sd) or \
+            not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        return checkpoint
+    return dict(state_dict=convert_vim_official(sd, with_head=True),
+                meta=dict(converted_from='official Vim checkpoint'))
 
 
 def backbone_state_dict(sd: Mapping[str, torch.Tensor],

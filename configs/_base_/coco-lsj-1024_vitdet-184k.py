@@ -54,7 +54,8 @@ param_scheduler = [
 ]
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50, log_metric_by_epoch=False),
-    checkpoint=dict(type='CheckpointHook', by_epoch=False, save_last=True, interval=interval,
-                    max_keep_ckpts=5, backend_args=dict(backend='atomic_local')))
+    checkpoint=dict(type='AtomicCheckpointHook', by_epoch=False, save_last=True,
+                    interval=interval, max_keep_ckpts=5,
+                    backend_args=dict(backend='atomic_local')))
 log_processor = dict(by_epoch=False)
 auto_scale_lr = dict(enable=False, base_batch_size=64)

@@ -72,7 +72,7 @@ val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50, log_metric_by_epoch=False),
-    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=500, max_keep_ckpts=2,
+    checkpoint=dict(type='AtomicCheckpointHook', by_epoch=False, interval=500, max_keep_ckpts=2,
                     save_last=True, backend_args=dict(backend='atomic_local')),
     visualization=dict(type='SegVisualizationHook', draw=False))
 randomness = dict(seed=0)

@@ -38,5 +38,7 @@ param_scheduler = [
     dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=True, begin=5, end=300),
 ]
 train_cfg = dict(by_epoch=True, max_epochs=300, val_interval=1)
-# checkpoints are written atomically (amvim_mm.engine.fileio)
-default_hooks = dict(checkpoint=dict(backend_args=dict(backend='atomic_local')))
+# crash-safe saves (amvim_mm.engine.checkpoint_hook): new file, then last_checkpoint, then
+# deletion of old ones; atomic writes
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook',
+                                     backend_args=dict(backend='atomic_local')))

@@ -52,5 +52,7 @@ train_dataloader = dict(batch_size=2)
 val_dataloader = dict(batch_size=1)
 test_dataloader = val_dataloader
 auto_scale_lr = dict(enable=False, base_batch_size=16)
-# checkpoints are written atomically (amvim_mm.engine.fileio)
-default_hooks = dict(checkpoint=dict(backend_args=dict(backend='atomic_local')))
+# crash-safe saves (amvim_mm.engine.checkpoint_hook): new file, then last_checkpoint, then
+# deletion of old ones; atomic writes
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook',
+                                     backend_args=dict(backend='atomic_local')))

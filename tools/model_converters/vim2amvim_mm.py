@@ -12,13 +12,16 @@ strictly into the classification configs (``tools/test.py``) and, through
 """
 import argparse
 import io
+import os
 import sys
 
 import torch
 
+from amvim_mm.apis.cli import run_cli
 from amvim_mm.engine.fileio import atomic_write_bytes
+from amvim_mm.errors import ConfigError
 from amvim_mm.utils.checkpoint import convert_vim_official, extract_state_dict
-from amvim_mm.utils.compat import load_checkpoint_file
+from amvim_mm.utils.safe_load import load_checkpoint_file, mark_weights
 
 
 def main(argv=None) -> int:
@@ -27,17 +30,16 @@ def main(argv=None) -> int:
     p.add_argument('dst', help='output path')
     p.add_argument('--backbone-only', action='store_true', help='drop the classifier head')
     args = p.parse_args(argv)
-    try:
-        sd = extract_state_dict(load_checkpoint_file(args.src, trusted=False))
-        out = convert_vim_official(sd, with_head=not args.backbone_only)
-    except (FileNotFoundError, ValueError, TypeError) as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
-    except Exception as e:  # e.g. an unsafe pickle
-        print(f'error: {args.src}: {e}', file=sys.stderr)
-        return 2
+    if os.path.isdir(args.dst):
+        raise ConfigError(f'the output {args.dst} is a directory; give a file name')
+    if os.path.exists(args.dst) and os.path.samefile(args.src, args.dst):
+        raise ConfigError(f'the output {args.dst} is the input file; give another name (the '
+                          'source would be overwritten)')
+    sd = extract_state_dict(load_checkpoint_file(args.src))
+    out = convert_vim_official(sd, with_head=not args.backbone_only)
     buf = io.BytesIO()
-    torch.save(dict(state_dict=out, meta=dict(source=args.src, converter='vim2amvim_mm')), buf)
+    meta = mark_weights(dict(source=args.src, converter='vim2amvim_mm'), out)
+    torch.save(dict(state_dict=out, meta=meta), buf)
     atomic_write_bytes(buf.getvalue(), args.dst)
     n = sum(v.numel() for v in out.values())
     print(f'wrote {args.dst}: {len(out)} tensors, {n / 1e6:.2f}M parameters'
@@ -46,4 +48,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))

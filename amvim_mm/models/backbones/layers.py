@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from amvim_mm.errors import ConfigError
 from amvim_mm.ops.fused_mixer import autocast_dtype
 
 
@@ -61,16 +62,25 @@ class PatchEmbed(nn.Module):
     def grid_size(self, H: int, W: int) -> Tuple[int, int]:
         p, s = self.patch_size, self.stride
         if H < p or W < p:
-            raise ValueError(f'input image {H}x{W} is smaller than one patch ({p}x{p})')
+            raise ConfigError(f'input image {H}x{W} is smaller than one patch ({p}x{p})')
         return -(-(H - p) // s) + 1, -(-(W - p) // s) + 1
 
     def check_input(self, x: torch.Tensor) -> Tuple[int, int]:
-        """The patch grid of images ``x``, or a ValueError naming what is wrong with them."""
+        """The patch grid of images ``x``, or a ConfigError naming what is wrong with them
+        (not a tensor, not 4-D, wrong channel count, an empty batch, smaller than a patch)."""
+        C = self.proj.in_channels
+        if not isinstance(x, torch.Tensor):
+            raise ConfigError(f'expected images as a tensor of shape (B, {C}, H, W), got '
+                              f'{type(x).__name__}')
         if x.dim() != 4:
-            raise ValueError(f'expected images of shape (B, C, H, W), got {tuple(x.shape)}')
-        if x.shape[1] != self.proj.in_channels:
-            raise ValueError(f'expected {self.proj.in_channels} input channels, '
-                             f'got {x.shape[1]} (input shape {tuple(x.shape)})')
+            raise ConfigError(f'expected images of shape (B, C, H, W) = (B, {C}, H, W), got '
+                              f'{tuple(x.shape)}')
+        if x.shape[1] != C:
+            raise ConfigError(f'expected {C} input channels, got {x.shape[1]} (input shape '
+                              f'{tuple(x.shape)}, expected (B, {C}, H, W))')
+        if x.shape[0] == 0:
+            raise ConfigError(f'empty batch: got input of shape {tuple(x.shape)}; expected '
+                              f'(B, {C}, H, W) with B >= 1 images')
         return self.grid_size(*x.shape[-2:])
 
     def _apply(self, fn, *args, **kwargs):
@@ -129,12 +139,12 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Sequence[int], dst_shap
     src_h, src_w = src_shape
     dst_h, dst_w = dst_shape
     if pos_embed.dim() != 3 or pos_embed.shape[0] != 1:
-        raise ValueError(f'pos_embed must be (1, L, D), got {tuple(pos_embed.shape)}')
+        raise ConfigError(f'pos_embed must be (1, L, D), got {tuple(pos_embed.shape)}')
     extra = 1 if with_cls_token else 0
     M = src_h * src_w
     if pos_embed.shape[1] != M + extra:
-        raise ValueError(f'pos_embed has {pos_embed.shape[1]} tokens, but a {src_h}x{src_w} grid '
-                         f'{"+ class token " if extra else ""}needs {M + extra}')
+        raise ConfigError(f'pos_embed has {pos_embed.shape[1]} tokens, but a {src_h}x{src_w} grid '
+                          f'{"+ class token " if extra else ""}needs {M + extra}')
     if (src_h, src_w) == (dst_h, dst_w):
         return pos_embed
     if extra:
@@ -157,7 +167,7 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Sequence[int], dst_shap
 def infer_square_grid(num_patches: int) -> Tuple[int, int]:
     side = int(math.isqrt(num_patches))
     if side * side != num_patches:
-        raise ValueError(f'cannot infer the grid of a position embedding with {num_patches} '
-                         'patch tokens (not a square); resize it with resize_pos_embed and '
-                         'explicit shapes')
+        raise ConfigError(f'cannot infer the grid of a position embedding with {num_patches} '
+                          'patch tokens (not a square); resize it with resize_pos_embed and '
+                          'explicit shapes')
     return side, side

@@ -6,6 +6,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from amvim_mm.errors import ConfigError
 from amvim_mm.registry import MODELS
 from .vim import VIM_ARCHS
 from .vim_family import BiMambaMixer, VimFamilyBackbone
@@ -128,20 +129,20 @@ class LocalVim(VimFamilyBackbone):
         elif self.num_layers == len(TEST_DIRECTIONS):
             table = TEST_DIRECTIONS
         else:
-            raise ValueError(f'LocalVim: no default direction table for {self.num_layers} '
-                             'layers; pass directions=[[4 names] per layer]')
+            raise ConfigError(f'LocalVim: no default direction table for {self.num_layers} '
+                              'layers; pass directions=[[4 names] per layer]')
         if len(table) != self.num_layers:
-            raise ValueError(f'LocalVim: directions has {len(table)} rows for '
-                             f'{self.num_layers} layers')
+            raise ConfigError(f'LocalVim: directions has {len(table)} rows for '
+                              f'{self.num_layers} layers')
         widths = {len(row) for row in table}
         if len(widths) != 1:
-            raise ValueError('LocalVim: every row of directions needs the same number of '
-                             f'directions, got {sorted(widths)}')
+            raise ConfigError('LocalVim: every row of directions needs the same number of '
+                              f'directions, got {sorted(widths)}')
         for row in table:
             for d in row:
                 if d not in DIRECTIONS:
-                    raise ValueError(f'LocalVim: unknown direction {d!r}; choose from '
-                                     f'{", ".join(DIRECTIONS)}')
+                    raise ConfigError(f'LocalVim: unknown direction {d!r}; choose from '
+                                      f'{", ".join(DIRECTIONS)}')
         return table
 
     def layer_paths(self, i: int) -> List[dict]:

@@ -36,6 +36,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from amvim_mm.errors import ConfigError
+
 ORDERS = ('raster', 'column', 'window', 'random')
 _KEYS = {
     'raster': {'order', 'reverse'},
@@ -56,28 +58,28 @@ def normalize_order(spec) -> Tuple[Tuple[str, object], ...]:
     if isinstance(spec, str):
         spec = dict(order=spec)
     if not isinstance(spec, dict) or 'order' not in spec:
-        raise TypeError(f'a scan order is a dict with an "order" key, got {spec!r}')
+        raise ConfigError(f'a scan order is a dict with an "order" key, got {spec!r}')
     order = spec['order']
     if order not in ORDERS:
-        raise ValueError(f'unknown scan order {order!r}; choose one of {", ".join(ORDERS)}')
+        raise ConfigError(f'unknown scan order {order!r}; choose one of {", ".join(ORDERS)}')
     unknown = set(spec) - _KEYS[order]
     if unknown:
-        raise ValueError(f'scan order {order!r} does not take {sorted(unknown)}; '
-                         f'valid keys: {sorted(_KEYS[order])}')
+        raise ConfigError(f'scan order {order!r} does not take {sorted(unknown)}; '
+                          f'valid keys: {sorted(_KEYS[order])}')
     out: Dict[str, object] = dict(order=order, reverse=bool(spec.get('reverse', False)))
     if order == 'window':
         size = spec.get('size', 3)
         if not isinstance(size, int) or size < 1:
-            raise ValueError(f'window size must be a positive int, got {size!r}')
+            raise ConfigError(f'window size must be a positive int, got {size!r}')
         inner = spec.get('inner', 'row')
         outer = spec.get('outer', 'row')
         if inner not in ('row', 'col', 'random'):
-            raise ValueError(f'window inner order must be row, col or random, got {inner!r}')
+            raise ConfigError(f'window inner order must be row, col or random, got {inner!r}')
         if outer not in ('row', 'col'):
-            raise ValueError(f'window outer order must be row or col, got {outer!r}')
+            raise ConfigError(f'window outer order must be row or col, got {outer!r}')
         shift = spec.get('shift', 0)
         if not isinstance(shift, int) or shift < 0:
-            raise ValueError(f'window shift must be a non-negative int, got {shift!r}')
+            raise ConfigError(f'window shift must be a non-negative int, got {shift!r}')
         out.update(size=size, inner=inner, outer=outer, shift=shift,
                    seed=int(spec.get('seed', 0)))
     elif order == 'random':
@@ -139,7 +141,7 @@ def scan_rank(H: int, W: int, spec) -> torch.Tensor:
     placed on the forward sequence before the path is flipped.
     """
     if H < 1 or W < 1:
-        raise ValueError(f'grid must be at least 1x1, got {H}x{W}')
+        raise ConfigError(f'grid must be at least 1x1, got {H}x{W}')
     key = tuple(kv for kv in normalize_order(spec) if kv[0] != 'reverse')
     return _rank_cached(int(H), int(W), key)
 
@@ -153,7 +155,7 @@ def scan_rank_on(H: int, W: int, spec, device) -> torch.Tensor:
     """:func:`scan_rank` on ``device``, cached there (no host-to-device copy per forward,
     which also keeps the forward pass capturable in a CUDA graph)."""
     if H < 1 or W < 1:
-        raise ValueError(f'grid must be at least 1x1, got {H}x{W}')
+        raise ConfigError(f'grid must be at least 1x1, got {H}x{W}')
     key = tuple(kv for kv in normalize_order(spec) if kv[0] != 'reverse')
     return _rank_on(int(H), int(W), key, str(torch.device(device)))
 

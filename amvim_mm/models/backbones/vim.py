@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
+from amvim_mm.errors import ConfigError
 from amvim_mm.registry import MODELS
 from .scan_orders import normalize_order
 from .vim_family import VimFamilyBackbone
@@ -75,10 +76,10 @@ class AMVim(VimFamilyBackbone):
                  paths: Optional[Sequence[dict]] = None,
                  **kwargs) -> None:
         if windowed_path not in (0, 1):
-            raise ValueError(f'AMVim: windowed_path must be 0 or 1, got {windowed_path!r}')
+            raise ConfigError(f'AMVim: windowed_path must be 0 or 1, got {windowed_path!r}')
         if paths is not None:
             if len(paths) != 2:
-                raise ValueError(f'AMVim: paths must hold 2 scan orders, got {len(paths)}')
+                raise ConfigError(f'AMVim: paths must hold 2 scan orders, got {len(paths)}')
             paths = [dict(normalize_order(p)) for p in paths]
         self._paths = paths
         window = dict(order='window', size=window_size, inner=inner, seed=seed,

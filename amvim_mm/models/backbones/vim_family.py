@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -22,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
+from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops.backends import log_choice_once, mamba_selective_scan, requested_backend
 from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
 from amvim_mm.ops.fused_mixer import (auto_prefers_fused, autocast_dtype, fused_add_rmsnorm,
@@ -83,6 +85,7 @@ class BiMambaMixer(nn.Module):
         self.dt_rank = R = dt_rank if dt_rank is not None else math.ceil(embed_dims / 16)
         self.suffixes = tuple(suffixes)
         self.scan_backend = scan_backend
+        self.dt_init_range = (dt_min, dt_max, dt_init_floor)
         self.in_proj = nn.Linear(embed_dims, 2 * E, bias=False)
         self.out_proj = nn.Linear(E, embed_dims, bias=False)
         self.num_paths = num_paths = len(self.suffixes)
@@ -92,17 +95,44 @@ class BiMambaMixer(nn.Module):
                             nn.Conv1d(E, E, d_conv, groups=E, padding=d_conv - 1))
             self.add_module(names['x_proj'], nn.Linear(E, R + 2 * d_state, bias=False))
             dt_proj = nn.Linear(R, E, bias=True)
-            # Mamba's dt init: weight ~ U(-R^-0.5, R^-0.5); bias = softplus^-1(dt),
-            # dt log-uniform in [dt_min, dt_max].
-            nn.init.uniform_(dt_proj.weight, -R**-0.5, R**-0.5)
-            dt = torch.exp(torch.rand(E) * (math.log(dt_max) - math.log(dt_min))
-                           + math.log(dt_min)).clamp(min=dt_init_floor)
-            with torch.no_grad():
-                dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+            self._init_dt_proj(dt_proj)
             self.add_module(names['dt_proj'], dt_proj)
-            A = torch.arange(1, d_state + 1, dtype=torch.float32).repeat(E, 1)
-            self.register_parameter(names['A_log'], nn.Parameter(torch.log(A)))
-            self.register_parameter(names['D'], nn.Parameter(torch.ones(E)))
+            self.register_parameter(names['A_log'], nn.Parameter(torch.empty(E, d_state)))
+            self.register_parameter(names['D'], nn.Parameter(torch.empty(E)))
+            self._init_ssm(k)
+
+    def _init_dt_proj(self, dt_proj: nn.Linear) -> None:
+        """Mamba's dt init: weight ~ U(-R^-0.5, R^-0.5); bias = softplus^-1(dt), dt log-uniform
+        in [dt_min, dt_max] (the per-channel step sizes 0.001-0.1 of a fresh model)."""
+        dt_min, dt_max, floor = self.dt_init_range
+        R = dt_proj.in_features
+        nn.init.uniform_(dt_proj.weight, -R**-0.5, R**-0.5)
+        dt = torch.exp(torch.rand(dt_proj.out_features) * (math.log(dt_max) - math.log(dt_min))
+                       + math.log(dt_min)).clamp(min=floor)
+        with torch.no_grad():
+            dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def _init_ssm(self, k: int) -> None:
+        """S4D-real A (``A_log = log(1..N)`` for every channel) and ``D = 1`` of path ``k``."""
+        _, _, _, A_log, D = self.path_params(k)
+        with torch.no_grad():
+            A_log.copy_(torch.log(torch.arange(1, self.d_state + 1, dtype=torch.float32))
+                        .repeat(self.d_inner, 1))
+            D.fill_(1.0)
+
+    def reset_parameters(self) -> None:
+        """Initialise every parameter as a freshly built mixer has it (Mamba's scheme).
+
+        Used by the backbone's ``init_weights`` after a parent's generic initialisation (e.g.
+        TruncNormal on every Linear in an upstream config), which would otherwise leave the
+        step sizes at softplus(0) = 0.69 and the projections at std 0.02.
+        """
+        for m in self.modules():
+            if m is not self and hasattr(m, 'reset_parameters'):
+                m.reset_parameters()   # nn.Linear / nn.Conv1d / nn.LayerNorm defaults
+        for k in range(self.num_paths):
+            self._init_dt_proj(self.path_params(k)[2])
+            self._init_ssm(k)
 
     def path_param_names(self, k: int) -> Dict[str, str]:
         """Parameter names of path ``k`` (Vim: ``conv1d``, ``A_log``; ``conv1d_b``, ``A_b_log``)."""
@@ -253,8 +283,8 @@ class BiMambaMixer(nn.Module):
         """``fused``: the block's answer of ``use_fused(hidden, None)``, if it has it (saves
         asking twice per block); the scan-context conditions are checked here."""
         if len(paths) != self.num_paths:
-            raise ValueError(f'{type(self).__name__} has {self.num_paths} paths, '
-                             f'got {len(paths)} scan orders')
+            raise ConfigError(f'{type(self).__name__} has {self.num_paths} paths, '
+                              f'got {len(paths)} scan orders')
         if fused is None:
             fused = self.use_fused(hidden, ctx)
         elif fused:
@@ -319,24 +349,24 @@ def _canonical_arch(arch_zoo: Dict[str, dict], arch: Union[str, dict],
     if isinstance(arch, str):
         key = aliases.get(arch.lower())
         if key is None:
-            raise KeyError(f'unknown {name} arch {arch!r}; choose one of '
-                           f'{sorted(aliases)} or pass a dict with the keys '
-                           f'{sorted(REQUIRED_ARCH_KEYS)}')
+            raise LookupConfigError(f'unknown {name} arch {arch!r}; choose one of '
+                                    f'{sorted(aliases)} or pass a dict with the keys '
+                                    f'{sorted(REQUIRED_ARCH_KEYS)}')
         cfg = {k: v for k, v in arch_zoo[key].items() if k != 'aliases'}
         return cfg
     if not isinstance(arch, dict):
-        raise TypeError(f'{name} arch must be a name or a dict, got {type(arch).__name__}')
+        raise ConfigError(f'{name} arch must be a name or a dict, got {type(arch).__name__}')
     missing = REQUIRED_ARCH_KEYS - set(arch)
     unknown = set(arch) - REQUIRED_ARCH_KEYS - OPTIONAL_ARCH_KEYS
     if missing or unknown:
-        raise ValueError(
-            f'custom {name} arch {arch!r}: '
-            + (f'missing keys {sorted(missing)}; ' if missing else '')
-            + (f'unknown keys {sorted(unknown)}; ' if unknown else '')
-            + f'required {sorted(REQUIRED_ARCH_KEYS)}, optional {sorted(OPTIONAL_ARCH_KEYS)}')
+        raise ConfigError(
+             f'custom {name} arch {arch!r}: '
+             + (f'missing keys {sorted(missing)}; ' if missing else '')
+             + (f'unknown keys {sorted(unknown)}; ' if unknown else '')
+             + f'required {sorted(REQUIRED_ARCH_KEYS)}, optional {sorted(OPTIONAL_ARCH_KEYS)}')
     for k, v in arch.items():
         if not isinstance(v, int) or v < 1:
-            raise ValueError(f'custom {name} arch: {k} must be a positive int, got {v!r}')
+            raise ConfigError(f'custom {name} arch: {k} must be a positive int, got {v!r}')
     cfg = dict(d_state=16, d_conv=4, expand=2)
     cfg.update(arch)
     cfg.setdefault('dt_rank', math.ceil(cfg['embed_dims'] / 16))
@@ -345,6 +375,34 @@ def _canonical_arch(arch_zoo: Dict[str, dict], arch: Union[str, dict],
 
 REQUIRED_ARCH_KEYS = frozenset({'embed_dims', 'num_layers'})
 OPTIONAL_ARCH_KEYS = frozenset({'d_state', 'd_conv', 'expand', 'dt_rank'})
+
+
+def _is_int(v) -> bool:
+    """An int-like value (Python or NumPy integer), not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _positive_int(name: str, arg: str, v) -> int:
+    if not _is_int(v) or v < 1:
+        raise ConfigError(f'{name}: {arg} must be a positive int, got {v!r}')
+    return int(v)
+
+
+def _size_pair(name: str, arg: str, v) -> Tuple[int, int]:
+    """An int or a pair of ints, all positive -> (H, W)."""
+    pair = (v, v) if _is_int(v) else v
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2 or \
+            not all(_is_int(x) and x >= 1 for x in pair):
+        raise ConfigError(f'{name}: {arg} must be a positive int or a pair (H, W) of positive '
+                          f'ints, got {v!r}')
+    return int(pair[0]), int(pair[1])
+
+
+def _rate(name: str, arg: str, v) -> float:
+    """A probability in [0, 1) (dropout, stochastic depth)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
+        raise ConfigError(f'{name}: {arg} must be a number in [0, 1), got {v!r}')
+    return float(v)
 
 
 class VimFamilyBackbone(BaseModule):
@@ -415,16 +473,18 @@ class VimFamilyBackbone(BaseModule):
         self.embed_dims = D = self.arch_settings['embed_dims']
         self.num_layers = depth = self.arch_settings['num_layers']
         if out_type not in OUT_TYPES:
-            raise ValueError(f'{name}: out_type must be one of {OUT_TYPES}, got {out_type!r}')
+            raise ConfigError(f'{name}: out_type must be one of {OUT_TYPES}, got {out_type!r}')
         if out_type == 'cls_token' and not with_cls_token:
-            raise ValueError(f'{name}: out_type="cls_token" needs with_cls_token=True')
+            raise ConfigError(f'{name}: out_type="cls_token" needs with_cls_token=True')
         self.out_type = out_type
         self.with_cls_token = with_cls_token
         self.final_norm = final_norm
-        if isinstance(img_size, int):
-            img_size = (img_size, img_size)
-        if patch_size < 1 or stride < 1:
-            raise ValueError(f'{name}: patch_size and stride must be positive')
+        img_size = _size_pair(name, 'img_size', img_size)
+        patch_size = _positive_int(name, 'patch_size', patch_size)
+        stride = _positive_int(name, 'stride', stride)
+        in_channels = _positive_int(name, 'in_channels', in_channels)
+        drop_rate = _rate(name, 'drop_rate', drop_rate)
+        drop_path_rate = _rate(name, 'drop_path_rate', drop_path_rate)
         self.img_size = tuple(img_size)
         self.interpolate_mode = interpolate_mode
 
@@ -435,18 +495,22 @@ class VimFamilyBackbone(BaseModule):
         self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, D))
         self.drop_after_pos = nn.Dropout(p=drop_rate)
         self._register_load_state_dict_pre_hook(self._prepare_pos_embed)
+        self._register_load_state_dict_pre_hook(self._record_load)
+        self.register_load_state_dict_post_hook(self._check_loaded)
 
-        if isinstance(out_indices, int):
+        if _is_int(out_indices):
             out_indices = [out_indices]
-        if not isinstance(out_indices, Sequence) or len(out_indices) == 0:
-            raise TypeError(f'{name}: out_indices must be an int or a non-empty sequence of '
-                            f'ints, got {out_indices!r}')
+        # a string is a Sequence too: '3' must not be read as block 3 (nor '10' as 1 and 0)
+        if not isinstance(out_indices, Sequence) or isinstance(out_indices, (str, bytes)) \
+                or len(out_indices) == 0 or not all(_is_int(i) for i in out_indices):
+            raise ConfigError(f'{name}: out_indices must be an int or a non-empty sequence of '
+                              f'ints, got {out_indices!r}')
         resolved = []
-        for i in out_indices:
+        for i in map(int, out_indices):
             j = depth + i if i < 0 else i
             if not 0 <= j < depth:
-                raise ValueError(f'{name}: out_indices {i} is out of range for '
-                                 f'{depth} layers')
+                raise ConfigError(f'{name}: out_indices {i} is out of range for '
+                                  f'{depth} layers')
             resolved.append(j)
         self.out_indices = sorted(set(resolved))
 
@@ -498,22 +562,77 @@ class VimFamilyBackbone(BaseModule):
             with torch.no_grad():
                 w /= math.sqrt(self.num_layers)
 
+    def reset_weights(self) -> None:
+        """Every parameter as a freshly built backbone has it (mixers, norms, embeddings)."""
+        for layer in self.layers:
+            layer.mixer.reset_parameters()
+        for m in self.modules():
+            if isinstance(m, RMSNorm):
+                nn.init.ones_(m.weight)
+        self._init_default_weights()
+
     def init_weights(self) -> None:
+        """Load ``init_cfg=dict(type='Pretrained', ...)`` strictly, or (re)initialise.
+
+        mmengine initialises a parent model *before* its children, so an upstream config's
+        model-level ``init_cfg`` (DeiT / ViT: ``TruncNormal`` on every ``Linear``) has already
+        overwritten our parameters when this runs: step sizes at softplus(0) = 0.69 instead of
+        0.001-0.1, projections at std 0.02. Like mamba-ssm's ``_no_reinit``, the backbone
+        therefore restores its own (Mamba) initialisation here; an ``init_cfg`` of the backbone
+        itself (other than ``Pretrained``) is applied after it, as the user's explicit choice.
+        """
         cfg = self.init_cfg
+        self.reset_weights()
         if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
             from amvim_mm.utils.checkpoint import load_backbone_checkpoint
             unknown = set(cfg) - {'type', 'checkpoint', 'strict', 'prefix', 'map_location'}
             if unknown:
-                raise ValueError(f'{type(self).__name__}: init_cfg of type Pretrained does not '
-                                 f'take {sorted(unknown)}')
-            if 'checkpoint' not in cfg:
-                raise ValueError(f'{type(self).__name__}: init_cfg of type Pretrained needs '
-                                 '"checkpoint"')
+                raise ConfigError(f'{type(self).__name__}: init_cfg of type Pretrained does not '
+                                  f'take {sorted(unknown)}')
+            if not cfg.get('checkpoint'):
+                raise ConfigError(f'{type(self).__name__}: init_cfg of type Pretrained needs '
+                                  '"checkpoint" (a file path); use init_cfg=None to train from '
+                                  'scratch')
             load_backbone_checkpoint(self, cfg['checkpoint'], strict=cfg.get('strict', True),
                                      prefix=cfg.get('prefix'))
             self._is_init = True
             return
         super().init_weights()
+
+    def _record_load(self, state_dict, prefix, *args, **kwargs) -> None:
+        """Remember where this backbone sits in a whole-model load and whether the checkpoint
+        has any of its weights (checked by :meth:`_check_loaded`)."""
+        self._load_prefix = prefix
+        self._load_found = any(k.startswith(prefix) for k in state_dict)
+
+    def _check_loaded(self, module, incompatible) -> None:
+        """Refuse a whole-model load that would leave this backbone on random weights.
+
+        mmengine's ``load_from`` (the libraries' own ``tools/test.py``) loads with
+        ``strict=False`` and only logs missing keys. Two cases are errors here:
+
+        - the checkpoint holds no weight of the backbone at all (e.g. a file of another model);
+        - a dense model (``out_type`` other than ``cls_token``) is given a classifier's
+          checkpoint (``backbone.*`` with ``head.fc.*``; official Vim ImageNet files arrive in
+          this layout, see :mod:`amvim_mm.utils.compat`): its heads would stay random.
+        """
+        from amvim_mm.errors import CheckpointMismatchError
+        prefix = getattr(self, '_load_prefix', '')
+        if not prefix:   # the backbone itself is loaded: load_state_dict's strict decides
+            return
+        parent = prefix[:-len('backbone.')] if prefix.endswith('backbone.') else None
+        if not self._load_found:
+            raise CheckpointMismatchError(
+                f'the checkpoint has no weights for the {type(self).__name__} backbone (no key '
+                f'starts with {prefix!r}); is it a checkpoint of this model? Backbone weights '
+                "alone load with init_cfg=dict(type='Pretrained', checkpoint=...)")
+        if parent is not None and self.out_type != 'cls_token' and \
+                parent + 'head.fc.weight' in incompatible.unexpected_keys:
+            raise CheckpointMismatchError(
+                'the checkpoint is a classifier\'s (backbone + head.fc, e.g. an official Vim '
+                'ImageNet file); this dense model\'s heads would stay random. Give it to the '
+                "backbone (init_cfg=dict(type='Pretrained', checkpoint=...)) and train, or test "
+                'a checkpoint of this model')
 
     def _prepare_pos_embed(self, state_dict, prefix, *args, **kwargs) -> None:
         """Resize a checkpoint's position embedding to this model's grid (middle class token)."""
@@ -595,13 +714,54 @@ class VimFamilyBackbone(BaseModule):
             return False
         return x.dim() == 4 and self.layers[0].mixer.use_fused(x, None)
 
+    #: check every forward's images for NaN/inf (see :meth:`check_images`); a subclass or an
+    #: instance may set it to False to save the reduction and its host sync
+    check_finite_input = True
+
+    def check_images(self, x: torch.Tensor) -> Tuple[int, int]:
+        """Validate a batch of images and return its patch grid.
+
+        Raises :class:`~amvim_mm.errors.ConfigError` for anything but a (B, C, H, W) tensor with
+        B >= 1, the model's C and H, W of at least one patch, and - when
+        ``check_finite_input`` is True (default) - for NaN or inf values: one bad pixel would
+        otherwise turn every output into NaN without a word. The finiteness test is a single
+        reduction per forward (``isfinite(x).all()``, one host sync; the values are counted
+        only when it fails). It is skipped while a CUDA graph is being captured (no sync is
+        allowed there), while ``torch.jit`` traces or scripts the model (a traced graph could
+        not keep a data-dependent check anyway) and while ``torch.compile`` traces it (a
+        data-dependent branch would break the graph).
+        """
+        grid = self.patch_embed.check_input(x)
+        if self.check_finite_input and x.is_floating_point() and not self._skip_finite_check(x):
+            if not bool(torch.isfinite(x).all()):
+                bad = int((~torch.isfinite(x)).sum())
+                raise ConfigError(f'{type(self).__name__}: the input images hold {bad} '
+                                  f'non-finite (NaN or inf) values of {x.numel()} (input shape '
+                                  f'{tuple(x.shape)}); every output would be NaN')
+        return grid
+
+    @staticmethod
+    def _skip_finite_check(x: torch.Tensor) -> bool:
+        if torch.jit.is_tracing() or torch.jit.is_scripting():
+            return True
+        compiler = getattr(torch, 'compiler', None)
+        if compiler is not None and hasattr(compiler, 'is_compiling') and \
+                compiler.is_compiling():
+            return True
+        return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
     def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, ScanContext]:
         """Patch embed, middle class token and position embedding -> (tokens, context).
 
         On the fused inference path (CUDA under 16-bit autocast; any dtype in Triton's
         interpreter) this is one kernel, :func:`amvim_mm.ops.fused_embed.fused_patch_embed`.
         In fp32 on CUDA cuBLAS's fp32 GEMM stays (Triton's fp32 dot products are not faster).
+
+        The images are checked first (:meth:`check_images`): a tensor that is not (B, C, H, W)
+        with B >= 1 and the model's channel count, or that holds NaN/inf, raises
+        :class:`~amvim_mm.errors.ConfigError`.
         """
+        self.check_images(x)
         if self._embed_fused(x):
             from amvim_mm.ops.fused_embed import fused_patch_embed
             pe = self.patch_embed
@@ -631,7 +791,11 @@ class VimFamilyBackbone(BaseModule):
         reducer = build_reducer(cfg)
         if reducer is not None:  # fail early on a schedule the training grid cannot give
             M = self.patch_resolution[0] * self.patch_resolution[1]
-            reducer.removals(M, self.num_layers)
+            try:
+                reducer.removals(M, self.num_layers)
+            except ConfigError as e:
+                raise type(e)(f'{e} [{type(self).__name__} img_size={self.img_size}: {M} patch '
+                              f'tokens, {self.num_layers} blocks]') from None
         self.token_reducer = reducer
 
     def format_output(self, stream: torch.Tensor, ctx: ScanContext, last: bool) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
+from amvim_mm.errors import ConfigError
 from amvim_mm.registry import MODELS
 
 SCALES = (4.0, 2.0, 1.0, 0.5)
@@ -46,7 +47,7 @@ def _check_scales(scales: Sequence[float], name: str) -> Tuple[float, ...]:
     scales = tuple(float(s) for s in scales)
     bad = [s for s in scales if s not in SCALES]
     if bad or not scales:
-        raise ValueError(f'{name}: scales must be taken from {SCALES}, got {scales}')
+        raise ConfigError(f'{name}: scales must be taken from {SCALES}, got {scales}')
     return scales
 
 
@@ -86,9 +87,9 @@ class PlainPyramidNeck(BaseModule):
         if len(inputs) == 1:
             inputs = inputs * len(self.ops)
         if len(inputs) != len(self.ops):
-            raise ValueError(f'PlainPyramidNeck has {len(self.ops)} scales but got '
-                             f'{len(inputs)} feature maps; set the backbone out_indices to '
-                             f'{len(self.ops)} blocks')
+            raise ConfigError(f'PlainPyramidNeck has {len(self.ops)} scales but got '
+                              f'{len(inputs)} feature maps; set the backbone out_indices to '
+                              f'{len(self.ops)} blocks')
         return tuple(op(x) for op, x in zip(self.ops, inputs))
 
 
@@ -111,8 +112,8 @@ class SimpleFeaturePyramid(BaseModule):
         super().__init__(init_cfg=init_cfg)
         self.scales = _check_scales(scales, 'SimpleFeaturePyramid')
         if num_outs not in (len(self.scales), len(self.scales) + 1):
-            raise ValueError(f'SimpleFeaturePyramid: num_outs must be {len(self.scales)} or '
-                             f'{len(self.scales) + 1}, got {num_outs}')
+            raise ConfigError(f'SimpleFeaturePyramid: num_outs must be {len(self.scales)} or '
+                              f'{len(self.scales) + 1}, got {num_outs}')
         self.num_outs = num_outs
         D = in_channels
         self.stages = nn.ModuleList()

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from mmengine.registry import Registry
 
+from amvim_mm.errors import ConfigError, LookupConfigError
 from .schedule import ReductionSchedule
 from .state import Streams
 
@@ -28,17 +29,19 @@ def build_reducer(cfg: Union[dict, 'TokenReducer', None]) -> Optional['TokenRedu
     if cfg is None or isinstance(cfg, TokenReducer):
         return cfg
     if not isinstance(cfg, dict) or 'type' not in cfg:
-        raise TypeError(f'token_reduction must be a dict with a "type" key, got {cfg!r}')
+        raise ConfigError(f'token_reduction must be a dict with a "type" key, got {cfg!r}')
     cfg = dict(cfg)
     name = cfg.pop('type')
     cls = TOKEN_REDUCERS.get(name) if isinstance(name, str) else None
     if cls is None:
-        raise KeyError(f'unknown token_reduction type {name!r}; choose one of '
-                       f'{sorted(TOKEN_REDUCERS.module_dict)}')
+        raise LookupConfigError(f'unknown token_reduction type {name!r}; choose one of '
+                                f'{sorted(TOKEN_REDUCERS.module_dict)}')
     try:
         return cls(**cfg)
+    except ConfigError:   # a TypeError too, but it already names the reducer and the value
+        raise
     except TypeError as e:  # unexpected keyword: name it
-        raise TypeError(f'token_reduction {name}: {e}') from None
+        raise ConfigError(f'token_reduction {name}: {e}') from None
 
 
 def _patch_indices(ctx) -> torch.Tensor:
@@ -81,9 +84,9 @@ class TokenReducer:
     def removals(self, num_patches: int, depth: int):
         counts = self.schedule.removals(num_patches, depth, name=type(self).__name__)
         if self.needs_importance and counts and counts[0] > 0:
-            raise ValueError(f'{type(self).__name__} ranks tokens by the previous block\'s '
-                             'importance, so it cannot reduce before block 0; use '
-                             'keep_rate with locations (the blocks after which to prune)')
+            raise ConfigError(f'{type(self).__name__} ranks tokens by the previous block\'s '
+                              'importance, so it cannot reduce before block 0; use '
+                              'keep_rate with locations (the blocks after which to prune)')
         return counts
 
     def select(self, block: int, k: int, stream: Streams, ctx, layer
@@ -123,8 +126,32 @@ class ToMe(TokenReducer):
     def __init__(self, *args, metric: str = 'norm_input', **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if metric not in ('norm_input', 'stream'):
-            raise ValueError(f"ToMe: metric must be 'norm_input' or 'stream', got {metric!r}")
+            raise ConfigError(f"ToMe: metric must be 'norm_input' or 'stream', got {metric!r}")
         self.metric = metric
+
+    @staticmethod
+    def max_merge(n: int) -> int:
+        """The most tokens one bipartite step can merge when ``n`` patch tokens are present.
+
+        Set A (every other patch token, ``ceil(n / 2)`` of them) merges into set B
+        (``floor(n / 2)``), so at most ``ceil(n / 2)`` leave, and none when B is empty
+        (``n < 2``). The class token is in neither set and is never merged.
+        """
+        return (n + 1) // 2 if n >= 2 else 0
+
+    def removals(self, num_patches: int, depth: int):
+        counts = super().removals(num_patches, depth)
+        n = num_patches
+        for block, k in enumerate(counts):
+            if k > self.max_merge(n):
+                raise ConfigError(
+                    f'ToMe: the schedule merges {k} tokens before block {block}, but only {n} '
+                    f'patch tokens are present there and one bipartite step merges at most '
+                    f'{self.max_merge(n)} (half of them, rounded up; the class token is never '
+                    f'merged); lower r or ratio (schedule {list(counts)} for {num_patches} '
+                    f'patch tokens)')
+            n -= k
+        return counts
 
     def select(self, block, k, stream, ctx, layer):
         if isinstance(stream, torch.Tensor):
@@ -146,9 +173,9 @@ class ToMe(TokenReducer):
         idx = _patch_indices(ctx)
         a_idx, b_idx = idx[:, 0::2], idx[:, 1::2]
         if k > a_idx.shape[1] or b_idx.shape[1] == 0:
-            raise ValueError(f'ToMe: cannot merge {k} tokens before block {block}: only '
-                             f'{idx.shape[1]} patch tokens are left (at most '
-                             f'{a_idx.shape[1] if b_idx.shape[1] else 0} can merge)')
+            raise ConfigError(f'ToMe: cannot merge {k} tokens before block {block}: only '
+                              f'{idx.shape[1]} patch tokens are left (at most '
+                              f'{a_idx.shape[1] if b_idx.shape[1] else 0} can merge)')
         m = stream.total().float()
         if self.metric == 'norm_input':
             # cosine similarity of RMSNorm(x) = x / rms(x) * w: the per-token 1 / rms cancels
@@ -182,7 +209,7 @@ class RandomPrune(TokenReducer):
         idx = _patch_indices(ctx)
         B, n = idx.shape
         if k >= n:
-            raise ValueError(f'RandomPrune: cannot drop {k} of {n} tokens before block {block}')
+            raise ConfigError(f'RandomPrune: cannot drop {k} of {n} tokens before block {block}')
         if self._gen is None:
             self.start()
         noise = torch.rand(B, n, generator=self._gen)   # CPU stream: same choices on any device
@@ -205,8 +232,8 @@ class _ImportanceReducer(TokenReducer):
                                f'{block} (the previous mixer did not record it)')
         idx = _patch_indices(ctx)
         if k >= idx.shape[1]:
-            raise ValueError(f'{type(self).__name__}: cannot remove {k} of {idx.shape[1]} '
-                             f'tokens before block {block}')
+            raise ConfigError(f'{type(self).__name__}: cannot remove {k} of {idx.shape[1]} '
+                              f'tokens before block {block}')
         score = torch.gather(imp, 1, idx)
         pick = score.argsort(dim=1)[:, :k]          # least important first
         return idx, torch.gather(idx, 1, pick)
@@ -230,7 +257,7 @@ class ToP(_ImportanceReducer):
     def __init__(self, *args, align: bool = True, gap_delta: str = 'bias', **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if gap_delta not in ALIGN_DELTAS:
-            raise ValueError(f"ToP: gap_delta must be one of {ALIGN_DELTAS}, got {gap_delta!r}")
+            raise ConfigError(f"ToP: gap_delta must be one of {ALIGN_DELTAS}, got {gap_delta!r}")
         self.align = gap_delta if align else None
 
     def select(self, block, k, stream, ctx, layer):

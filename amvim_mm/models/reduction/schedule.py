@@ -20,8 +20,24 @@ blocks. Asking for more than the sequence can give is an error, never a silent c
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Union
+from typing import Iterable, List, Optional, Sequence, Union
+
+from amvim_mm.errors import ConfigError
+
+
+def _is_int(v) -> bool:
+    """An int-like value (Python or NumPy integer), not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _int_list(v) -> Optional[List[int]]:
+    """``v`` as a list of ints if it is a non-string iterable of ints, else None."""
+    if isinstance(v, (str, bytes)) or not isinstance(v, Iterable):
+        return None
+    v = list(v)
+    return [int(x) for x in v] if all(_is_int(x) for x in v) else None
 
 
 @dataclass(frozen=True)
@@ -39,37 +55,45 @@ class ReductionSchedule:
         given = [k for k, v in (('ratio', ratio), ('r', r), ('keep_rate', keep_rate))
                  if v is not None]
         if len(given) != 1:
-            raise ValueError(f'{name}: give exactly one of ratio, r or keep_rate '
-                             f'(got {given or "none"})')
+            raise ConfigError(f'{name}: give exactly one of ratio, r or keep_rate '
+                              f'(got {given or "none"})')
         if ratio is not None:
             if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or \
                     not 0 <= ratio < 1:
-                raise ValueError(f'{name}: ratio must be a number in [0, 1), got {ratio!r}')
+                raise ConfigError(f'{name}: ratio must be a number in [0, 1), got {ratio!r}')
             if locations is not None:
-                raise ValueError(f'{name}: ratio uses the AMVim protocol locations; give r '
-                                 'with locations instead')
+                raise ConfigError(f'{name}: ratio uses the AMVim protocol locations; give r '
+                                  'with locations instead')
         if keep_rate is not None:
             if isinstance(keep_rate, bool) or not isinstance(keep_rate, (int, float)) or \
                     not 0 < keep_rate <= 1:
-                raise ValueError(f'{name}: keep_rate must be in (0, 1], got {keep_rate!r}')
+                raise ConfigError(f'{name}: keep_rate must be in (0, 1], got {keep_rate!r}')
             if not locations:
-                raise ValueError(f'{name}: keep_rate needs locations (the blocks after which '
-                                 'tokens are pruned), e.g. locations=(10, 20)')
+                raise ConfigError(f'{name}: keep_rate needs locations (the blocks after which '
+                                  'tokens are pruned), e.g. locations=(10, 20)')
         if r is not None:
-            rs = [r] if isinstance(r, int) else list(r)
-            if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in rs):
-                raise ValueError(f'{name}: r must be a non-negative int or a list of them, '
-                                 f'got {r!r}')
+            # anything but an int or a list of ints (2.5, '5', [2.5]...) is refused here
+            rs = [r] if _is_int(r) else _int_list(r)
+            if rs is None or any(x < 0 for x in rs):
+                raise ConfigError(f'{name}: r must be a non-negative int or a list of them '
+                                  f'(one per block), got {r!r}')
+            if _is_int(r):
+                r = int(r)
             if not isinstance(r, int):
                 if locations is not None:
-                    raise ValueError(f'{name}: a list r gives one count per block; do not '
-                                     'also give locations')
+                    raise ConfigError(f'{name}: a list r gives one count per block; do not '
+                                      'also give locations')
                 r = tuple(rs)
         if locations is not None:
-            locations = tuple(int(x) for x in locations)
+            # a string is iterable too: '10' must not be read as blocks 1 and 0
+            locs = [locations] if _is_int(locations) else _int_list(locations)
+            if locs is None:
+                raise ConfigError(f'{name}: locations must be a list of block indices (ints), '
+                                  f'got {locations!r}')
+            locations = tuple(locs)
             if any(x < 0 for x in locations):
-                raise ValueError(f'{name}: locations must be non-negative block indices, '
-                                 f'got {locations}')
+                raise ConfigError(f'{name}: locations must be non-negative block indices, '
+                                  f'got {locations}')
         return ReductionSchedule(ratio=ratio, r=r, keep_rate=keep_rate, locations=locations)
 
     # ------------------------------------------------------------------ protocol helpers
@@ -92,12 +116,12 @@ class ReductionSchedule:
             n = num_patches
             for loc in sorted(self.locations):
                 if loc >= depth - 1:
-                    raise ValueError(f'{name}: location {loc} has no block after it '
-                                     f'(depth {depth})')
+                    raise ConfigError(f'{name}: location {loc} has no block after it '
+                                      f'(depth {depth})')
                 keep = int(n * self.keep_rate)
                 if keep < 1:
-                    raise ValueError(f'{name}: keep_rate {self.keep_rate} leaves no token '
-                                     f'after block {loc} ({n} present)')
+                    raise ConfigError(f'{name}: keep_rate {self.keep_rate} leaves no token '
+                                      f'after block {loc} ({n} present)')
                 out[loc + 1] += n - keep
                 n = keep
             return out
@@ -110,17 +134,17 @@ class ReductionSchedule:
                 self.protocol_locations(depth)
         else:
             if len(self.r) != depth:
-                raise ValueError(f'{name}: r has {len(self.r)} entries for {depth} blocks')
+                raise ConfigError(f'{name}: r has {len(self.r)} entries for {depth} blocks')
             out = list(self.r)
             locs = []
             r = 0
         for loc in locs:
             if loc >= depth:
-                raise ValueError(f'{name}: location {loc} is out of range for {depth} blocks')
+                raise ConfigError(f'{name}: location {loc} is out of range for {depth} blocks')
             out[loc] += r
         total = sum(out)
         if total >= num_patches:
-            raise ValueError(
+            raise ConfigError(
                 f'{name}: the schedule removes {total} tokens but the input has only '
                 f'{num_patches} patch tokens (at least one must stay); lower r or ratio')
         return out

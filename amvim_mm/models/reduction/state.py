@@ -133,8 +133,10 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
     # --- the source map: removed tokens hand their patches to dst, or freeze them
     src = ctx.source                                                    # (B, M)
     fate = torch.arange(L, device=device).unsqueeze(0).expand(B, -1).clone()
-    fate.scatter_(1, removed, torch.where(merged & (not freeze_sources), dst,
-                                          torch.full_like(dst, -1)))
+    # branch on the Python bool (a bool & tensor breaks torch.jit.trace)
+    handed = torch.full_like(dst, -1) if freeze_sources else \
+        torch.where(merged, dst, torch.full_like(dst, -1))
+    fate.scatter_(1, removed, handed)
     new_src = torch.where(src >= 0, torch.gather(fate, 1, src.clamp(min=0)), src)
     frozen = ctx.frozen
     pruned_now = (new_src < 0) & (src >= 0)                              # (B, M)
@@ -146,7 +148,8 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
 
     # --- compact: survivors in original order, class token back at the middle
     keep = torch.ones(B, L, dtype=torch.bool, device=device)
-    keep.scatter_(1, removed, False)
+    # a tensor source, not the Python scalar False (no bool-Scalar overload under jit.trace)
+    keep.scatter_(1, removed, torch.zeros_like(removed, dtype=torch.bool))
     pos = ctx.pos
     is_patch = pos >= 0
     n_keep_patch = ctx.n_patches - r

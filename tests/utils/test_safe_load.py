@@ -1,0 +1,192 @@
+"""Safe checkpoint reading (amvim_mm.utils.safe_load) and its registration in mmengine.
+
+The hostile files here would run code if they were unpickled fully: they create a marker file.
+Every test checks that the marker never appears.
+"""
+import argparse
+import logging
+import os
+
+import pytest
+import torch
+from mmengine.logging import HistoryBuffer
+from mmengine.runner.checkpoint import CheckpointLoader, _load_checkpoint
+
+import amvim_mm  # noqa: F401  (registers the loader)
+from amvim_mm.errors import CheckpointError, ConfigError, UnsafeCheckpointError
+from amvim_mm.utils import compat, safe_load
+from amvim_mm.utils.safe_load import HASH_KEY, load_checkpoint_file, state_dict_sha256
+
+
+class Touch:
+    """Unpickling this runs ``open(marker, 'w')`` - i.e. arbitrary code."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, 'w'))
+
+
+class GetattrEscape:
+    """A pickle that walks from an allowed class to its module's globals with ``getattr``."""
+
+    def __reduce__(self):
+        return (getattr, (HistoryBuffer.__init__, '__globals__'))
+
+
+class Payload:
+    """A harmless custom type (needs full unpickling, runs no code)."""
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ('AMVIM_UNSAFE_LOAD', 'AMVIM_TRUSTED_DIRS', 'AMVIM_ALLOW_UNSAFE_LOAD'):
+        monkeypatch.delenv(name, raising=False)
+
+
+def evil_file(folder, marker, name='evil.pth'):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    torch.save({'state_dict': {'w': torch.ones(1)}, 'x': Touch(marker)}, path)
+    return path
+
+
+def test_official_style_file_loads_weights_only(tmp_path):
+    p = tmp_path / 'vim.pth'
+    torch.save({'model': {'w': torch.ones(2)}, 'args': argparse.Namespace(lr=1e-3)}, p)
+    ck = load_checkpoint_file(p)
+    assert torch.equal(ck['model']['w'], torch.ones(2))
+    assert ck['args'].lr == 1e-3
+
+
+def test_code_in_a_pickle_never_runs(tmp_path):
+    marker = tmp_path / 'pwned'
+    p = evil_file(tmp_path, marker)
+    with pytest.raises(UnsafeCheckpointError) as e:
+        load_checkpoint_file(p)
+    msg = str(e.value)
+    assert 'io.open' in msg and f'AMVIM_UNSAFE_LOAD={p}' in msg
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize('where', ['work_dirs', 'work_dirs/run', 'symlinked_work_dirs'])
+def test_no_place_is_trusted(tmp_path, monkeypatch, where):
+    """Earlier versions trusted ./work_dirs, a run's work dir and AMVIM_TRUSTED_DIRS."""
+    marker = tmp_path / 'pwned'
+    monkeypatch.chdir(tmp_path)
+    if where == 'symlinked_work_dirs':
+        real = tmp_path / 'elsewhere'
+        real.mkdir()
+        os.symlink(real, tmp_path / 'work_dirs')
+        p = evil_file(tmp_path / 'work_dirs', marker)
+    else:
+        p = evil_file(tmp_path / where, marker)
+    for env in ({}, {'AMVIM_TRUSTED_DIRS': '.'}, {'AMVIM_TRUSTED_DIRS': str(p.parent)},
+                {'AMVIM_ALLOW_UNSAFE_LOAD': '1'}):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(UnsafeCheckpointError):
+            load_checkpoint_file(p)
+        with pytest.raises(UnsafeCheckpointError):   # mmengine's own loading path
+            _load_checkpoint(str(p), map_location='cpu')
+        for k in env:
+            monkeypatch.delenv(k)
+    assert not marker.exists()
+
+
+def test_getattr_is_restricted_to_history_buffer_statistics(tmp_path):
+    p = tmp_path / 'escape.pth'
+    torch.save({'x': GetattrEscape()}, p)
+    with pytest.raises(UnsafeCheckpointError):
+        load_checkpoint_file(p)
+    # what mmengine itself pickles still loads
+    buf = HistoryBuffer()
+    buf.update(1.5)
+    q = tmp_path / 'hub.pth'
+    torch.save({'state_dict': {'w': torch.ones(1)}, 'hub': buf}, q)
+    assert load_checkpoint_file(q)['hub'].current() == 1.5
+
+
+def test_opt_in_names_the_file_and_is_logged(tmp_path, monkeypatch, caplog):
+    p = tmp_path / 'custom.pth'
+    torch.save({'state_dict': {'w': torch.ones(1)}, 'extra': Payload()}, p)
+    other = tmp_path / 'other.pth'
+    other.write_bytes(b'')
+    monkeypatch.setenv('AMVIM_UNSAFE_LOAD', str(other))      # another file: still refused
+    with pytest.raises(UnsafeCheckpointError):
+        load_checkpoint_file(p)
+    monkeypatch.setenv('AMVIM_UNSAFE_LOAD', str(tmp_path))   # a folder is never enough
+    with pytest.raises(ConfigError, match='names the directory'):
+        load_checkpoint_file(p)
+    monkeypatch.setenv('AMVIM_UNSAFE_LOAD', os.pathsep.join([str(other), str(p)]))
+    with caplog.at_level(logging.WARNING, logger='amvim_mm'):
+        assert isinstance(load_checkpoint_file(p)['extra'], Payload)
+    assert 'FULL unpickling' in caplog.text and str(p) in caplog.text
+
+
+def test_missing_empty_truncated_and_garbage_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match='checkpoint file not found: /no/such.pth'):
+        load_checkpoint_file('/no/such.pth')
+    empty = tmp_path / 'empty.pth'
+    empty.write_bytes(b'')
+    with pytest.raises(CheckpointError, match='is empty'):
+        load_checkpoint_file(empty)
+    good = tmp_path / 'good.pth'
+    torch.save({'state_dict': {'w': torch.randn(1000)}}, good)
+    cut = tmp_path / 'cut.pth'
+    cut.write_bytes(good.read_bytes()[:len(good.read_bytes()) // 2])
+    with pytest.raises(CheckpointError, match='not a readable checkpoint'):
+        load_checkpoint_file(cut)
+    junk = tmp_path / 'junk.pth'
+    junk.write_bytes(b'this is not a checkpoint at all' * 10)
+    with pytest.raises(CheckpointError, match='not a readable checkpoint'):
+        load_checkpoint_file(junk)
+
+
+@pytest.mark.parametrize('bad', [float('nan'), float('inf')])
+def test_non_finite_weights_are_refused(tmp_path, bad):
+    w = torch.zeros(4, 4)
+    w[1, 2] = bad
+    p = tmp_path / 'nan.pth'
+    torch.save({'state_dict': {'layers.0.mixer.D': w}}, p)
+    with pytest.raises(CheckpointError, match=r"'layers.0.mixer.D' has 1 non-finite"):
+        load_checkpoint_file(p)
+    torch.save({'model': {'layers.0.mixer.D': w}}, p)   # official layout too
+    with pytest.raises(CheckpointError, match='non-finite'):
+        load_checkpoint_file(p)
+
+
+def test_recorded_hash_detects_a_flipped_bit(tmp_path):
+    sd = {'a': torch.randn(64, 64), 'b': torch.arange(10)}
+    p = tmp_path / 'ours.pth'
+    torch.save({'state_dict': sd, 'meta': {HASH_KEY: state_dict_sha256(sd)}}, p)
+    assert torch.equal(load_checkpoint_file(p)['state_dict']['a'], sd['a'])
+    raw = bytearray(p.read_bytes())
+    needle = sd['a'][10, 10].numpy().tobytes()
+    at = raw.find(needle)
+    assert at > 0
+    raw[at] ^= 0x01                  # one bit of one weight: still finite, still a valid zip
+    p.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match='do not match the SHA-256'):
+        load_checkpoint_file(p)
+
+
+def test_mmengine_uses_our_loader_and_converts_official_files(tmp_path):
+    assert CheckpointLoader._schemes[''] is compat._mmengine_local_loader
+    from amvim_mm.models.backbones import Vim
+    sd = dict(Vim(arch='test', img_size=32).state_dict())
+    sd['head.weight'] = torch.zeros(3, 32)
+    sd['head.bias'] = torch.zeros(3)
+    p = tmp_path / 'official.pth'
+    torch.save({'model': sd, 'args': argparse.Namespace(lr=1)}, p)
+    ck = _load_checkpoint(str(p), map_location='cpu')
+    assert 'backbone.patch_embed.proj.weight' in ck['state_dict']
+    assert 'head.fc.weight' in ck['state_dict'] and 'head.weight' not in ck['state_dict']
+
+
+def test_retired_variables_are_reported(monkeypatch):
+    assert safe_load.retired_env_problems() == []
+    monkeypatch.setenv('AMVIM_TRUSTED_DIRS', '/tmp')
+    (msg, ) = safe_load.retired_env_problems()
+    assert 'AMVIM_TRUSTED_DIRS' in msg and 'AMVIM_UNSAFE_LOAD' in msg
