@@ -1,8 +1,9 @@
 """An mmseg Runner with the Vim backbone trains on CPU, checkpoints, resumes and tests.
 
 Covers the torch >= 2.6 / mmengine 0.10.7 checkpoint trap (see ``amvim_mm.utils.compat``): an
-mmengine training checkpoint pickles ``HistoryBuffer`` & co., so resuming needs full unpickling,
-which our loader allows only for trusted directories.
+mmengine training checkpoint pickles ``HistoryBuffer`` & co.; our loader reads them with
+``weights_only=True`` and an allow-list of exactly those types, from any folder. This uses
+mmengine's own ``CheckpointHook``, as the libraries' tools do with their configs.
 """
 import uuid
 from pathlib import Path
@@ -13,7 +14,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
-from amvim_mm.utils import compat
+from amvim_mm.utils import safe_load
 
 
 pytestmark = [
@@ -136,10 +137,9 @@ class _Recorder(Hook):
 
 @pytest.fixture
 def isolated_trust(monkeypatch):
-    """No trusted directories from the environment or from earlier tests."""
-    monkeypatch.delenv('AMVIM_TRUSTED_DIRS', raising=False)
-    monkeypatch.delenv('AMVIM_ALLOW_UNSAFE_LOAD', raising=False)
-    monkeypatch.setattr(compat, '_TRUSTED_DIRS', [])
+    """No opt-in for full unpickling from the environment."""
+    for name in ('AMVIM_UNSAFE_LOAD', 'AMVIM_TRUSTED_DIRS', 'AMVIM_ALLOW_UNSAFE_LOAD'):
+        monkeypatch.delenv(name, raising=False)
 
 
 def test_train_checkpoint_resume_and_test(tmp_ade20k, tmp_path, isolated_trust):
@@ -158,7 +158,6 @@ def test_train_checkpoint_resume_and_test(tmp_ade20k, tmp_path, isolated_trust):
     assert saved['meta']['iter'] == 2
     final_weights = {k: v.detach().clone() for k, v in first.model.state_dict().items()}
 
-    compat.trust_directory(tmp_path)
     second = _runner(cfg, tmp_path, resume=True,
                      train_cfg=dict(cfg['train_cfg'], max_iters=4))
     rec2 = _Recorder()
@@ -183,26 +182,24 @@ def test_train_checkpoint_resume_and_test(tmp_ade20k, tmp_path, isolated_trust):
     assert 'mIoU' in metrics and 0.0 <= metrics['mIoU'] <= 100.0
 
 
-def test_resume_from_untrusted_dir_is_refused(tmp_ade20k, tmp_path, isolated_trust,
-                                              monkeypatch):
-    work_dir = tmp_path / 'untrusted'
+def test_resume_from_any_folder_loads_safely(tmp_ade20k, tmp_path, isolated_trust):
+    """A training checkpoint outside ./work_dirs (no folder is trusted any more) resumes, read
+    with weights_only=True: every type it pickles is on the allow-list."""
+    work_dir = tmp_path / 'anywhere'
     cfg = _seg_cfg(tmp_ade20k, work_dir, max_iters=1, with_val=False)
     _runner(cfg, tmp_path).train()
     ckpt = work_dir / 'iter_1.pth'
     assert ckpt.is_file()
-    # neither ./work_dirs nor anything else trusts this file
     assert Path('work_dirs').resolve() not in ckpt.resolve().parents
-    assert not compat.is_trusted(ckpt)
+    # mmengine's own checkpoint needs more than torch's default allow-list ...
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(str(ckpt))
+    # ... and nothing beyond ours
+    with torch.serialization.safe_globals(safe_load.SAFE_GLOBALS):
+        saved = torch.load(ckpt, map_location='cpu', weights_only=True)
+    assert saved['meta']['iter'] == 1 and 'message_hub' in saved and 'optimizer' in saved
 
-    resumed = _runner(cfg, tmp_path, resume=True)
-    with pytest.raises(compat.UnsafeCheckpointError) as err:
-        resumed.train()
-    msg = str(err.value)
-    assert 'weights_only=True' in msg and 'AMVIM_TRUSTED_DIRS' in msg
-    assert 'HistoryBuffer' in msg  # names what it would have unpickled
-
-    # the documented opt-in works: trust the folder through the environment
-    monkeypatch.setenv('AMVIM_TRUSTED_DIRS', str(work_dir))
-    again = _runner(cfg, tmp_path, resume=True)
-    again.train()  # max_iters=1 reached already: loads the checkpoint, runs no iteration
-    assert again.iter == 1
+    again = _runner(cfg, tmp_path, resume=True, train_cfg=dict(cfg['train_cfg'], max_iters=2))
+    rec = _Recorder()
+    again.register_hook(rec)
+    again.train()
+    assert rec.start_iter == 1 and again.iter == 2

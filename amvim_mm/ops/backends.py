@@ -19,7 +19,7 @@ import logging
 import os
 from typing import Callable, Optional, Tuple
 
-from amvim_mm.errors import ConfigError
+from amvim_mm.errors import BackendUnavailableError, ConfigError
 
 SCAN_BACKENDS = ('cuda', 'torch', 'reference')
 ENV_VAR = 'AMVIM_SCAN_BACKEND'
@@ -53,15 +53,28 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def check_backend_usable(backend: Optional[str] = None, who: str = 'model') -> None:
+    """At build time: a forced ``cuda`` scan backend (argument or ``AMVIM_SCAN_BACKEND``) must
+    be usable on this machine, else every forward would fail later (after a long start)."""
+    if requested_backend(backend) != 'cuda':
+        return
+    fn, reason = mamba_selective_scan()
+    if fn is None or not cuda_available():
+        src = 'scan_backend="cuda"' if backend is not None else f'{ENV_VAR}=cuda'
+        why = reason if fn is None else 'CUDA is not available'
+        raise BackendUnavailableError(f'{who}: {src} is not usable on this machine ({why}); '
+                                      'use "torch" or leave it unset (automatic)')
+
+
 def requested_backend(backend: Optional[str] = None) -> str:
     """Resolve the requested backend name: argument > environment variable > ``auto``."""
     name = backend if backend is not None else os.environ.get(ENV_VAR, 'auto')
     name = name.strip().lower()
     if name not in SCAN_BACKENDS + ('auto', ):
         raise ConfigError(
-             f'unknown scan backend {name!r} (from '
-             f'{"argument" if backend is not None else ENV_VAR}); '
-             f'choose one of auto, {", ".join(SCAN_BACKENDS)}')
+            f'unknown scan backend {name!r} (from '
+            f'{"argument" if backend is not None else ENV_VAR}); '
+            f'choose one of auto, {", ".join(SCAN_BACKENDS)}')
     return name
 
 
@@ -86,9 +99,10 @@ def resolve_scan_backend(is_cuda: bool, backend: Optional[str] = None) -> str:
     if name == 'cuda':
         fn, reason = mamba_selective_scan()
         if fn is None:
-            raise RuntimeError(
+            raise BackendUnavailableError(
                 'scan backend "cuda" was requested but mamba-ssm is not usable '
                 f'({reason}); install the GPU extra (tools/gpu/README.md) or use "torch"')
         if not is_cuda:
-            raise RuntimeError('scan backend "cuda" needs CUDA tensors; got CPU tensors')
+            raise BackendUnavailableError('scan backend "cuda" needs CUDA tensors; got CPU '
+                                          'tensors (this machine has no usable GPU?)')
     return name

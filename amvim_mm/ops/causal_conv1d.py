@@ -18,7 +18,7 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from amvim_mm.errors import ConfigError
+from amvim_mm.errors import BackendUnavailableError, ConfigError
 from . import backends
 
 __all__ = ['causal_conv1d_fn', 'causal_conv1d_torch', 'resolve_conv_backend', 'CONV_BACKENDS']
@@ -35,9 +35,9 @@ def resolve_conv_backend(is_cuda: bool, width: int, backend: Optional[str] = Non
     name = name.strip().lower()
     if name not in CONV_BACKENDS + ('auto', ):
         raise ConfigError(
-             f'unknown causal conv backend {name!r} (from '
-             f'{"argument" if backend is not None else CONV_ENV_VAR}); '
-             f'choose one of auto, {", ".join(CONV_BACKENDS)}')
+            f'unknown causal conv backend {name!r} (from '
+            f'{"argument" if backend is not None else CONV_ENV_VAR}); '
+            f'choose one of auto, {", ".join(CONV_BACKENDS)}')
     if name == 'auto':
         if is_cuda and width in _CUDA_WIDTHS and backends.causal_conv1d_kernel()[0] is not None:
             return 'cuda'
@@ -45,13 +45,15 @@ def resolve_conv_backend(is_cuda: bool, width: int, backend: Optional[str] = Non
     if name == 'cuda':
         fn, reason = backends.causal_conv1d_kernel()
         if fn is None:
-            raise RuntimeError('causal conv backend "cuda" was requested but causal-conv1d is '
-                               f'not usable ({reason}); install it or use "torch"')
+            raise BackendUnavailableError('causal conv backend "cuda" was requested but '
+                                          f'causal-conv1d is not usable ({reason}); install it '
+                                          'or use "torch"')
         if not is_cuda:
-            raise RuntimeError('causal conv backend "cuda" needs CUDA tensors; got CPU tensors')
+            raise BackendUnavailableError('causal conv backend "cuda" needs CUDA tensors; got '
+                                          'CPU tensors')
         if width not in _CUDA_WIDTHS:
-            raise RuntimeError(f'causal conv backend "cuda" supports kernel widths '
-                               f'{_CUDA_WIDTHS}; got {width}')
+            raise BackendUnavailableError(f'causal conv backend "cuda" supports kernel '
+                                          f'widths {_CUDA_WIDTHS}; got {width}')
     return name
 
 

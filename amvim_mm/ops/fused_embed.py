@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from amvim_mm.errors import ConfigError
+from amvim_mm.errors import BackendUnavailableError, ConfigError
 from .fused_mixer import launch_config_from_env
 
 __all__ = ['fused_patch_embed', 'EMBED_CONFIG', 'embed_config']
@@ -48,8 +48,9 @@ def _kernel(interpret: bool):
 
     from . import _fused_embed_kernels as k
     if interpret and not triton.knobs.runtime.interpret:
-        raise RuntimeError('on CPU tensors the fused embedding runs in Triton\'s interpreter '
-                           'only: set TRITON_INTERPRET=1 before starting Python (slow; tests)')
+        raise BackendUnavailableError('on CPU tensors the fused embedding runs in Triton\'s '
+                                      'interpreter only: set TRITON_INTERPRET=1 before '
+                                      'starting Python (slow; tests)')
     return triton.jit(k.patch_embed_kernel)
 
 

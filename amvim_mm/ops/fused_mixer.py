@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from amvim_mm.errors import ConfigError
+from amvim_mm.errors import BackendUnavailableError, ConfigError
 
 __all__ = ['fused_mixer_available', 'fused_mixer_forward', 'fused_add_rmsnorm', 'FUSED_ENV_VAR',
            'fused_requested', 'auto_prefers_fused', 'autocast_dtype', 'launch_config_from_env']
@@ -85,8 +85,9 @@ def _kernels(interpret: bool):
 
     from . import _fused_mixer_kernels as k
     if interpret and not triton.knobs.runtime.interpret:
-        raise RuntimeError('on CPU tensors the fused mixer runs in Triton\'s interpreter only: set '
-                           'TRITON_INTERPRET=1 before starting Python (slow; meant for tests)')
+        raise BackendUnavailableError('on CPU tensors the fused mixer runs in Triton\'s '
+                                      'interpreter only: set TRITON_INTERPRET=1 before '
+                                      'starting Python (slow; meant for tests)')
     return (triton.jit(k.conv_kernel), triton.jit(k.scan_kernel),
             triton.jit(k.add_rmsnorm_kernel), triton.jit(k.merge_add_rmsnorm_kernel))
 

@@ -57,7 +57,7 @@ def _check_shapes(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: 
     bsz, dim, length = u.shape
     if delta.shape != u.shape:
         raise ConfigError(
-             f'delta must have the shape of u {tuple(u.shape)}; got {tuple(delta.shape)}')
+            f'delta must have the shape of u {tuple(u.shape)}; got {tuple(delta.shape)}')
     if A.dim() != 2 or A.shape[0] != dim:
         raise ConfigError(f'A must have shape (E={dim}, N); got {tuple(A.shape)}')
     if A.is_complex():
@@ -73,9 +73,9 @@ def _check_shapes(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: 
             ok = False
         if not ok:
             raise ConfigError(
-                 f'{name} must have shape (batch={bsz}, N={dstate}, L={length}) or '
-                 f'(batch, G, N, L) with E={dim} divisible by G; got {tuple(t.shape)} '
-                 f'(u {tuple(u.shape)}, A {tuple(A.shape)})')
+                f'{name} must have shape (batch={bsz}, N={dstate}, L={length}) or '
+                f'(batch, G, N, L) with E={dim} divisible by G; got {tuple(t.shape)} '
+                f'(u {tuple(u.shape)}, A {tuple(A.shape)})')
     for name, t in (('D', D), ('delta_bias', delta_bias)):
         if t is not None and t.shape != (dim, ):
             raise ConfigError(f'{name} must have shape (E={dim},); got {tuple(t.shape)}')

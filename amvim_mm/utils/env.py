@@ -90,6 +90,10 @@ def collect_env() -> Tuple[Dict[str, str], List[str]]:
         scan = 'cuda (mamba-ssm)' if (cuda and fn is not None) else 'torch (chunked PyTorch scan)'
     else:
         scan = f'{req} (forced by AMVIM_SCAN_BACKEND)'
+        if req == 'cuda' and not (cuda and fn is not None):
+            problems.append('AMVIM_SCAN_BACKEND=cuda but the mamba-ssm kernel is not usable here '
+                            f'({"no CUDA device" if not cuda else why}): every forward would '
+                            'fail; unset it or use torch')
     info['scan backend'] = scan
     from amvim_mm.ops.fused_mixer import fused_mixer_available, fused_requested
     try:
@@ -102,6 +106,12 @@ def collect_env() -> Tuple[Dict[str, str], List[str]]:
         info['fused mixer (inference)'] = 'off (AMVIM_FUSED_MIXER=0)'
     elif ok:
         info['fused mixer (inference)'] = 'usable (Triton, CUDA)'
+    elif fused is True:
+        info['fused mixer (inference)'] = f'forced by AMVIM_FUSED_MIXER=1 but not usable ({fwhy})'
+        problems.append(f'AMVIM_FUSED_MIXER=1 but the fused mixer is not usable here ({fwhy}): '
+                        'every inference would fail; unset it or set 0')
     else:
         info['fused mixer (inference)'] = f'not usable here ({fwhy}); the unfused mixer runs'
+    from amvim_mm.utils.safe_load import retired_env_problems
+    problems.extend(retired_env_problems())
     return info, problems

@@ -43,6 +43,10 @@ HASH_KEY = 'amvim_state_dict_sha256'
 RETIRED_ENV = ('AMVIM_TRUSTED_DIRS', 'AMVIM_ALLOW_UNSAFE_LOAD')
 
 
+# registered by HistoryBuffer.__init__ (so absent from _statistics_methods until one exists)
+_HISTORY_BUFFER_METHODS = ('min', 'max', 'current', 'mean')
+
+
 def _history_buffer_getattr(obj: Any, name: str) -> Any:
     """``getattr`` as mmengine's ``HistoryBuffer`` pickles it, and nothing else.
 
@@ -51,7 +55,7 @@ def _history_buffer_getattr(obj: Any, name: str) -> Any:
     let a pickle walk from any allowed object to ``os.system``.
     """
     if obj is HistoryBuffer and isinstance(name, str) and \
-            name in HistoryBuffer._statistics_methods:
+            (name in _HISTORY_BUFFER_METHODS or name in HistoryBuffer._statistics_methods):
         return getattr(obj, name)
     raise pickle.UnpicklingError(f'getattr({obj!r}, {name!r}) is not allowed in a checkpoint')
 

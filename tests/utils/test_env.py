@@ -41,3 +41,25 @@ def test_bad_fused_env_is_a_problem(monkeypatch):
     monkeypatch.setenv('AMVIM_FUSED_MIXER', '0')
     info, problems = env.collect_env()
     assert info['fused mixer (inference)'].startswith('off')
+
+
+def test_forced_backends_this_machine_lacks_are_problems(monkeypatch):
+    """check_env must not say "environment OK" when every run would then fail."""
+    import torch
+
+    from amvim_mm.ops.backends import mamba_selective_scan
+    from amvim_mm.ops.fused_mixer import fused_mixer_available
+    monkeypatch.setenv('AMVIM_SCAN_BACKEND', 'cuda')
+    _, problems = env.collect_env()
+    usable = torch.cuda.is_available() and mamba_selective_scan()[0] is not None
+    assert any('AMVIM_SCAN_BACKEND=cuda' in p for p in problems) != usable
+    monkeypatch.delenv('AMVIM_SCAN_BACKEND')
+    monkeypatch.setenv('AMVIM_FUSED_MIXER', '1')
+    _, problems = env.collect_env()
+    assert any('AMVIM_FUSED_MIXER=1' in p for p in problems) != fused_mixer_available('cuda')[0]
+
+
+def test_retired_trust_variables_are_problems(monkeypatch):
+    monkeypatch.setenv('AMVIM_TRUSTED_DIRS', '.')
+    _, problems = env.collect_env()
+    assert any('AMVIM_TRUSTED_DIRS is set but no longer honoured' in p for p in problems)

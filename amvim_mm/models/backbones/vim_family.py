@@ -23,8 +23,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
-from amvim_mm.errors import ConfigError, LookupConfigError
-from amvim_mm.ops.backends import log_choice_once, mamba_selective_scan, requested_backend
+from amvim_mm.errors import BackendUnavailableError, ConfigError, LookupConfigError
+from amvim_mm.ops.backends import (check_backend_usable, log_choice_once, mamba_selective_scan,
+                                   requested_backend)
 from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
 from amvim_mm.ops.fused_mixer import (auto_prefers_fused, autocast_dtype, fused_add_rmsnorm,
                                       fused_mixer_available, fused_mixer_forward, fused_requested)
@@ -212,8 +213,8 @@ class BiMambaMixer(nn.Module):
             return ok
         ok, reason = fused_mixer_available(hidden.device.type)
         if not ok:
-            raise RuntimeError(f'the fused mixer was requested (fused=True or '
-                               f'AMVIM_FUSED_MIXER=1) but is not usable: {reason}')
+            raise BackendUnavailableError(f'the fused mixer was requested (fused=True or '
+                                          f'AMVIM_FUSED_MIXER=1) but is not usable: {reason}')
         return True
 
     @staticmethod
@@ -360,10 +361,10 @@ def _canonical_arch(arch_zoo: Dict[str, dict], arch: Union[str, dict],
     unknown = set(arch) - REQUIRED_ARCH_KEYS - OPTIONAL_ARCH_KEYS
     if missing or unknown:
         raise ConfigError(
-             f'custom {name} arch {arch!r}: '
-             + (f'missing keys {sorted(missing)}; ' if missing else '')
-             + (f'unknown keys {sorted(unknown)}; ' if unknown else '')
-             + f'required {sorted(REQUIRED_ARCH_KEYS)}, optional {sorted(OPTIONAL_ARCH_KEYS)}')
+            f'custom {name} arch {arch!r}: '
+            + (f'missing keys {sorted(missing)}; ' if missing else '')
+            + (f'unknown keys {sorted(unknown)}; ' if unknown else '')
+            + f'required {sorted(REQUIRED_ARCH_KEYS)}, optional {sorted(OPTIONAL_ARCH_KEYS)}')
     for k, v in arch.items():
         if not isinstance(v, int) or v < 1:
             raise ConfigError(f'custom {name} arch: {k} must be a positive int, got {v!r}')
@@ -443,6 +444,10 @@ class VimFamilyBackbone(BaseModule):
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, strict=True])`` loads an official
             Vim file or one of ours strictly (see
             :func:`amvim_mm.utils.checkpoint.load_backbone_checkpoint`).
+
+    Every argument is checked at build time (a :class:`~amvim_mm.errors.ConfigError` names the
+    argument, the value and what is allowed); the images of each forward are checked by
+    :meth:`check_images` (shape, channels, an empty batch, NaN/inf values).
     """
 
     arch_zoo: Dict[str, dict] = {}
@@ -488,6 +493,7 @@ class VimFamilyBackbone(BaseModule):
         self.img_size = tuple(img_size)
         self.interpolate_mode = interpolate_mode
 
+        check_backend_usable(scan_backend, name)
         self.patch_embed = PatchEmbed(in_channels, D, patch_size, stride)
         self.patch_resolution = self.patch_embed.grid_size(*self.img_size)
         num_patches = self.patch_resolution[0] * self.patch_resolution[1]
