@@ -210,3 +210,55 @@ def test_sigkill_during_checkpoint_saves_leaves_a_resumable_run(seg, tmp_path, k
     assert not [n for n in os.listdir(work_dir) if n.endswith('.tmp')]
     kept = sorted(n for n in os.listdir(work_dir) if n.startswith('iter_'))
     assert len(kept) <= keep, kept
+
+
+# ------------------------------------------- official files through the libraries' tools
+def _library_tool(package, config, checkpoint, cwd):
+    mod = __import__(package)
+    script = osp.join(osp.dirname(mod.__file__), '.mim', 'tools', 'test.py')
+    return subprocess.run([sys.executable, script, str(config), str(checkpoint), '--work-dir',
+                           str(cwd / 'lib_work')], cwd=str(cwd), env=_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_mmpretrain_test_tool_scores_an_official_vim_file(tmp_path):
+    """mmpretrain's own tools/test.py (load_from) on an official Vim file: the right Top-1, the
+    same as our tools/test.py (was: a random model, Top-1 25.0 instead of 91.67)."""
+    import re
+
+    from amvim_mm.models.backbones import Vim
+    from amvim_mm.testing import make_imagenet
+    from tests.test_tools_e2e import CLS_BASE, CLS_CONFIG, NUM_CLASSES
+    data_root = make_imagenet(tmp_path / 'imagenet', num_classes=NUM_CLASSES, per_class=2,
+                              seed=0)
+    classes = sorted(os.listdir(osp.join(data_root, 'train')))
+    cfg = write_config(tmp_path / 'vim-test_linear_1xb3-1e_in1k-64.py',
+                       CLS_CONFIG.format(base=CLS_BASE, data_root=data_root, classes=classes,
+                                         num_classes=NUM_CLASSES))
+    torch.manual_seed(0)
+    sd = dict(Vim(arch='test', img_size=224).state_dict())
+    # a head that always answers the last class: top-1 is the share of that class
+    sd['head.weight'] = torch.zeros(NUM_CLASSES, 32)
+    sd['head.bias'] = torch.tensor([0.0] * (NUM_CLASSES - 1) + [50.0])
+    official = tmp_path / 'vim_test_official.pth'
+    torch.save({'model': sd}, official)
+    proc = _library_tool('mmpretrain', cfg, official, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = re.findall(r'accuracy/top1: ([0-9.]+)', proc.stdout + proc.stderr)
+    labels = [int(ln.split()[1]) for ln in
+              open(osp.join(data_root, 'meta', 'val.txt')).read().split('\n') if ln]
+    expected = 100.0 * labels.count(NUM_CLASSES - 1) / len(labels)
+    assert found and float(found[-1]) == pytest.approx(expected, abs=1e-3), found
+
+
+def test_mmseg_test_tool_refuses_an_official_vim_file(seg, tmp_path):
+    """mmseg's own tools/test.py on an ImageNet file would test random heads: a clear stop."""
+    from amvim_mm.models.backbones import Vim
+    sd = dict(Vim(arch='test', img_size=224).state_dict())
+    sd['head.weight'] = torch.zeros(3, 32)
+    sd['head.bias'] = torch.zeros(3)
+    official = tmp_path / 'vim_test_official.pth'
+    torch.save({'model': sd}, official)
+    proc = _library_tool('mmseg', seg['cfg'], official, tmp_path)
+    assert proc.returncode != 0
+    assert "the checkpoint is a classifier's" in proc.stderr, proc.stderr[-3000:]

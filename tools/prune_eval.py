@@ -25,8 +25,8 @@ import warnings
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 from mmengine.config import DictAction
 
+from amvim_mm.apis.cli import run_cli
 from amvim_mm.apis.prune_eval import METHODS, markdown_table, plot, run_sweep
-from amvim_mm.errors import AmvimError
 
 
 def _positive_int(text: str) -> int:
@@ -60,16 +60,17 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    """The tool; a user error ends as one ``error:`` line and exit code 2."""
+    return run_cli(lambda: _sweep(argv))
+
+
+def _sweep(argv=None) -> int:
     args = parse_args(argv)
     if args.threads is not None:
         import torch
         torch.set_num_threads(args.threads)
-    try:
-        data = run_sweep(args.models, args.methods, args.ratios, args.out_dir,
-                         names=args.names, cfg_options=args.cfg_options, verbose=args.verbose)
-    except (AmvimError, FileNotFoundError, ValueError, KeyError) as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
+    data = run_sweep(args.models, args.methods, args.ratios, args.out_dir,
+                     names=args.names, cfg_options=args.cfg_options, verbose=args.verbose)
     print(markdown_table(data))
     png = plot(data, osp.join(args.out_dir, 'prune_eval.png'))
     print(f'\nresults: {osp.join(args.out_dir, "results.json")}\nplot:    {png}')

@@ -1,6 +1,6 @@
 """Throughput, latency and peak memory of Vim-family models (see ``tools/benchmark.py``).
 
-Measurement (``../shared/spec/performance.md``): warm up, then time many iterations with CUDA
+Measurement: warm up, then time many iterations with CUDA
 events (or ``perf_counter`` after a synchronize on the CPU), report the median of several
 repeats and their spread; record the device, torch/CUDA versions, dtype, batch, resolution and
 scan backend. ``mode='graph'`` captures the whole forward pass in a CUDA graph and times its
@@ -19,7 +19,7 @@ import torch.nn as nn
 from amvim_mm.errors import ConfigError, LookupConfigError
 
 # measured anchors of the official code (one H200, PyTorch 2.11 + CUDA 13.0, 2026-11-29),
-# inference, 224x224, batch 128, images/s (../shared/spec/performance.md)
+# inference, 224x224, batch 128, images/s (official code, one H200; benchmarks/README.md)
 OFFICIAL_ANCHORS = {
     ('vim-t', 'fp32'): 3599, ('vim-t', 'bf16'): 4377, ('vim-t', 'fp16'): 3473,
     ('vim-s', 'fp32'): 1625, ('vim-s', 'bf16'): 2318, ('vim-s', 'fp16'): 2324,

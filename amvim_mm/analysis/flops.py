@@ -2,7 +2,7 @@
 
 Two conventions, named in every result:
 
-* ``'mamba'`` (default, ``../shared/spec/token_reduction.md``): multiply-accumulates of the
+* ``'mamba'`` (default, the project's convention): multiply-accumulates of the
   linear layers, the patch embedding and the depthwise conv count one FLOP each (fvcore's
   convention), and the selective scan counts ``9 * L * E * N`` per path (the mamba-ssm
   maintainers' convention), for every path, with the sequence length ``L`` each block actually

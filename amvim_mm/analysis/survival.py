@@ -1,6 +1,6 @@
 """Token connection survival rate (AMVim Fig. 1c), with the definitions of the spec.
 
-The paper gives no formula. **Decision** (``../shared/spec/token_reduction.md``):
+The paper gives no formula. **Decision** (ours):
 
 * edge survival: the share of the original direct edges (pairs of patches adjacent in any
   path's order of the first block, union over paths) whose two endpoints both survive as their

@@ -4,7 +4,7 @@ The unfused mixer (:class:`amvim_mm.models.backbones.vim_family.BiMambaMixer`, t
 this file) works channel-first like the official code: per path a gather or flip of ``xz`` into
 the path's order, a causal conv launch, a selective-scan launch, and a gather back. At Vim's shapes
 (L = 197, E = 384) every one of these launches is far from the memory roofline; the mamba-ssm scan
-kernel alone takes ~0.4 ms for ~20 MB (``../shared/spec/performance.md``).
+kernel alone takes ~0.4 ms for ~20 MB (measured on an H200).
 
 Here the sequence stays channel-last (B, L, C), as ``in_proj`` produces it, and a path is just an
 int32 index array ``perm[p, b, i]`` (the token at position ``i`` of path ``p``), so a window-order

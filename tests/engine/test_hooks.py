@@ -83,3 +83,24 @@ def test_layer_decay_groups():
         build_optim_wrapper(model, dict(
             type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-3),
             constructor='LayerDecayOptimWrapperConstructor', paramwise_cfg=dict(decay=0.5)))
+
+
+def test_layer_decay_accepts_mmseg_keys_when_they_agree():
+    """Configs written for mmseg's LayerDecayOptimizerConstructor carry num_layers/decay_type."""
+    model = Model()
+    depth = model.backbone.num_layers
+
+    def build(**paramwise):
+        return build_optim_wrapper(model, dict(
+            type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-3),
+            constructor='LayerDecayOptimWrapperConstructor',
+            paramwise_cfg=dict(layer_decay_rate=0.5, **paramwise)))
+
+    same = build(num_layers=depth, decay_type='layer_wise')
+    ref = build()
+    assert [g['lr'] for g in same.optimizer.param_groups] == \
+        [g['lr'] for g in ref.optimizer.param_groups]
+    with pytest.raises(ValueError, match=f'num_layers={depth + 1} but the backbone has {depth}'):
+        build(num_layers=depth + 1)
+    with pytest.raises(ValueError, match="decay_type='stage_wise' is not supported"):
+        build(decay_type='stage_wise')

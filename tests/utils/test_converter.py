@@ -54,3 +54,30 @@ def test_cli_bad_input(tmp_path):
     r = subprocess.run([sys.executable, str(TOOL), str(tmp_path / 'none.pth'),
                         str(tmp_path / 'o.pth')], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and 'checkpoint file not found' in r.stderr
+
+
+def test_cli_never_overwrites_its_source_and_refuses_a_folder(tmp_path):
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=64))
+    src = tmp_path / 'vim_official.pth'
+    torch.save({'model': random_official_state_dict(m)}, src)
+    before = src.read_bytes()
+    for dst, expect in ((src, 'is the input file'), (tmp_path, 'is a directory'),
+                        (tmp_path / '.' / src.name, 'is the input file')):
+        r = subprocess.run([sys.executable, str(TOOL), str(src), str(dst)], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 2 and expect in r.stderr, r.stderr
+        assert 'Traceback' not in r.stderr
+    assert src.read_bytes() == before
+
+
+def test_cli_output_records_the_weights_hash(tmp_path):
+    from amvim_mm.utils.safe_load import HASH_KEY, state_dict_sha256
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=64))
+    src = tmp_path / 'vim_official.pth'
+    torch.save({'model': random_official_state_dict(m)}, src)
+    dst = tmp_path / 'clean.pth'
+    r = subprocess.run([sys.executable, str(TOOL), str(src), str(dst)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    ck = torch.load(dst, weights_only=True)
+    assert ck['meta'][HASH_KEY] == state_dict_sha256(ck['state_dict'])

@@ -1,6 +1,6 @@
 """The Vim family: one mixer, one block and one backbone base; Vim and AMVim are configs of it.
 
-Data flow (see ``../shared/spec/models.md``)::
+Data flow::
 
     image -> patch embed -> class token at the middle + pos embed
           -> blocks: residual = residual + drop_path(h); h = mixer(RMSNorm(residual))

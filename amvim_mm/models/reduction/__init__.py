@@ -1,4 +1,4 @@
-"""Token reduction for Vim-family backbones (see ``../shared/spec/token_reduction.md``)."""
+"""Token reduction for Vim-family backbones (protocols and math: README, "Token reduction")."""
 from .reducers import (TOKEN_REDUCERS, EViT, RandomPrune, ToMe, ToP, TokenReducer,
                        build_reducer)
 from .schedule import ReductionSchedule
