@@ -15,7 +15,6 @@ Suites:
 Every row records the command, device and versions.
 """
 import argparse
-import contextlib
 import json
 import os
 import os.path as osp
@@ -27,30 +26,16 @@ import torch  # noqa: E402
 
 from amvim_mm.analysis import benchmark as B  # noqa: E402
 from amvim_mm.analysis.flops import vim_family_flops  # noqa: E402
+from amvim_mm import runtime  # noqa: E402
 from amvim_mm.apis.cli import run_cli  # noqa: E402
 
 RATIOS = (0.0, 0.17, 0.27, 0.36, 0.46)
-EXTRA = 'AMVIM_FUSED_REDUCTION_KERNELS'
-
-
-@contextlib.contextmanager
-def env_var(key, value):
-    """``os.environ[key] = value`` for the block; the user's own value (or its absence) after."""
-    before = os.environ.get(key)
-    os.environ[key] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
 
 
 def variant_env(variant):
     """The reduction variant's switch: 'torch-match' matches and orders reduced paths with
     PyTorch ops (AMVIM_FUSED_REDUCTION_KERNELS=0), 'default' with the Triton kernels."""
-    return env_var(EXTRA, '0' if variant == 'torch-match' else '1')
+    return runtime.override(reduction_kernels=variant != 'torch-match')
 
 
 def log(msg):
@@ -84,7 +69,7 @@ def gpu_tune(args):
         E = m.backbone.layers[0].mixer.d_inner
         mine = []
         for cfg in args.tune_configs:
-            with env_var('AMVIM_FUSED_SCAN_CONFIG', cfg):
+            with runtime.override(scan_config=cfg):
                 r = B.measure(m, 128, 224, 'bf16', 'graph', warmup=3, iters=10, repeats=3)
             r.update(model=name, E=E, config=cfg)
             mine.append(r)
@@ -113,7 +98,7 @@ def gpu_tune_match(args):
     ctx = init_reduction_state(ScanContext((14, 14), cls_index=98), 128, 'cuda')
     state = (ctx.pos, ctx.size, ctx.source)
     rows, TM.MATCH_CONFIG = _tune_kernel(
-        'tome_match', 'AMVIM_TOME_MATCH_CONFIG', args.match_configs,
+        'tome_match', 'match_config', args.match_configs,
         lambda: TM.tome_match(h, r, w, 196, 98, 14, low_precision=True, plan_state=state))
     log(f'  tome_match: using {TM.MATCH_CONFIG}')
     return rows
@@ -127,12 +112,12 @@ def _graph_us(fn) -> float:
     return round(sorted(times)[1] * 1e6, 2)
 
 
-def _tune_kernel(name, env, configs, fn):
-    """:func:`_graph_us` of ``fn`` under each launch configuration in environment variable
-    ``env``. Returns (rows, the fastest configuration as a tuple)."""
+def _tune_kernel(name, setting, configs, fn):
+    """:func:`_graph_us` of ``fn`` under each launch configuration of runtime ``setting``
+    (:mod:`amvim_mm.runtime`). Returns (rows, the fastest configuration as a tuple)."""
     rows = []
     for cfg in configs:
-        with env_var(env, cfg):
+        with runtime.override(**{setting: cfg}):
             us = _graph_us(fn)
         rows.append(dict(config=cfg, us_per_call=us))
         log(f'  {name} {cfg}: {us} us')
@@ -152,7 +137,7 @@ def gpu_tune_embed(args):
     def embed():
         with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
             return m.embed(x)[0]
-    rows, FE.EMBED_CONFIG = _tune_kernel('embed', 'AMVIM_EMBED_CONFIG', args.embed_configs,
+    rows, FE.EMBED_CONFIG = _tune_kernel('embed', 'embed_config', args.embed_configs,
                                          embed)
     log(f'  embed: using {FE.EMBED_CONFIG}')
     for layer in m.layers:

@@ -16,13 +16,13 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-import os
 from typing import Callable, Optional, Tuple
 
-from amvim_mm.errors import BackendUnavailableError, ConfigError
+from amvim_mm import runtime
+from amvim_mm.errors import BackendUnavailableError
 
-SCAN_BACKENDS = ('cuda', 'torch', 'reference')
-ENV_VAR = 'AMVIM_SCAN_BACKEND'
+SCAN_BACKENDS = runtime.SCAN_BACKENDS
+ENV_VAR = runtime.variable_of('scan_backend')
 
 logger = logging.getLogger('amvim_mm')
 
@@ -67,15 +67,11 @@ def check_backend_usable(backend: Optional[str] = None, who: str = 'model') -> N
 
 
 def requested_backend(backend: Optional[str] = None) -> str:
-    """Resolve the requested backend name: argument > environment variable > ``auto``."""
-    name = backend if backend is not None else os.environ.get(ENV_VAR, 'auto')
-    name = name.strip().lower()
-    if name not in SCAN_BACKENDS + ('auto', ):
-        raise ConfigError(
-            f'unknown scan backend {name!r} (from '
-            f'{"argument" if backend is not None else ENV_VAR}); '
-            f'choose one of auto, {", ".join(SCAN_BACKENDS)}')
-    return name
+    """Resolve the requested backend name: argument > ``AMVIM_SCAN_BACKEND`` (through
+    :mod:`amvim_mm.runtime`) > ``auto``."""
+    if backend is not None:
+        return runtime.parse_value('scan_backend', backend)
+    return runtime.settings().scan_backend
 
 
 _logged: set = set()

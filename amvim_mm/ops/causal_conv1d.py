@@ -12,32 +12,27 @@ else ``torch``); logged once per backend on the ``amvim_mm`` logger.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch.nn.functional as F
 from torch import Tensor
 
+from amvim_mm import runtime
 from amvim_mm.errors import BackendUnavailableError, ConfigError
 from . import backends
 
 __all__ = ['causal_conv1d_fn', 'causal_conv1d_torch', 'resolve_conv_backend', 'CONV_BACKENDS']
 
-CONV_BACKENDS = ('cuda', 'torch')
-CONV_ENV_VAR = 'AMVIM_CONV_BACKEND'
+CONV_BACKENDS = runtime.CONV_BACKENDS
+CONV_ENV_VAR = runtime.variable_of('conv_backend')
 _ACTIVATIONS = (None, 'silu', 'swish')
 _CUDA_WIDTHS = (2, 3, 4)  # widths the causal-conv1d kernel supports
 
 
 def resolve_conv_backend(is_cuda: bool, width: int, backend: Optional[str] = None) -> str:
     """Pick ``cuda`` or ``torch`` for tensors on CUDA (``is_cuda``) and a kernel ``width``."""
-    name = backend if backend is not None else os.environ.get(CONV_ENV_VAR, 'auto')
-    name = name.strip().lower()
-    if name not in CONV_BACKENDS + ('auto', ):
-        raise ConfigError(
-            f'unknown causal conv backend {name!r} (from '
-            f'{"argument" if backend is not None else CONV_ENV_VAR}); '
-            f'choose one of auto, {", ".join(CONV_BACKENDS)}')
+    name = (runtime.parse_value('conv_backend', backend) if backend is not None
+            else runtime.settings().conv_backend)
     if name == 'auto':
         if is_cuda and width in _CUDA_WIDTHS and backends.causal_conv1d_kernel()[0] is not None:
             return 'cuda'

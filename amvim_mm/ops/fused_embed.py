@@ -23,8 +23,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from amvim_mm import runtime
 from amvim_mm.errors import BackendUnavailableError, ConfigError
-from .fused_mixer import launch_config_from_env
 
 __all__ = ['fused_patch_embed', 'EMBED_CONFIG', 'embed_config']
 
@@ -37,9 +37,8 @@ EMBED_CONFIG = (64, 128, 4, 4)
 
 
 def embed_config() -> Tuple[int, int, int, int]:
-    env = launch_config_from_env('AMVIM_EMBED_CONFIG', 'BLOCK_M,BLOCK_N,num_warps,num_stages',
-                                 '64,256,8,1')
-    return EMBED_CONFIG if env is None else env
+    """The embedding kernel's launch configuration (``AMVIM_EMBED_CONFIG`` overrides)."""
+    return runtime.settings().embed_config or EMBED_CONFIG
 
 
 @functools.lru_cache(maxsize=None)

@@ -33,19 +33,19 @@ one kernel, for the same inference path.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from amvim_mm import runtime
 from amvim_mm.errors import BackendUnavailableError, ConfigError
 
 __all__ = ['fused_mixer_available', 'fused_mixer_forward', 'fused_add_rmsnorm', 'FUSED_ENV_VAR',
-           'fused_requested', 'auto_prefers_fused', 'autocast_dtype', 'launch_config_from_env']
+           'fused_requested', 'auto_prefers_fused', 'autocast_dtype']
 
-FUSED_ENV_VAR = 'AMVIM_FUSED_MIXER'
+FUSED_ENV_VAR = runtime.variable_of('fused_mixer')
 LOG2E = 1.4426950408889634
 
 
@@ -64,17 +64,11 @@ def auto_prefers_fused(batch: int, d_inner: int, has_mamba_kernel: bool) -> bool
 
 
 def fused_requested(setting: Optional[bool]) -> Optional[bool]:
-    """Resolve the ``fused`` switch: argument > ``AMVIM_FUSED_MIXER`` (0/1) > ``None`` (auto)."""
+    """Resolve the ``fused`` switch: argument > ``AMVIM_FUSED_MIXER`` (0/1, through
+    :mod:`amvim_mm.runtime`) > ``None`` (auto)."""
     if setting is not None:
         return bool(setting)
-    env = os.environ.get(FUSED_ENV_VAR, '').strip().lower()
-    if env in ('', 'auto'):
-        return None
-    if env in ('1', 'true', 'on', 'yes'):
-        return True
-    if env in ('0', 'false', 'off', 'no'):
-        return False
-    raise ConfigError(f'{FUSED_ENV_VAR}={env!r}: use 1 (on), 0 (off) or auto')
+    return runtime.settings().fused_mixer
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,21 +108,6 @@ DEFAULT_SCAN_CONFIG = (64, 2, False)
 CONV_BLOCK = (32, 64)
 
 
-def launch_config_from_env(var: str, fields: str, example: str) -> Optional[Tuple[int, ...]]:
-    """A kernel launch configuration from environment variable ``var`` ("a,b,c": the integers
-    named in ``fields``), or None when it is unset."""
-    env = os.environ.get(var)
-    if not env:
-        return None
-    values = env.split(',')
-    try:
-        if len(values) != len(fields.split(',')):
-            raise ValueError
-        return tuple(int(v) for v in values)
-    except ValueError:
-        raise ConfigError(f'{var}={env!r}: expected "{fields}", e.g. "{example}"') from None
-
-
 def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     """The autocast dtype on ``device_type`` when autocast is on there, else None."""
     if torch.is_autocast_enabled(device_type):
@@ -137,8 +116,7 @@ def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
 
 
 def scan_config(E: int) -> Tuple[int, int, bool]:
-    env = launch_config_from_env('AMVIM_FUSED_SCAN_CONFIG', 'BLOCK_E,num_warps,dt_in_kernel',
-                                 '32,1,1')
+    env = runtime.settings().scan_config    # AMVIM_FUSED_SCAN_CONFIG
     if env is not None:
         be, w, dk = env
         return be, w, bool(dk)

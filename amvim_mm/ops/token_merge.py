@@ -20,14 +20,13 @@ Only for merges without frozen sources and without EViT's fused token (ToMe at i
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
-from .fused_mixer import launch_config_from_env
 
 __all__ = ['MergePlan', 'plan_merge', 'apply_merge_plan', 'tome_match', 'MAX_MATCH_ROWS',
            'MATCH_CONFIG', 'match_config',
@@ -35,19 +34,14 @@ __all__ = ['MergePlan', 'plan_merge', 'apply_merge_plan', 'tome_match', 'MAX_MAT
 
 #: the matching kernel holds an (A x B) score tile in registers: at most 128 rows per set
 MAX_MATCH_ROWS = 128
-EXTRA_ENV_VAR = 'AMVIM_FUSED_REDUCTION_KERNELS'
+EXTRA_ENV_VAR = runtime.variable_of('reduction_kernels')
 
 
 def extra_kernels_enabled() -> bool:
     """:func:`tome_match` and :func:`rank_path_perm` on the fused path (default); with
     ``AMVIM_FUSED_REDUCTION_KERNELS=0`` ToMe matches and reduced paths are ordered with PyTorch
     ops (run 9, benchmarks/runs/2026-11-30_run9: the kernels are faster)."""
-    value = os.environ.get(EXTRA_ENV_VAR, '1').strip().lower()
-    if value in ('', '1', 'true', 'on', 'yes'):
-        return True
-    if value in ('0', 'false', 'off', 'no'):
-        return False
-    raise ConfigError(f'{EXTRA_ENV_VAR}={value!r}: use 1 (on) or 0 (off)')
+    return runtime.settings().reduction_kernels
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,9 +133,8 @@ MATCH_CONFIG = (64, 8, 1)
 
 
 def match_config() -> Tuple[int, int, int]:
-    env = launch_config_from_env('AMVIM_TOME_MATCH_CONFIG', 'BLOCK_D,num_warps,num_stages',
-                                 '32,8,1')
-    return MATCH_CONFIG if env is None else env
+    """The matching kernel's launch configuration (``AMVIM_TOME_MATCH_CONFIG`` overrides)."""
+    return runtime.settings().match_config or MATCH_CONFIG
 
 
 def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],

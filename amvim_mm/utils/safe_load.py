@@ -32,15 +32,14 @@ import torch
 from mmengine.config import ConfigDict
 from mmengine.logging import HistoryBuffer
 
+from amvim_mm import runtime
 from amvim_mm.errors import CheckpointError, ConfigError, UnsafeCheckpointError
 
 logger = logging.getLogger('amvim_mm')
 
-UNSAFE_ENV = 'AMVIM_UNSAFE_LOAD'
+UNSAFE_ENV = runtime.variable_of('unsafe_load')
 #: ``meta`` key of the weights' SHA-256 in files this project writes
 HASH_KEY = 'amvim_state_dict_sha256'
-#: variables of earlier versions that trusted whole directories; no longer honoured
-RETIRED_ENV = ('AMVIM_TRUSTED_DIRS', 'AMVIM_ALLOW_UNSAFE_LOAD')
 
 
 # registered by HistoryBuffer.__init__ (so absent from _statistics_methods until one exists)
@@ -78,13 +77,11 @@ SAFE_GLOBALS: List[Any] = [
 
 def unsafe_load_allowed(filename: Union[str, os.PathLike]) -> bool:
     """Whether ``AMVIM_UNSAFE_LOAD`` names this file (by real path)."""
-    value = os.environ.get(UNSAFE_ENV, '')
-    if not value:
+    entries = runtime.settings().unsafe_load
+    if not entries:
         return False
     target = os.path.realpath(filename)
-    for entry in value.split(os.pathsep):
-        if not entry:
-            continue
+    for entry in entries:
         if os.path.isdir(entry):
             raise ConfigError(f'{UNSAFE_ENV} names the directory {entry!r}; it takes checkpoint '
                               'files, one by one')
@@ -205,7 +202,7 @@ def retired_env_problems() -> List[str]:
     """Set variables of the old directory-trust model, which are ignored now."""
     return [f'{name} is set but no longer honoured: training checkpoints load safely from any '
             f'folder; to unpickle one file fully, name it in {UNSAFE_ENV}'
-            for name in RETIRED_ENV if os.environ.get(name)]
+            for name in runtime.retired_variables()]
 
 
 def mark_weights(meta: Dict, state_dict: Mapping) -> Dict:

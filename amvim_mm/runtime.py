@@ -1,0 +1,189 @@
+"""Runtime switches of amvim_mm: every ``AMVIM_*`` environment variable, read in one place.
+
+timm's pattern (``timm.layers.config``): the switches are one immutable :class:`Settings`
+value; :func:`settings` returns the one in force, parsed from the environment by one parser
+(an unknown value is a :class:`~amvim_mm.errors.ConfigError` naming the variable), and
+:func:`override` changes them for a block of code without touching ``os.environ``::
+
+    from amvim_mm import runtime
+    with runtime.override(fused_mixer=False, scan_backend='torch'):
+        model(x)
+
+The environment is parsed again only when one of the variables changed (the raw values are the
+cache key), so reading the settings costs a few dict lookups; a forward reads them once.
+
+=================================  ========================  =================================
+variable                           field                     values
+=================================  ========================  =================================
+``AMVIM_SCAN_BACKEND``             ``scan_backend``          auto, cuda, torch, reference
+``AMVIM_CONV_BACKEND``             ``conv_backend``          auto, cuda, torch
+``AMVIM_FUSED_MIXER``              ``fused_mixer``           auto (None), 1 (True), 0 (False)
+``AMVIM_FUSED_REDUCTION_KERNELS``  ``reduction_kernels``     1 (default), 0
+``AMVIM_FUSED_SCAN_CONFIG``        ``scan_config``           "BLOCK_E,num_warps,dt_in_kernel"
+``AMVIM_TOME_MATCH_CONFIG``        ``match_config``          "BLOCK_D,num_warps,num_stages"
+``AMVIM_EMBED_CONFIG``             ``embed_config``          "BLOCK_M,BLOCK_N,warps,stages"
+``AMVIM_UNSAFE_LOAD``              ``unsafe_load``           checkpoint paths, ``os.pathsep``
+=================================  ========================  =================================
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import threading
+from typing import Iterator, Optional, Tuple
+
+from amvim_mm.errors import ConfigError
+
+SCAN_BACKENDS = ('cuda', 'torch', 'reference')
+CONV_BACKENDS = ('cuda', 'torch')
+_TRUE = ('1', 'true', 'on', 'yes')
+_FALSE = ('0', 'false', 'off', 'no')
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The runtime switches (see the module docstring for their variables)."""
+
+    scan_backend: str = 'auto'
+    conv_backend: str = 'auto'
+    fused_mixer: Optional[bool] = None
+    reduction_kernels: bool = True
+    scan_config: Optional[Tuple[int, int, int]] = None
+    match_config: Optional[Tuple[int, int, int]] = None
+    embed_config: Optional[Tuple[int, int, int, int]] = None
+    unsafe_load: Tuple[str, ...] = ()
+
+
+#: field -> (environment variable, parser)
+def _choice(var: str, what: str, allowed: Tuple[str, ...]):
+    def parse(raw: str, source: str = var) -> str:
+        name = raw.strip().lower() or 'auto'
+        if name not in allowed + ('auto', ):
+            raise ConfigError(f'unknown {what} {name!r} (from {source}); choose one of auto, '
+                              f'{", ".join(allowed)}')
+        return name
+    return parse
+
+
+def _tristate(var: str):
+    def parse(raw: str) -> Optional[bool]:
+        v = raw.strip().lower()
+        if v in ('', 'auto'):
+            return None
+        if v in _TRUE:
+            return True
+        if v in _FALSE:
+            return False
+        raise ConfigError(f'{var}={v!r}: use 1 (on), 0 (off) or auto')
+    return parse
+
+
+def _switch(var: str):
+    def parse(raw: str) -> bool:
+        v = raw.strip().lower()
+        if v in ('', ) + _TRUE:
+            return True
+        if v in _FALSE:
+            return False
+        raise ConfigError(f'{var}={v!r}: use 1 (on) or 0 (off)')
+    return parse
+
+
+def _launch(var: str, fields: str, example: str):
+    def parse(raw: str) -> Optional[Tuple[int, ...]]:
+        if not raw:
+            return None
+        values = raw.split(',')
+        try:
+            if len(values) != len(fields.split(',')):
+                raise ValueError
+            return tuple(int(v) for v in values)
+        except ValueError:
+            raise ConfigError(f'{var}={raw!r}: expected "{fields}", e.g. "{example}"') from None
+    return parse
+
+
+def _paths(raw: str) -> Tuple[str, ...]:
+    return tuple(p for p in raw.split(os.pathsep) if p)
+
+
+VARIABLES = {
+    'scan_backend': ('AMVIM_SCAN_BACKEND',
+                     _choice('AMVIM_SCAN_BACKEND', 'scan backend', SCAN_BACKENDS)),
+    'conv_backend': ('AMVIM_CONV_BACKEND',
+                     _choice('AMVIM_CONV_BACKEND', 'causal conv backend', CONV_BACKENDS)),
+    'fused_mixer': ('AMVIM_FUSED_MIXER', _tristate('AMVIM_FUSED_MIXER')),
+    'reduction_kernels': ('AMVIM_FUSED_REDUCTION_KERNELS',
+                          _switch('AMVIM_FUSED_REDUCTION_KERNELS')),
+    'scan_config': ('AMVIM_FUSED_SCAN_CONFIG',
+                    _launch('AMVIM_FUSED_SCAN_CONFIG', 'BLOCK_E,num_warps,dt_in_kernel',
+                            '64,2,0')),
+    'match_config': ('AMVIM_TOME_MATCH_CONFIG',
+                     _launch('AMVIM_TOME_MATCH_CONFIG', 'BLOCK_D,num_warps,num_stages',
+                             '64,8,1')),
+    'embed_config': ('AMVIM_EMBED_CONFIG',
+                     _launch('AMVIM_EMBED_CONFIG', 'BLOCK_M,BLOCK_N,num_warps,num_stages',
+                             '64,128,4,4')),
+    'unsafe_load': ('AMVIM_UNSAFE_LOAD', _paths),
+}
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(raw: Tuple[Tuple[str, str], ...]) -> Settings:
+    return Settings(**{field: VARIABLES[field][1](value) for field, value in raw})
+
+
+def from_environment() -> Settings:
+    """The settings the environment gives (parsed again only when a variable changed)."""
+    return _parse(tuple((f, os.environ.get(var, '')) for f, (var, _) in VARIABLES.items()))
+
+
+_local = threading.local()
+
+
+def settings() -> Settings:
+    """The settings in force: the innermost :func:`override`, else the environment's."""
+    stack = getattr(_local, 'stack', None)
+    return stack[-1] if stack else from_environment()
+
+
+@contextlib.contextmanager
+def override(**changes) -> Iterator[Settings]:
+    """Change some settings for the block (validated like the environment's values)."""
+    unknown = set(changes) - set(VARIABLES)
+    if unknown:
+        raise ConfigError(f'unknown runtime settings {sorted(unknown)}; choose from '
+                          f'{", ".join(VARIABLES)}')
+    for field, value in changes.items():   # strings go through the variable's parser
+        if isinstance(value, str) and field != 'unsafe_load':
+            changes[field] = VARIABLES[field][1](value)
+    new = dataclasses.replace(settings(), **changes)
+    stack = getattr(_local, 'stack', None)
+    if stack is None:
+        stack = _local.stack = []
+    stack.append(new)
+    try:
+        yield new
+    finally:
+        stack.pop()
+
+
+def variable_of(field: str) -> str:
+    """The environment variable behind a settings field."""
+    return VARIABLES[field][0]
+
+
+def parse_value(field: str, value: str, source: str = 'argument'):
+    """Parse a backend name given as an argument, with the environment's rules."""
+    return VARIABLES[field][1](value, source)
+
+
+#: variables of earlier versions that trusted whole directories; no longer honoured
+RETIRED = ('AMVIM_TRUSTED_DIRS', 'AMVIM_ALLOW_UNSAFE_LOAD')
+
+
+def retired_variables() -> Tuple[str, ...]:
+    """The retired variables that are set (``check_env`` reports them)."""
+    return tuple(name for name in RETIRED if os.environ.get(name))
