@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple, Union
 
 from amvim_mm.errors import ConfigError
+from amvim_mm.models.reduction import ReductionSchedule, build_reducer
 
 CONVENTION = ('MACs of linear/conv layers + selective scan 9*L*E*N per path (mamba-ssm '
               'convention), per-block token counts; norms, activations and reducer cost '
@@ -54,7 +55,6 @@ def vim_family_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
         dict with ``gflops``, ``tokens`` (sequence length per block), ``realised_ratio``,
         ``removals`` and ``convention``.
     """
-    from amvim_mm.models.reduction import ReductionSchedule, build_reducer
     if convention not in CONVENTIONS:
         raise ConfigError(f'unknown FLOPs convention {convention!r}; choose from '
                           f'{", ".join(CONVENTIONS)}')

@@ -14,9 +14,10 @@ from typing import Dict
 
 import torch
 
+from amvim_mm.models.layout.scan_orders import scan_rank
+
 
 def _edges(model, grid) -> torch.Tensor:
-    from amvim_mm.models.backbones.scan_orders import scan_rank
     M = grid[0] * grid[1]
     pairs = set()
     for spec in model.layers[0].paths:

@@ -7,6 +7,7 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 
 from amvim_mm.errors import ConfigError
+from amvim_mm.models.reduction import build_reducer
 from amvim_mm.registry import HOOKS
 
 PHASES = ('train', 'val', 'test')
@@ -50,7 +51,6 @@ class TokenReductionHook(Hook):
         if bad or not phases:
             raise ConfigError(f'TokenReductionHook: phases must be a non-empty subset of {PHASES}, '
                               f'got {tuple(phases)}')
-        from amvim_mm.models.reduction import build_reducer
         build_reducer(reduction)  # fail at build time on a bad config
         self.reduction = reduction
         self.phases = tuple(phases)

@@ -3,8 +3,8 @@ launch, for the fused inference path.
 
 The reference is :meth:`amvim_mm.models.backbones.vim_family.VimFamilyBackbone.embed`: the
 non-overlapping patch convolution as a GEMM over unfolded patches, then the class token
-concatenated at ``M // 2`` and the fp32 position embedding added. On an H200 under bf16 autocast
-(Vim-T, batch 128, 224) that took five launches and ~120 us (run 14b profile: the unfold + cast
+concatenated at ``cls_slot(M)`` (= M // 2) and the fp32 position embedding added. On an H200 under
+bf16 autocast (Vim-T, batch 128, 224) that took five launches and ~120 us (run 14b profile: the unfold + cast
 copy 70 us, the GEMM 16 us, the concatenation 17 us, the position add 18 us), ~1.4 % of the
 whole forward and ~2.5 % of a ToMe 0.46 forward, where it does not shrink with the tokens. Here
 one kernel reads the image once through the patch indices, multiplies on tensor cores, and
@@ -25,6 +25,7 @@ from torch import Tensor
 
 from amvim_mm import runtime
 from amvim_mm.errors import BackendUnavailableError, ConfigError
+from amvim_mm.token_layout import cls_slot
 
 __all__ = ['fused_patch_embed', 'EMBED_CONFIG', 'embed_config']
 
@@ -92,7 +93,7 @@ def fused_patch_embed(x: Tensor, weight_kd: Tensor, bias: Tensor, pos_embed: Ten
     cls = cls_token if cls_token is not None else pos_embed
     _kernel(not x.is_cuda)[(B * n_mb, triton.cdiv(D, block_n))](
         x, weight_kd.contiguous(), bias.contiguous(), pos_embed.float().contiguous(),
-        cls.float().contiguous(), out, H, W, M, gw, D, M // 2, n_mb, x.stride(0), x.stride(1),
+        cls.float().contiguous(), out, H, W, M, gw, D, cls_slot(M), n_mb, x.stride(0), x.stride(1),
         x.stride(2), out.stride(0), out.stride(1), P=p, C=C, ROWS=rows, BLOCK_M=block_m,
         BLOCK_N=block_n, HAS_CLS=cls_token is not None, ROUND=lowp,
         PREC=0 if lowp else (1 if tf32 else 2), num_warps=warps, num_stages=stages)

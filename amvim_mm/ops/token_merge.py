@@ -27,6 +27,7 @@ from torch import Tensor
 
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
+from amvim_mm.token_layout import cls_index_for
 
 __all__ = ['MergePlan', 'plan_merge', 'apply_merge_plan', 'tome_match', 'MAX_MATCH_ROWS',
            'MATCH_CONFIG', 'match_config',
@@ -175,7 +176,7 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     block_d, warps, stages = match_config()
     if plan_state is not None:
         n_keep = n_patches - k
-        new_cls = n_keep // 2 if cls_index >= 0 else -1
+        new_cls = cls_index_for(n_keep, cls_index >= 0)
         bufs, (_, _, M, _), meta, planned = _plan_args(*plan_state, removed)
         plan_args = bufs + (M, new_cls)
     else:
@@ -193,7 +194,7 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
 
 def rank_path_perms(pos: Tensor, ranks: Tensor, reverse: Tensor, cls_index: int,
                     n_patches: int) -> Tensor:
-    """:func:`~amvim_mm.models.backbones.scan_orders.path_permutation` of every path in one
+    """:func:`~amvim_mm.models.layout.scan_orders.path_permutation` of every path in one
     launch, as int32.
 
     For sequences in the canonical layout (every token but the class token is a patch with a

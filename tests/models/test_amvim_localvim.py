@@ -173,7 +173,7 @@ def test_localvim_directions_hand_written_4x4():
                           out_type='featmap',
                           directions=[('h', 'v', 'w2', 'w2_flip'),
                                       ('h_flip', 'v_flip', 'w7', 'w7_flip')] * 2))
-    from amvim_mm.models.backbones.scan_context import ScanContext
+    from amvim_mm.models.layout.scan_context import ScanContext
     ctx = ScanContext((4, 4), cls_index=-1)
     got = [[ctx.path_index(p).perm.tolist() if ctx.path_index(p).kind == 'gather' else
             {'identity': list(range(16)), 'flip': list(range(15, -1, -1))}[

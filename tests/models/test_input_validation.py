@@ -242,7 +242,7 @@ def test_tome_bound_checked_for_the_input_size_at_forward():
 @pytest.mark.parametrize('freeze_sources', [False, True])
 def test_reduce_tokens_traces(freeze_sources):
     """``merged & (not freeze_sources)`` (Python bool & tensor) broke torch.jit.trace."""
-    from amvim_mm.models.backbones.scan_context import ScanContext
+    from amvim_mm.models.layout.scan_context import ScanContext
     ctx = init_reduction_state(ScanContext((4, 4), cls_index=8), 2, 'cpu')
     removed = torch.tensor([[0, 2], [4, 6]])
     dst = torch.tensor([[1, 3], [-1, 5]])

@@ -5,9 +5,9 @@ import torch.nn.functional as F
 
 import amvim_mm  # noqa: F401
 from amvim_mm.analysis import token_survival, vim_family_flops
-from amvim_mm.models.backbones.scan_orders import is_reverse, scan_rank
+from amvim_mm.models.layout.scan_orders import is_reverse, scan_rank
 from amvim_mm.models.reduction import ReductionSchedule, build_reducer
-from amvim_mm.models.reduction.state import path_gaps
+from amvim_mm.models.layout.scan_context import path_gaps
 from amvim_mm.ops.selective_scan import selective_scan_ref
 from amvim_mm.registry import MODELS
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from amvim_mm.models.backbones.scan_context import PathIndex, ScanContext
-from amvim_mm.models.backbones.scan_orders import (normalize_order, path_permutation,
+from amvim_mm.models.layout.scan_context import PathIndex, ScanContext
+from amvim_mm.models.layout.scan_orders import (normalize_order, path_permutation,
                                                    scan_rank)
 
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.fused_mixer import autocast_dtype
+from amvim_mm.token_layout import cls_slot
 
 
 class RMSNorm(nn.Module):
@@ -148,7 +149,7 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Sequence[int], dst_shap
     if (src_h, src_w) == (dst_h, dst_w):
         return pos_embed
     if extra:
-        mid = M // 2
+        mid = cls_slot(M)
         cls = pos_embed[:, mid:mid + 1]
         grid = torch.cat([pos_embed[:, :mid], pos_embed[:, mid + 1:]], dim=1)
     else:
@@ -160,7 +161,7 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Sequence[int], dst_shap
     grid = grid.permute(0, 2, 3, 1).reshape(1, dst_h * dst_w, D).to(dtype)
     if not extra:
         return grid
-    mid = (dst_h * dst_w) // 2
+    mid = cls_slot(dst_h * dst_w)
     return torch.cat([grid[:, :mid], cls, grid[:, mid:]], dim=1)
 
 

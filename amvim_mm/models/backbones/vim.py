@@ -6,7 +6,7 @@ from typing import List, Optional, Sequence
 
 from amvim_mm.errors import ConfigError
 from amvim_mm.registry import MODELS
-from .scan_orders import normalize_order
+from ..layout.scan_orders import normalize_order
 from .vim_family import VimFamilyBackbone
 
 # embed dims / depth of the released models; d_state 16, d_conv 4, expand 2, dt_rank ceil(D/16)

@@ -21,18 +21,27 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 
-from amvim_mm.errors import BackendUnavailableError, ConfigError, LookupConfigError
+from amvim_mm.errors import (BackendUnavailableError, CheckpointMismatchError, ConfigError,
+                             LookupConfigError)
 from amvim_mm.ops.backends import (check_backend_usable, log_choice_once, mamba_selective_scan,
                                    requested_backend)
 from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
+from amvim_mm.ops.fused_embed import fused_patch_embed
 from amvim_mm.ops.fused_mixer import (auto_prefers_fused, autocast_dtype, fused_add_rmsnorm,
                                       fused_mixer_available, fused_mixer_forward, fused_requested)
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
+from amvim_mm.ops.token_merge import apply_merge_plan
+from amvim_mm.token_layout import NO_CLS, cls_index_for, cls_slot
+from amvim_mm.utils.checkpoint import load_backbone_checkpoint
+from ..layout.scan_context import ScanContext
+from ..layout.scan_orders import normalize_order
+from ..reduction import build_reducer, restore_grid
+from ..reduction.state import (Streams, append_fused_slot, can_plan_merge, init_reduction_state,
+                               plan_merge_step, reduce_tokens)
 from .layers import DropPath, PatchEmbed, RMSNorm, infer_square_grid, resize_pos_embed
-from .scan_context import ScanContext
-from .scan_orders import normalize_order
 
 OUT_TYPES = ('cls_token', 'featmap', 'raw')
 
@@ -333,7 +342,6 @@ class VimBlock(nn.Module):
                                                  self.norm.eps, merge=merge)
             return self.mixer(normed, ctx, self.path_keys, fused=True), residual
         if merge is not None:
-            from amvim_mm.ops.token_merge import apply_merge_plan
             hidden, residual = apply_merge_plan(hidden, residual, merge), None
         residual = hidden if residual is None else residual + self.drop_path(hidden)
         hidden = self.norm(residual.to(self.norm.weight.dtype))
@@ -590,7 +598,6 @@ class VimFamilyBackbone(BaseModule):
         cfg = self.init_cfg
         self.reset_weights()
         if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            from amvim_mm.utils.checkpoint import load_backbone_checkpoint
             unknown = set(cfg) - {'type', 'checkpoint', 'strict', 'prefix', 'map_location'}
             if unknown:
                 raise ConfigError(f'{type(self).__name__}: init_cfg of type Pretrained does not '
@@ -622,7 +629,6 @@ class VimFamilyBackbone(BaseModule):
           checkpoint (``backbone.*`` with ``head.fc.*``; official Vim ImageNet files arrive in
           this layout, see :mod:`amvim_mm.utils.compat`): its heads would stay random.
         """
-        from amvim_mm.errors import CheckpointMismatchError
         prefix = getattr(self, '_load_prefix', '')
         if not prefix:   # the backbone itself is loaded: load_state_dict's strict decides
             return
@@ -651,7 +657,6 @@ class VimFamilyBackbone(BaseModule):
         if ckpt.dim() != 3 or ckpt.shape[-1] != self.embed_dims:
             return  # leave the mismatch to load_state_dict, which names it
         src = infer_square_grid(ckpt.shape[1] - 1)
-        from mmengine.logging import MMLogger
         MMLogger.get_current_instance().info(
             f'Resize the pos_embed shape from {tuple(ckpt.shape)} to '
             f'{tuple(self.pos_embed.shape)} (grid {src} -> {self.patch_resolution}, middle '
@@ -769,31 +774,29 @@ class VimFamilyBackbone(BaseModule):
         """
         self.check_images(x)
         if self._embed_fused(x):
-            from amvim_mm.ops.fused_embed import fused_patch_embed
             pe = self.patch_embed
             grid = pe.check_input(x)
             w, b = pe.gemm_weight(autocast_dtype(x.device.type) or pe.proj.weight.dtype)
             tokens = fused_patch_embed(x, w, b, self.pos_embed_for(grid),
                                        self.cls_token if self.with_cls_token else None,
                                        pe.patch_size, grid)
-            cls_index = grid[0] * grid[1] // 2 if self.with_cls_token else -1
+            cls_index = cls_index_for(grid[0] * grid[1], self.with_cls_token)
             return tokens, ScanContext(grid, cls_index=cls_index, device=tokens.device)
         tokens, grid = self.patch_embed(x)
         B, M, _ = tokens.shape
         pos_embed = self.pos_embed_for(grid)
+        mid = cls_slot(M)
         if self.with_cls_token:
-            mid = M // 2
             cls = self.cls_token.expand(B, -1, -1)
             tokens = torch.cat([tokens[:, :mid], cls, tokens[:, mid:]], dim=1) + pos_embed
             ctx = ScanContext(grid, cls_index=mid, device=tokens.device)
         else:
-            tokens = tokens + torch.cat([pos_embed[:, :M // 2], pos_embed[:, M // 2 + 1:]], 1)
-            ctx = ScanContext(grid, cls_index=-1, device=tokens.device)
+            tokens = tokens + torch.cat([pos_embed[:, :mid], pos_embed[:, mid + 1:]], 1)
+            ctx = ScanContext(grid, cls_index=NO_CLS, device=tokens.device)
         return self.drop_after_pos(tokens), ctx
 
     def set_token_reduction(self, cfg: Optional[dict]) -> None:
         """Switch token reduction on (a config dict or reducer) or off (``None``)."""
-        from amvim_mm.models.reduction import build_reducer
         reducer = build_reducer(cfg)
         if reducer is not None:  # fail early on a schedule the training grid cannot give
             M = self.patch_resolution[0] * self.patch_resolution[1]
@@ -810,7 +813,6 @@ class VimFamilyBackbone(BaseModule):
         B, _, D = stream.shape
         if self.out_type == 'featmap':
             if ctx.reduced:
-                from amvim_mm.models.reduction import restore_grid
                 feat = restore_grid(ctx, stream)
             elif ctx.cls_index >= 0:
                 feat = torch.cat([stream[:, :ctx.cls_index], stream[:, ctx.cls_index + 1:]], 1)
@@ -832,9 +834,6 @@ class VimFamilyBackbone(BaseModule):
         reducer = self.token_reducer
         removals = merge = None
         if reducer is not None:
-            from amvim_mm.models.reduction.state import (Streams, append_fused_slot,
-                                                         can_plan_merge, init_reduction_state,
-                                                         plan_merge_step, reduce_tokens)
             M = ctx.grid[0] * ctx.grid[1]
             removals = reducer.removals(M, self.num_layers)
             if not any(removals):

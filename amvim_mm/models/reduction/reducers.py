@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from mmengine.registry import Registry
 
 from amvim_mm.errors import ConfigError, LookupConfigError
+from amvim_mm.ops import token_merge as tm
+from amvim_mm.ops.fused_mixer import autocast_dtype
 from .schedule import ReductionSchedule
 from .state import Streams
 
@@ -157,8 +159,6 @@ class ToMe(TokenReducer):
         if isinstance(stream, torch.Tensor):
             stream = Streams(stream, None)
         if ctx.fused_ok and not ctx.has_fused:
-            from amvim_mm.ops import token_merge as tm
-            from amvim_mm.ops.fused_mixer import autocast_dtype
             if tm.extra_kernels_enabled() and (ctx.n_patches + 1) // 2 <= tm.MAX_MATCH_ROWS \
                     and 0 < k <= (ctx.n_patches + 1) // 2 and ctx.n_patches > 1:
                 w = layer.norm.weight if self.metric == 'norm_input' else None
@@ -226,7 +226,7 @@ class _ImportanceReducer(TokenReducer):
     needs_importance = True
 
     def _lowest(self, block, k, ctx):
-        imp = getattr(ctx, 'importance', None)
+        imp = ctx.importance
         if imp is None:
             raise RuntimeError(f'{type(self).__name__}: no token importance before block '
                                f'{block} (the previous mixer did not record it)')

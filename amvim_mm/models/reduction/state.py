@@ -20,10 +20,10 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..backbones.scan_context import ScanContext
+from amvim_mm.ops.token_merge import plan_merge
+from amvim_mm.token_layout import FUSED_POS, NO_CLS, cls_index_for, cls_slot
+from ..layout.scan_context import ScanContext
 
-CLS_POS = -1
-FUSED_POS = -2
 
 
 def _gather_tokens(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -34,18 +34,14 @@ def init_reduction_state(ctx: ScanContext, batch: int, device) -> ScanContext:
     """Give a full-grid context the per-sample bookkeeping of a reduced one."""
     M = ctx.grid[0] * ctx.grid[1]
     pos = ctx.pos.to(device).unsqueeze(0).expand(batch, -1)
-    new = ScanContext(ctx.grid, ctx.cls_index, pos=pos.contiguous(), device=device,
-                      n_patches=ctx.n_patches)
-    new.size = torch.ones(batch, pos.shape[1], device=device)
     # sequence index of each grid patch: raster order with the class token at cls_index
     seq_of_patch = torch.arange(M, device=device)
     if ctx.cls_index >= 0:
         seq_of_patch = seq_of_patch + (seq_of_patch >= ctx.cls_index).long()
-    new.source = seq_of_patch.unsqueeze(0).expand(batch, -1).clone()      # (B, M)
-    new.frozen = None
-    new.num_patches = M
-    new.reduced = False
-    return new
+    return ctx.successor(ctx.cls_index, pos.contiguous(), ctx.n_patches,
+                         size=torch.ones(batch, pos.shape[1], device=device),
+                         source=seq_of_patch.unsqueeze(0).expand(batch, -1).clone(),   # (B, M)
+                         frozen=None, step=None)
 
 
 class Streams:
@@ -160,13 +156,13 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
         extras.append(torch.full((B, 1), ctx.cls_index, device=device, dtype=torch.long))
     if ctx.has_fused:   # the fused token is always the last one of the sequence
         extras.append(torch.full((B, 1), L - 1, device=device, dtype=torch.long))
-    mid = n_keep_patch // 2
+    mid = cls_slot(n_keep_patch)
     if ctx.cls_index >= 0:
         new_order = torch.cat([patches[:, :mid], extras[0], patches[:, mid:]] + extras[1:], 1)
         new_cls = mid
     else:
         new_order = torch.cat([patches] + extras, 1)
-        new_cls = -1
+        new_cls = NO_CLS
     new_index = torch.full((B, L), -1, dtype=torch.long, device=device)
     new_index.scatter_(1, new_order, torch.arange(new_order.shape[1], device=device)
                        .unsqueeze(0).expand(B, -1))
@@ -189,13 +185,9 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
     else:
         hidden = _gather_tokens(hidden, new_order)
         residual = _gather_tokens(residual, new_order) if residual is not None else None
-    new = ScanContext(ctx.grid, new_cls, pos=torch.gather(pos, 1, new_order), device=device,
-                      n_patches=n_keep_patch, has_fused=ctx.has_fused)
-    new.size = torch.gather(size, 1, new_order)
-    new.source = new_src
-    new.frozen = frozen
-    new.num_patches = ctx.num_patches
-    new.reduced = True
+    new = ctx.successor(new_cls, torch.gather(pos, 1, new_order), n_keep_patch,
+                        size=torch.gather(size, 1, new_order), source=new_src, frozen=frozen,
+                        step='reduce')
     return hidden, residual, new
 
 
@@ -214,21 +206,19 @@ def plan_merge_step(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor):
     unchanged streams, and the context of the reduced sequence. Equal to
     :func:`reduce_tokens` with ``fold=True`` (tests).
     """
-    from amvim_mm.ops.token_merge import plan_merge
     r = removed.shape[1]
     n_keep = ctx.n_patches - r
-    new_cls = n_keep // 2 if ctx.cls_index >= 0 else -1
-    planned = getattr(ctx, 'planned_merge', None)
+    new_cls = cls_index_for(n_keep, ctx.cls_index >= 0)
+    planned = ctx.planned_merge
     if planned is not None and planned[0] is removed and planned[1] is dst:
         plan, npos, nsize, nsrc = planned[2]    # made by ToMe's matching kernel, same launch
+        step = 'kernel-plan'
     else:
         plan, npos, nsize, nsrc = plan_merge(ctx.pos, ctx.size, ctx.source, removed, dst,
                                              new_cls)
-    new = ScanContext(ctx.grid, new_cls, pos=npos, device=ctx.pos.device, n_patches=n_keep)
-    new.size, new.source, new.frozen = nsize, nsrc, ctx.frozen
-    new.num_patches = ctx.num_patches
-    new.reduced = True
-    return plan, new
+        step = 'plan'
+    return plan, ctx.successor(new_cls, npos, n_keep, size=nsize, source=nsrc,
+                               frozen=ctx.frozen, step=step, has_fused=False)
 
 
 def restore_grid(ctx: ScanContext, feat: torch.Tensor) -> torch.Tensor:
@@ -243,43 +233,6 @@ def restore_grid(ctx: ScanContext, feat: torch.Tensor) -> torch.Tensor:
     return full
 
 
-def path_gaps(ctx: ScanContext, spec, perm: torch.Tensor) -> torch.Tensor:
-    """Number of pruned patches right before each token of a path (ToP hidden-state alignment).
-
-    ``perm`` (B, L) is the path's order of the present tokens. For a token ``k`` of the path, the
-    gap counts the pruned grid positions between the previous present patch token and ``k`` in
-    the path's order over the full grid (class and fused tokens get 0 and are skipped).
-    """
-    from ..backbones.scan_orders import is_reverse, scan_rank_on
-    rank = scan_rank_on(*ctx.grid, spec, perm.device)
-    B, L = perm.shape
-    pos_path = torch.gather(ctx.pos, 1, perm)                            # (B, L)
-    is_patch = pos_path >= 0
-    r = torch.where(is_patch, rank[pos_path.clamp(min=0)], torch.zeros_like(pos_path))
-    pruned = ctx.source < 0                                              # (B, M)
-    big = rank.numel() + 1
-    pr = torch.where(pruned, rank.unsqueeze(0).expand(B, -1), torch.full_like(pruned, big,
-                                                                             dtype=rank.dtype))
-    pr = torch.sort(pr, dim=1).values
-    total = pruned.sum(1, keepdim=True)
-    if is_reverse(spec):
-        cnt = total - torch.searchsorted(pr, r.contiguous(), right=True)   # pruned rank > r
-    else:
-        cnt = torch.searchsorted(pr, r.contiguous())                       # pruned rank < r
-    # carry the count of the previous patch token over the non-patch tokens
-    cnt = torch.where(is_patch, cnt, torch.full_like(cnt, -1))
-    idx = torch.where(is_patch, torch.arange(L, device=perm.device).expand(B, -1),
-                      torch.zeros_like(cnt))
-    last_patch = torch.cummax(idx, dim=1).values
-    carried = torch.gather(torch.where(is_patch, cnt, torch.zeros_like(cnt)), 1, last_patch)
-    prev = torch.cat([torch.zeros_like(carried[:, :1]), carried[:, :-1]], 1)
-    first_patch_seen = torch.cummax(is_patch.long(), dim=1).values
-    prev = torch.where(torch.cat([torch.zeros_like(first_patch_seen[:, :1]),
-                                  first_patch_seen[:, :-1]], 1) > 0, prev,
-                       torch.zeros_like(prev))
-    return torch.where(is_patch, cnt - prev, torch.zeros_like(cnt))
-
-
 def append_fused_slot(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[torch.Tensor]
                       ) -> Tuple[torch.Tensor, Optional[torch.Tensor], ScanContext]:
     """Append an empty token without grid position (EViT's fused token) if there is none."""
@@ -290,13 +243,9 @@ def append_fused_slot(ctx: ScanContext, hidden: torch.Tensor, residual: Optional
     if residual is not None:
         residual = torch.cat([residual, residual.new_zeros(B, 1, residual.shape[-1])], 1)
     pos = torch.cat([ctx.pos, ctx.pos.new_full((B, 1), FUSED_POS)], 1)
-    new = ScanContext(ctx.grid, ctx.cls_index, pos=pos, device=hidden.device,
-                      n_patches=ctx.n_patches, has_fused=True)
-    new.size = torch.cat([ctx.size, ctx.size.new_zeros(B, 1)], 1)
-    new.source = ctx.source
-    new.frozen = ctx.frozen
-    new.num_patches = ctx.num_patches
-    new.reduced = True
-    imp = getattr(ctx, 'importance', None)
+    new = ctx.successor(ctx.cls_index, pos, ctx.n_patches,
+                        size=torch.cat([ctx.size, ctx.size.new_zeros(B, 1)], 1),
+                        source=ctx.source, frozen=ctx.frozen, step='fused-slot', has_fused=True)
+    imp = ctx.importance
     new.importance = None if imp is None else torch.cat([imp, imp.new_zeros(B, 1)], 1)
     return hidden, residual, new

@@ -6,6 +6,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from amvim_mm.ops.token_merge import extra_kernels_enabled, rank_path_perms
+from amvim_mm.token_layout import grid_positions
 from .scan_orders import (is_reverse, normalize_order, path_permutation, scan_rank,
                           scan_rank_on)
 
@@ -94,22 +96,42 @@ class ScanContext:
         self.n_patches = M if n_patches is None else int(n_patches)
         self.has_fused = has_fused
         if pos is None:
-            pos = torch.arange(M, device=device)
-            if cls_index >= 0:
-                pos = torch.cat([pos[:cls_index], pos.new_full((1, ), -1), pos[cls_index:]])
+            pos = grid_positions(M, cls_index, device)
             self.full_grid = True
         else:
             self.full_grid = False
         self.pos = pos
         self._cache: Dict[tuple, PathIndex] = {}
-        # token-reduction state (see amvim_mm.models.reduction.state)
+        # token-reduction state (see amvim_mm.models.reduction.state); set by successor()
         self.reduced = False
+        self.size: Optional[torch.Tensor] = None      # (B, L) patches each token stands for
+        self.source: Optional[torch.Tensor] = None    # (B, M) token carrying each patch, -1
+        self.frozen: Optional[torch.Tensor] = None    # (B, M, D) features of pruned patches
+        #: how each reduction step of this forward ran, oldest first: 'reduce' (PyTorch ops),
+        #: 'plan' / 'kernel-plan' (fused path: planned by PyTorch ops / by the matching kernel),
+        #: 'fused-slot' (EViT's fused token appended)
+        self.steps: Tuple[str, ...] = ()
+        # per-step scratch of the reducers
         self.want_importance = False
         self.fused_ok = False        # the reduction step may use the Triton kernels (inference)
         self.importance: Optional[torch.Tensor] = None
         self.align: Optional[str] = None
+        #: (removed, dst, plan) made by ToMe's matching kernel for plan_merge_step (same launch)
+        self.planned_merge: Optional[tuple] = None
         self._gaps: Dict[tuple, Optional[torch.Tensor]] = {}
         self._perms: Dict[tuple, torch.Tensor] = {}
+
+    def successor(self, cls_index: int, pos: torch.Tensor, n_patches: int, *,
+                  size: torch.Tensor, source: torch.Tensor, frozen: Optional[torch.Tensor],
+                  step: Optional[str], has_fused: Optional[bool] = None) -> 'ScanContext':
+        """The context of the sequence after a reduction step (``step`` None: the first,
+        unreduced one with its bookkeeping)."""
+        new = ScanContext(self.grid, cls_index, pos=pos, device=pos.device, n_patches=n_patches,
+                          has_fused=self.has_fused if has_fused is None else has_fused)
+        new.size, new.source, new.frozen = size, source, frozen
+        new.reduced = step is not None
+        new.steps = self.steps + ((step, ) if step is not None else ())
+        return new
 
     def path_gaps(self, spec) -> Optional[torch.Tensor]:
         """(B, L) pruned-gap counts in the path's order when alignment is on, else None."""
@@ -117,7 +139,6 @@ class ScanContext:
             return None
         key = normalize_order(spec)
         if key not in self._gaps:
-            from amvim_mm.models.reduction.state import path_gaps
             self._gaps[key] = path_gaps(self, spec, self.path_index(spec).indices(self.pos))
         return self._gaps[key]
 
@@ -134,11 +155,10 @@ class ScanContext:
             kinds = [self._trivial_kind(k) for k in keys]
             if all(kinds):   # identity / flip: cached per length
                 perms = _trivial_perms(tuple(kinds), L, device)
-            elif self.has_fused or self.pos.dim() != 2 or not _extra_kernels():
+            elif self.has_fused or self.pos.dim() != 2 or not extra_kernels_enabled():
                 perms = _stack_perms([self.path_index(k) for k in keys], L, device)
             else:
                 # rank-ordered paths of a reduced sequence: every path in one Triton launch
-                from amvim_mm.ops.token_merge import rank_path_perms
                 ranks, rev = _path_ranks(self.grid, tuple(keys), str(torch.device(device)))
                 perms = rank_path_perms(self.pos, ranks, rev, self.cls_index, self.n_patches)
             self._perms[tuple(keys)] = perms
@@ -176,17 +196,10 @@ class ScanContext:
 def _full_grid_index(grid: Tuple[int, int], cls_index: int, key: tuple, device) -> PathIndex:
     """Path indices for the unreduced sequence, cached per grid, class token and device."""
     M = grid[0] * grid[1]
-    pos = torch.arange(M)
-    if cls_index >= 0:
-        pos = torch.cat([pos[:cls_index], pos.new_full((1, ), -1), pos[cls_index:]])
+    pos = grid_positions(M, cls_index)
     spec = dict(key)
     perm = path_permutation(scan_rank(*grid, spec), pos, cls_index, spec['reverse'])
     return PathIndex(perm.to(device))
-
-
-def _extra_kernels() -> bool:
-    from amvim_mm.ops.token_merge import extra_kernels_enabled
-    return extra_kernels_enabled()
 
 
 def _stack_perms(indices, length: int, device) -> torch.Tensor:
@@ -225,3 +238,39 @@ def _full_grid_perms(grid: Tuple[int, int], cls_index: int, keys: tuple, device)
     """:meth:`ScanContext.path_perms` of the unreduced sequence, cached per grid and device."""
     M = grid[0] * grid[1] + (1 if cls_index >= 0 else 0)
     return _stack_perms([_full_grid_index(grid, cls_index, k, device) for k in keys], M, device)
+
+
+def path_gaps(ctx: ScanContext, spec, perm: torch.Tensor) -> torch.Tensor:
+    """Number of pruned patches right before each token of a path (ToP hidden-state alignment).
+
+    ``perm`` (B, L) is the path's order of the present tokens. For a token ``k`` of the path, the
+    gap counts the pruned grid positions between the previous present patch token and ``k`` in
+    the path's order over the full grid (class and fused tokens get 0 and are skipped).
+    """
+    rank = scan_rank_on(*ctx.grid, spec, perm.device)
+    B, L = perm.shape
+    pos_path = torch.gather(ctx.pos, 1, perm)                            # (B, L)
+    is_patch = pos_path >= 0
+    r = torch.where(is_patch, rank[pos_path.clamp(min=0)], torch.zeros_like(pos_path))
+    pruned = ctx.source < 0                                              # (B, M)
+    big = rank.numel() + 1
+    pr = torch.where(pruned, rank.unsqueeze(0).expand(B, -1), torch.full_like(pruned, big,
+                                                                             dtype=rank.dtype))
+    pr = torch.sort(pr, dim=1).values
+    total = pruned.sum(1, keepdim=True)
+    if is_reverse(spec):
+        cnt = total - torch.searchsorted(pr, r.contiguous(), right=True)   # pruned rank > r
+    else:
+        cnt = torch.searchsorted(pr, r.contiguous())                       # pruned rank < r
+    # carry the count of the previous patch token over the non-patch tokens
+    cnt = torch.where(is_patch, cnt, torch.full_like(cnt, -1))
+    idx = torch.where(is_patch, torch.arange(L, device=perm.device).expand(B, -1),
+                      torch.zeros_like(cnt))
+    last_patch = torch.cummax(idx, dim=1).values
+    carried = torch.gather(torch.where(is_patch, cnt, torch.zeros_like(cnt)), 1, last_patch)
+    prev = torch.cat([torch.zeros_like(carried[:, :1]), carried[:, :-1]], 1)
+    first_patch_seen = torch.cummax(is_patch.long(), dim=1).values
+    prev = torch.where(torch.cat([torch.zeros_like(first_patch_seen[:, :1]),
+                                  first_patch_seen[:, :-1]], 1) > 0, prev,
+                       torch.zeros_like(prev))
+    return torch.where(is_patch, cnt - prev, torch.zeros_like(cnt))

@@ -37,6 +37,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from amvim_mm.errors import ConfigError
+from amvim_mm.token_layout import cls_slot
 
 ORDERS = ('raster', 'column', 'window', 'random')
 _KEYS = {
@@ -194,7 +195,7 @@ def path_permutation(rank: torch.Tensor, pos: torch.Tensor, cls_index: int = -1,
     patches = order[:, :n]
     if cls_index >= 0:
         cls = torch.full((p.shape[0], 1), cls_index, dtype=order.dtype, device=p.device)
-        perm = torch.cat([patches[:, :n // 2], cls, patches[:, n // 2:]], dim=1)
+        perm = torch.cat([patches[:, :cls_slot(n)], cls, patches[:, cls_slot(n):]], dim=1)
     else:
         perm = patches
     if reverse:

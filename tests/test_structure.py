@@ -1,0 +1,72 @@
+"""Structure rules of the package: no import cycles (function-level imports included)."""
+import ast
+import pathlib
+
+import amvim_mm
+
+ROOT = pathlib.Path(amvim_mm.__file__).parent
+
+
+def _modules():
+    mods = {}
+    for p in ROOT.rglob('*.py'):
+        parts = p.relative_to(ROOT.parent).with_suffix('').parts
+        name = '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+        mods[name] = p
+    return mods
+
+
+def _imports(name, path, mods):
+    """Modules of the package that ``name`` imports anywhere in its file; importing ``a.b.c``
+    runs the packages ``a`` and ``a.b`` too (except the importer's own ancestors, which are
+    already being initialised)."""
+    pkg = name if path.name == '__init__.py' else name.rsplit('.', 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                up = pkg.split('.')[:len(pkg.split('.')) - (node.level - 1)]
+                base = '.'.join(up + ([base] if base else []))
+            targets = [base] + [f'{base}.{a.name}' for a in node.names]
+        else:
+            continue
+        for t in targets:
+            parts = t.split('.')
+            for i in range(1, len(parts) + 1):
+                m = '.'.join(parts[:i])
+                if m in mods and m != name and not name.startswith(m + '.'):
+                    found.add(m)
+    return found
+
+
+def test_no_import_cycles():
+    mods = _modules()
+    graph = {m: _imports(m, p, mods) for m, p in mods.items()}
+    cycles, state = [], {}
+
+    def visit(m, stack):
+        state[m] = 'open'
+        stack.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 'open':
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d, stack)
+        stack.pop()
+        state[m] = 'done'
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    assert cycles == [], '\n'.join(' -> '.join(c) for c in cycles)
+
+
+def test_the_class_token_slot_rule():
+    from amvim_mm.token_layout import cls_index_for, cls_slot, grid_positions
+    assert [cls_slot(n) for n in (1, 2, 5, 196)] == [0, 1, 2, 98]
+    assert cls_index_for(196, False) == -1 and cls_index_for(196, True) == 98
+    pos = grid_positions(4, cls_slot(4))
+    assert pos.tolist() == [0, 1, -1, 2, 3]
