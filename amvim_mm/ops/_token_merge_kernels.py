@@ -158,8 +158,8 @@ def rank_perm_kernel(pos_ptr, rank_ptr, rev_ptr, buf_ptr, out_ptr, B, L, M, cls,
     path's grid ranks ``rank[p]`` (M,) and direction ``rev[p]``.
 
     Patch tokens sorted by ``rank[p, pos]`` (placed at their rank in a per-sample buffer of the
-    grid's size, then compacted), the class token (index ``cls``) at ``n // 2`` of the forward
-    sequence, everything flipped when reversed: ``out[p, b, i]`` = token at path position i.
+    grid's size, then compacted), the class token (index ``cls``, which is its slot) at ``cls``
+    of the forward sequence, everything flipped when reversed: ``out[p, b, i]`` = token at path position i.
     """
     b = tl.program_id(0)
     p = tl.program_id(1)
@@ -179,7 +179,8 @@ def rank_perm_kernel(pos_ptr, rank_ptr, rev_ptr, buf_ptr, out_ptr, B, L, M, cls,
     v = tl.load(buf + mo, mask=mm, other=-1)
     has = mm & (v >= 0)
     slot = tl.cumsum(has.to(tl.int32), axis=0) - 1
-    half = n // 2
+    # the class token sits at its slot (amvim_mm.token_layout.cls_slot): ``cls`` itself
+    half = cls
     fi = tl.where((cls >= 0) & (slot >= half), slot + 1, slot)
     lp = tl.where(cls >= 0, n + 1, n)
     fi = tl.where(rev, lp - 1 - fi, fi)

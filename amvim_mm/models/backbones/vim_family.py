@@ -38,9 +38,7 @@ from amvim_mm.token_layout import NO_CLS, cls_index_for, cls_slot
 from amvim_mm.utils.checkpoint import load_backbone_checkpoint
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import normalize_order
-from ..reduction import build_reducer, restore_grid
-from ..reduction.state import (Streams, append_fused_slot, can_plan_merge, init_reduction_state,
-                               plan_merge_step, reduce_tokens)
+from ..reduction import ReductionSession, build_reducer, restore_grid
 from .layers import DropPath, PatchEmbed, RMSNorm, infer_square_grid, resize_pos_embed
 
 OUT_TYPES = ('cls_token', 'featmap', 'raw')
@@ -828,54 +826,27 @@ class VimFamilyBackbone(BaseModule):
             return stream[:, 0]
         return self.norm_f(stream) if last and self.final_norm else stream
 
+    def block_output(self, i: int, hidden: torch.Tensor, residual: torch.Tensor,
+                     ctx: ScanContext) -> torch.Tensor:
+        """The output of block ``i``: the residual stream after it, formatted
+        (:meth:`format_output`); for ``cls_token`` only the class token's row is formed."""
+        last = i == self.num_layers - 1
+        if self.out_type == 'cls_token':
+            c = ctx.cls_index
+            hidden, residual = hidden[:, c:c + 1], residual[:, c:c + 1]
+        stream = residual + (self.drop_path(hidden) if last else hidden)
+        return self.format_output(stream, ctx, last)
+
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         hidden, ctx = self.embed(x)
-        residual = None
-        reducer = self.token_reducer
-        removals = merge = None
-        if reducer is not None:
-            M = ctx.grid[0] * ctx.grid[1]
-            removals = reducer.removals(M, self.num_layers)
-            if not any(removals):
-                removals = None
-            else:
-                ctx = init_reduction_state(ctx, hidden.shape[0], hidden.device)
-                if hasattr(reducer, 'start'):
-                    reducer.start()
-        outs = []
-        counts = []
-        last = self.num_layers - 1
+        session = ReductionSession(self.token_reducer, ctx, hidden, self.num_layers,
+                                   self.training)
+        residual, outs, counts = None, [], []
         for i, layer in enumerate(self.layers):
-            if removals is not None:
-                k = removals[i]
-                if k:
-                    if reducer.freeze_sources:
-                        hidden, residual, ctx = append_fused_slot(ctx, hidden, residual)
-                    # inference on the fused path: Triton kernels for the reduction step too
-                    fast = not self.training and layer.mixer.use_fused(hidden, None)
-                    ctx.fused_ok = fast
-                    streams = Streams(hidden, residual)
-                    removed, dst, weight = reducer.select(i, k, streams, ctx, layer)
-                    if fast and can_plan_merge(ctx, reducer, weight):
-                        # the merge happens inside this block's fused add + RMSNorm
-                        merge, ctx = plan_merge_step(ctx, removed, dst)
-                    else:
-                        hidden, residual, ctx = reduce_tokens(
-                            ctx, hidden, residual, removed, dst, weight,
-                            reducer.freeze_sources, reducer.merges, fold=not self.training,
-                            stream=streams.total())
-                    ctx.align = reducer.align
-                ctx.want_importance = reducer.needs_importance
+            hidden, residual, merge = session.before_block(i, layer, hidden, residual)
             counts.append(hidden.shape[1] if merge is None else merge.rows.shape[1])
-            hidden, residual = layer(hidden, residual, ctx, merge=merge)
-            merge = None
+            hidden, residual = layer(hidden, residual, session.ctx, merge=merge)
             if i in self.out_indices:
-                h, r = hidden, residual
-                if self.out_type == 'cls_token':   # only the class token's row is needed
-                    c = ctx.cls_index
-                    h, r = h[:, c:c + 1], r[:, c:c + 1]
-                stream = r + (self.drop_path(h) if i == last else h)
-                outs.append(self.format_output(stream, ctx, i == last))
-        self.token_counts = counts
-        self.last_context = ctx
+                outs.append(self.block_output(i, hidden, residual, session.ctx))
+        self.token_counts, self.last_context = counts, session.ctx
         return tuple(outs)

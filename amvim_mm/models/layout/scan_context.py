@@ -116,8 +116,6 @@ class ScanContext:
         self.fused_ok = False        # the reduction step may use the Triton kernels (inference)
         self.importance: Optional[torch.Tensor] = None
         self.align: Optional[str] = None
-        #: (removed, dst, plan) made by ToMe's matching kernel for plan_merge_step (same launch)
-        self.planned_merge: Optional[tuple] = None
         self._gaps: Dict[tuple, Optional[torch.Tensor]] = {}
         self._perms: Dict[tuple, torch.Tensor] = {}
 

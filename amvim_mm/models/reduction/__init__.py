@@ -1,8 +1,10 @@
 """Token reduction for Vim-family backbones (protocols and math: README, "Token reduction")."""
-from .reducers import (TOKEN_REDUCERS, EViT, RandomPrune, ToMe, ToP, TokenReducer,
+from .reducers import (TOKEN_REDUCERS, EViT, RandomPrune, Selection, ToMe, ToP, TokenReducer,
                        build_reducer)
 from .schedule import ReductionSchedule
+from .session import ReductionSession
 from .state import Streams, reduce_tokens, restore_grid
 
-__all__ = ['TOKEN_REDUCERS', 'TokenReducer', 'ToMe', 'RandomPrune', 'EViT', 'ToP',
-           'build_reducer', 'ReductionSchedule', 'Streams', 'reduce_tokens', 'restore_grid']
+__all__ = ['TOKEN_REDUCERS', 'TokenReducer', 'Selection', 'ToMe', 'RandomPrune', 'EViT', 'ToP',
+           'build_reducer', 'ReductionSchedule', 'ReductionSession', 'Streams',
+           'reduce_tokens', 'restore_grid']

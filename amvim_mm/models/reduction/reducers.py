@@ -10,7 +10,7 @@ original order. Reducers are registered in ``TOKEN_REDUCERS`` under the names ``
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence, Tuple, Union
+from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +64,18 @@ def _regular_patch_indices(n: int, cls_index: int, device: str) -> torch.Tensor:
     return idx.unsqueeze(0).to(device)
 
 
+class Selection(NamedTuple):
+    """One reduction step's choice: ``removed`` (B, r) sequence indices, ``dst`` (B, r) the
+    survivor each merges into (-1: pruned), ``weight`` (B, L) merge weights or None (token
+    sizes), and ``plan``: the fused path's merge plan when the selecting kernel made it in the
+    same launch (``(MergePlan, pos, size, source)``, see :func:`~.state.plan_merge_step`)."""
+
+    removed: torch.Tensor
+    dst: torch.Tensor
+    weight: Optional[torch.Tensor] = None
+    plan: Optional[tuple] = None
+
+
 class TokenReducer:
     """Base class: a schedule plus a rule to pick the tokens that leave.
 
@@ -99,6 +111,13 @@ class TokenReducer:
         ``residual + hidden``); ``layer``: the block about to run.
         """
         raise NotImplementedError
+
+    def step(self, block: int, k: int, stream: Streams, ctx, layer) -> Selection:
+        """The selection of one reduction step, as the :class:`~.session.ReductionSession`
+        asks for it. The default is :meth:`select` (PyTorch ops); a reducer with a faster
+        strategy on the fused inference path (``ctx.fused_ok``) overrides this, and may hand
+        over a merge plan made in the same launch (:attr:`Selection.plan`)."""
+        return Selection(*self.select(block, k, stream, ctx, layer))
 
     #: the reducer merges removed tokens into survivors (else: they are pruned)
     merges = False
@@ -155,21 +174,24 @@ class ToMe(TokenReducer):
             n -= k
         return counts
 
+    def step(self, block, k, stream, ctx, layer) -> Selection:
+        """On the fused inference path: ToMe's matching kernel (:func:`~amvim_mm.ops.
+        token_merge.tome_match`), which also plans the merge in the same launch; else
+        :meth:`select` (``AMVIM_FUSED_REDUCTION_KERNELS=0`` forces the latter)."""
+        n = ctx.n_patches
+        if ctx.fused_ok and not ctx.has_fused and tm.extra_kernels_enabled() \
+                and self.max_merge(n) <= tm.MAX_MATCH_ROWS and 0 < k <= self.max_merge(n):
+            w = layer.norm.weight if self.metric == 'norm_input' else None
+            low = autocast_dtype(stream.hidden.device.type) in (torch.bfloat16, torch.float16)
+            removed, dst, plan = tm.tome_match(
+                stream.hidden, stream.residual, w, n, ctx.cls_index, k, low_precision=low,
+                plan_state=(ctx.pos, ctx.size, ctx.source))
+            return Selection(removed, dst, None, plan)
+        return super().step(block, k, stream, ctx, layer)
+
     def select(self, block, k, stream, ctx, layer):
         if isinstance(stream, torch.Tensor):
             stream = Streams(stream, None)
-        if ctx.fused_ok and not ctx.has_fused:
-            if tm.extra_kernels_enabled() and (ctx.n_patches + 1) // 2 <= tm.MAX_MATCH_ROWS \
-                    and 0 < k <= (ctx.n_patches + 1) // 2 and ctx.n_patches > 1:
-                w = layer.norm.weight if self.metric == 'norm_input' else None
-                low = autocast_dtype(stream.hidden.device.type) in (torch.bfloat16,
-                                                                     torch.float16)
-                # the same launch plans the merge; plan_merge_step picks it up from ctx
-                removed, dst, planned = tm.tome_match(
-                    stream.hidden, stream.residual, w, ctx.n_patches, ctx.cls_index, k,
-                    low_precision=low, plan_state=(ctx.pos, ctx.size, ctx.source))
-                ctx.planned_merge = (removed, dst, planned)
-                return removed, dst, None
         idx = _patch_indices(ctx)
         a_idx, b_idx = idx[:, 0::2], idx[:, 1::2]
         if k > a_idx.shape[1] or b_idx.shape[1] == 0:

@@ -198,20 +198,21 @@ def can_plan_merge(ctx: ScanContext, reducer, weight: Optional[torch.Tensor]) ->
             and not ctx.has_fused)
 
 
-def plan_merge_step(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor):
+def plan_merge_step(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor,
+                    planned: Optional[tuple] = None):
     """The fused path's ToMe step: the new context now, the merge itself later.
 
     Returns ``(plan, new_ctx)``: a :class:`~amvim_mm.ops.token_merge.MergePlan` that the block
     applies inside its fused add + RMSNorm (``VimBlock.forward(..., merge=plan)``) to the
     unchanged streams, and the context of the reduced sequence. Equal to
-    :func:`reduce_tokens` with ``fold=True`` (tests).
+    :func:`reduce_tokens` with ``fold=True`` (tests). ``planned``: the plan the selecting
+    kernel made in the same launch (:attr:`~.reducers.Selection.plan`); else it is made here.
     """
     r = removed.shape[1]
     n_keep = ctx.n_patches - r
     new_cls = cls_index_for(n_keep, ctx.cls_index >= 0)
-    planned = ctx.planned_merge
-    if planned is not None and planned[0] is removed and planned[1] is dst:
-        plan, npos, nsize, nsrc = planned[2]    # made by ToMe's matching kernel, same launch
+    if planned is not None:
+        plan, npos, nsize, nsrc = planned       # made by ToMe's matching kernel, same launch
         step = 'kernel-plan'
     else:
         plan, npos, nsize, nsrc = plan_merge(ctx.pos, ctx.size, ctx.source, removed, dst,

@@ -1,0 +1,79 @@
+"""What happens between the blocks of one forward when a token reducer is on.
+
+:class:`ReductionSession` owns the token-reduction state of a forward: it resolves the
+reducer's schedule for the input's grid, gives the context its per-sample bookkeeping, and
+before each block runs the step the schedule asks for: the reducer picks the tokens
+(:meth:`~.reducers.TokenReducer.step`), then either the fused inference path plans the merge
+for the block's fused add + RMSNorm (:func:`~.state.plan_merge_step`) or both streams are
+reduced with PyTorch ops (:func:`~.state.reduce_tokens`). Without a reducer (or with a schedule
+that removes nothing) it hands everything through unchanged.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from amvim_mm.ops.token_merge import MergePlan
+from ..layout.scan_context import ScanContext
+from .reducers import TokenReducer
+from .state import (Streams, append_fused_slot, can_plan_merge, init_reduction_state,
+                    plan_merge_step, reduce_tokens)
+
+
+class ReductionSession:
+    """The token reduction of one forward of a Vim-family backbone.
+
+    Args:
+        reducer: the backbone's reducer, or None.
+        ctx: the context of the embedded (unreduced) sequence.
+        hidden: the embedded tokens (B, L, D) (batch size and device).
+        depth: the number of blocks.
+        training: the backbone's mode (training keeps both streams; inference folds them).
+    """
+
+    def __init__(self, reducer: Optional[TokenReducer], ctx: ScanContext, hidden: torch.Tensor,
+                 depth: int, training: bool) -> None:
+        self.reducer = reducer
+        self.training = training
+        self.removals = None
+        if reducer is not None:
+            removals = reducer.removals(ctx.grid[0] * ctx.grid[1], depth)
+            if any(removals):
+                self.removals = removals
+                ctx = init_reduction_state(ctx, hidden.shape[0], hidden.device)
+                if hasattr(reducer, 'start'):
+                    reducer.start()
+        #: the context of the current sequence (after the last step)
+        self.ctx = ctx
+
+    def before_block(self, i: int, layer, hidden: torch.Tensor,
+                     residual: Optional[torch.Tensor]
+                     ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[MergePlan]]:
+        """Run the reduction step scheduled before block ``i`` (if any).
+
+        Returns the streams for the block and, on the fused inference path, the merge plan the
+        block applies inside its fused add + RMSNorm (the streams are then unchanged).
+        """
+        if self.removals is None:
+            return hidden, residual, None
+        reducer, ctx, merge = self.reducer, self.ctx, None
+        k = self.removals[i]
+        if k:
+            if reducer.freeze_sources:
+                hidden, residual, ctx = append_fused_slot(ctx, hidden, residual)
+            # inference on the fused path: Triton kernels for the reduction step too
+            ctx.fused_ok = not self.training and layer.mixer.use_fused(hidden, None)
+            streams = Streams(hidden, residual)
+            sel = reducer.step(i, k, streams, ctx, layer)
+            if ctx.fused_ok and can_plan_merge(ctx, reducer, sel.weight):
+                merge, ctx = plan_merge_step(ctx, sel.removed, sel.dst, sel.plan)
+            else:
+                hidden, residual, ctx = reduce_tokens(
+                    ctx, hidden, residual, sel.removed, sel.dst, sel.weight,
+                    reducer.freeze_sources, reducer.merges, fold=not self.training,
+                    stream=streams.total())
+            ctx.align = reducer.align
+        ctx.want_importance = reducer.needs_importance
+        self.ctx = ctx
+        return hidden, residual, merge
