@@ -90,9 +90,9 @@ def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls
     A and B rows (the dot products on tensor cores in tf32 when ``TF32``, else in fp32); each A
     row's best B row; the k A rows with the highest best score (ties: lower index first) are
     written, in that order, to ``rem``/``dst`` (sequence indices). (Splitting a sample's A rows
-    over several programs re-reads the B rows and was slower on an H200: 26 vs 15.5 us at
-    Vim-T's size, run 13.) With ``PLAN`` the same program then makes the merge plan of those
-    edges (:func:`merge_plan_kernel`'s work; the arguments after ``k`` are its).
+    over several programs re-reads the B rows and was slower on an H200.) With ``PLAN`` the same
+    program then makes the merge plan of those edges (:func:`merge_plan_kernel`'s work; the
+    arguments after ``k`` are its).
     """
     b = tl.program_id(0)
     ja = tl.arange(0, BLOCK_A)
@@ -159,7 +159,8 @@ def rank_perm_kernel(pos_ptr, rank_ptr, rev_ptr, buf_ptr, out_ptr, B, L, M, cls,
 
     Patch tokens sorted by ``rank[p, pos]`` (placed at their rank in a per-sample buffer of the
     grid's size, then compacted), the class token (index ``cls``, which is its slot) at ``cls``
-    of the forward sequence, everything flipped when reversed: ``out[p, b, i]`` = token at path position i.
+    of the forward sequence, everything flipped when reversed: ``out[p, b, i]`` = token at path
+    position i.
     """
     b = tl.program_id(0)
     p = tl.program_id(1)

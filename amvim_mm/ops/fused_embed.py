@@ -3,12 +3,10 @@ launch, for the fused inference path.
 
 The reference is :meth:`amvim_mm.models.backbones.vim_family.VimFamilyBackbone.embed`: the
 non-overlapping patch convolution as a GEMM over unfolded patches, then the class token
-concatenated at ``cls_slot(M)`` (= M // 2) and the fp32 position embedding added. On an H200
-under bf16 autocast (Vim-T, batch 128, 224) that took five launches and ~120 us (run 14b
-profile: the unfold + cast copy 70 us, the GEMM 16 us, the concatenation 17 us, the position add 18 us), ~1.4 % of the
-whole forward and ~2.5 % of a ToMe 0.46 forward, where it does not shrink with the tokens. Here
-one kernel reads the image once through the patch indices, multiplies on tensor cores, and
-writes the fp32 token stream in its final layout.
+concatenated at ``cls_slot(M)`` (= M // 2) and the fp32 position embedding added: five
+launches, a fixed cost that does not shrink with the tokens under reduction (measurements in
+benchmarks/README.md). Here one kernel reads the image once through the patch indices,
+multiplies on tensor cores, and writes the fp32 token stream in its final layout.
 
 Numerics as the reference: under 16-bit autocast the patches and weights are 16-bit, the
 product accumulates in fp32, ``+ bias`` is rounded to the autocast dtype (what ``F.linear``

@@ -50,10 +50,9 @@ LOG2E = 1.4426950408889634
 
 
 # The fused scan walks each path sequentially, one program per (sample, channel block, path):
-# with few samples and long sequences it leaves most of the GPU idle. Run 7's resolution sweep
-# (Vim-T, bf16, graph; benchmarks/runs/2026-11-30_run7_x2): fused 2021 / 310 / 102 img/s at
-# 448 (batch 32) / 768 (11) / 1024 (6) against 1261 / 310 / 206 for the mamba-ssm kernels
-# (run 3). So the automatic choice keeps the mamba-ssm path, when it is installed, below
+# with few samples and long sequences it leaves most of the GPU idle (the resolution sweeps in
+# benchmarks/README.md: slower than the mamba-ssm kernels at 768 and 1024 pixels with batch 11
+# and 6). So the automatic choice keeps the mamba-ssm path, when it is installed, below
 # batch x E = 16 x 384.
 MIN_FUSED_BATCH_WIDTH = 16 * 384
 
@@ -101,8 +100,8 @@ def fused_mixer_available(device_type: str = 'cuda') -> Tuple[bool, str]:
 # Launch configuration of the scan kernel per inner width E: (BLOCK_E, num_warps, DT_IN_KERNEL),
 # from the tune part of tools/benchmark.py on an H200 (benchmarks/README.md); other widths
 # use DEFAULT_SCAN_CONFIG. Environment override: AMVIM_FUSED_SCAN_CONFIG="32,1,1".
-# Run 6 (benchmarks/runs/2026-11-30_run6): (64, 2, dt as matmul) is best for both widths; with
-# dt_proj in the kernel, Vim-S (R = 24, padded to 32) drops from 7167 to 1247 img/s.
+# (64, 2, dt as matmul) was best for both widths; dt_proj inside the kernel is much slower for
+# Vim-S (R = 24, padded to 32).
 SCAN_CONFIGS = {384: (64, 2, False), 768: (64, 2, False)}
 DEFAULT_SCAN_CONFIG = (64, 2, False)
 CONV_BLOCK = (32, 64)

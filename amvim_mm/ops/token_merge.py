@@ -41,7 +41,7 @@ EXTRA_ENV_VAR = runtime.variable_of('reduction_kernels')
 def extra_kernels_enabled() -> bool:
     """:func:`tome_match` and :func:`rank_path_perm` on the fused path (default); with
     ``AMVIM_FUSED_REDUCTION_KERNELS=0`` ToMe matches and reduced paths are ordered with PyTorch
-    ops (run 9, benchmarks/runs/2026-11-30_run9: the kernels are faster)."""
+    ops (slower; benchmarks/README.md)."""
     return runtime.settings().reduction_kernels
 
 
@@ -127,9 +127,8 @@ def apply_merge_plan(hidden: Tensor, residual: Optional[Tensor], plan: MergePlan
 
 # Launch configuration of the matching kernel: (BLOCK_D, num_warps, num_stages).
 # `tools/benchmark.py --suite gpu --parts tune-match` times the candidates as CUDA-graph replays
-# of matching + plan at Vim-T's step shape and uses the best for the rest of its run. Run 16
-# (plan in registers): (64, 8, 1) 17.8 us, (32, 8, 1) 18.6, (32, 16, 1) 21.5, (32, 8, 2) 25.6.
-# Override: AMVIM_TOME_MATCH_CONFIG="32,8,1".
+# of matching + plan at Vim-T's step shape and uses the best for the rest of its run (the
+# tuning history is in benchmarks/README.md). Override: AMVIM_TOME_MATCH_CONFIG="32,8,1".
 MATCH_CONFIG = (64, 8, 1)
 
 

@@ -243,9 +243,8 @@ class BiMambaMixer(nn.Module):
         cast once here instead of by autocast at every call. Zero padding for aligned GEMMs:
         the low rank ``R`` of ``dt`` is rounded up to a multiple of 8 (zero rows in ``x_proj``
         after its first ``R`` rows, zero columns in ``dt_proj``: the same ``delta``; with
-        Vim-T's R = 12 the ``dt_proj`` GEMM ran a 2-element-aligned cuBLAS kernel, 27 us a
-        layer and slower still on reduced lengths, run 10), and ``x_proj``'s rows to a multiple
-        of 8 (16-byte rows of ``x_dbl``; the kernels read ``B`` and ``C`` by offset).
+        Vim-T's R = 12 the ``dt_proj`` GEMM ran a slow 2-element-aligned cuBLAS kernel), and
+        ``x_proj``'s rows to a multiple of 8 (16-byte rows of ``x_dbl``; the kernels read ``B`` and ``C`` by offset).
         """
         params = [p for k in range(self.num_paths) for p in self.path_params(k)]
         params += [self.out_proj, self.in_proj]
