@@ -244,7 +244,8 @@ class BiMambaMixer(nn.Module):
         the low rank ``R`` of ``dt`` is rounded up to a multiple of 8 (zero rows in ``x_proj``
         after its first ``R`` rows, zero columns in ``dt_proj``: the same ``delta``; with
         Vim-T's R = 12 the ``dt_proj`` GEMM ran a slow 2-element-aligned cuBLAS kernel), and
-        ``x_proj``'s rows to a multiple of 8 (16-byte rows of ``x_dbl``; the kernels read ``B`` and ``C`` by offset).
+        ``x_proj``'s rows to a multiple of 8 (16-byte rows of ``x_dbl``; the kernels read ``B``
+        and ``C`` by offset).
         """
         params = [p for k in range(self.num_paths) for p in self.path_params(k)]
         params += [self.out_proj, self.in_proj]
