@@ -1,0 +1,56 @@
+"""The contract every registered backbone x every registered reducer keeps (timm style: one
+parametrised test over the registries). A new backbone or reducer is covered automatically; a
+new reducer needs an entry in SCHEDULES (its protocol), or this test fails and says so."""
+import pytest
+import torch
+
+import amvim_mm  # noqa: F401
+from amvim_mm.models.backbones.vim_family import VimFamilyBackbone
+from amvim_mm.models.reduction import TOKEN_REDUCERS
+from amvim_mm.registry import MODELS
+
+#: per reducer: a schedule that removes tokens, and one that removes none (must be identical)
+SCHEDULES = {
+    'ToMe': (dict(ratio=0.27), dict(ratio=0.0)),
+    'RandomPrune': (dict(ratio=0.27, seed=0), dict(ratio=0.0, seed=0)),
+    'ToP': (dict(keep_rate=0.7, locations=(1, )), dict(keep_rate=1.0, locations=(1, ))),
+    'EViT': (dict(keep_rate=0.7, locations=(1, )), dict(keep_rate=1.0, locations=(1, ))),
+}
+BACKBONES = sorted(n for n, c in MODELS.module_dict.items()
+                   if isinstance(c, type) and issubclass(c, VimFamilyBackbone))
+REDUCERS = sorted(TOKEN_REDUCERS.module_dict)
+
+
+def test_registries_are_covered():
+    assert {'Vim', 'AMVim', 'LocalVim'} <= set(BACKBONES)
+    missing = set(REDUCERS) - set(SCHEDULES)
+    assert not missing, f'add the protocol of {sorted(missing)} to SCHEDULES'
+
+
+def _build(typ, out_type, reduction=None):
+    torch.manual_seed(0)
+    return MODELS.build(dict(type=typ, arch='test', img_size=64, out_type=out_type,
+                             out_indices=(1, 3), token_reduction=reduction)).eval()
+
+
+@pytest.mark.parametrize('reducer', REDUCERS)
+@pytest.mark.parametrize('typ', BACKBONES)
+def test_backbone_x_reducer(typ, reducer):
+    on, off = SCHEDULES[reducer]
+    x = torch.randn(2, 3, 64, 48, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        # dense: the full grid comes back, whatever was removed
+        plain = _build(typ, 'featmap')
+        ref = plain(x)
+        reduced = _build(typ, 'featmap', dict(type=reducer, **on))
+        out = reduced(x)
+        assert [o.shape for o in out] == [(2, 32, 4, 3)] * 2
+        assert all(torch.isfinite(o).all() for o in out)
+        assert reduced.token_counts[-1] < reduced.token_counts[0]
+        # a schedule that removes nothing is exactly no reduction
+        same = _build(typ, 'featmap', dict(type=reducer, **off))(x)
+        for a, b in zip(same, ref):
+            assert torch.equal(a, b)
+        # classification output: one vector per image
+        cls = _build(typ, 'cls_token', dict(type=reducer, **on))(x)
+        assert [o.shape for o in cls] == [(2, 32)] * 2
