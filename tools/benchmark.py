@@ -89,7 +89,7 @@ def gpu_tune_match(args):
     Vim-T's step shape (batch 128, 197 tokens, width 192, bf16 hidden + fp32 residual, 14
     edges, the merge plan made in the same launch as on the fused path); the best is used for
     the rest of the run (and goes into MATCH_CONFIG by hand)."""
-    from amvim_mm.models.backbones.scan_context import ScanContext
+    from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.reduction.state import init_reduction_state
     from amvim_mm.ops import token_merge as TM
     h = torch.randn(128, 197, 192, device='cuda').to(torch.bfloat16)
