@@ -4,7 +4,7 @@ import torch
 
 from amvim_mm.models.layout.scan_context import PathIndex, ScanContext
 from amvim_mm.models.layout.scan_orders import (normalize_order, path_permutation,
-                                                   scan_rank)
+                                                scan_rank)
 
 
 def order_of(H, W, spec):
@@ -141,3 +141,58 @@ def test_order_spec_errors():
         normalize_order(dict(order='window', size=0))
     with pytest.raises(ValueError, match='inner order must be row, col or random'):
         normalize_order(dict(order='window', inner='diag'))
+
+
+def test_a_new_order_is_one_class():
+    """docs/how_to_add_a_scan_order.md: one registered class, and every path, reducer and
+    output works with it."""
+    import amvim_mm.models.layout.scan_orders as so
+    from amvim_mm.registry import MODELS
+
+    @so.register_scan_order
+    class Diagonal(so.ScanOrder):
+        name = 'test_diagonal'
+
+        def rank(self, H, W):
+            pos = torch.arange(H * W)
+            r, c = pos // W, pos % W
+            return so._dense_rank((r + c) * H + r)
+
+    try:
+        assert scan_rank(3, 4, dict(order='test_diagonal')).view(3, 4).tolist() == \
+            [[0, 1, 3, 6], [2, 4, 7, 9], [5, 8, 10, 11]]
+        with pytest.raises(ValueError, match=r"does not take \['size'\]"):
+            normalize_order(dict(order='test_diagonal', size=2))
+        torch.manual_seed(0)
+        m = MODELS.build(dict(type='AMVim', arch='test', img_size=64, out_type='featmap',
+                              paths=[dict(order='raster'),
+                                     dict(order='test_diagonal', reverse=True)],
+                              token_reduction=dict(type='ToP', keep_rate=0.7,
+                                                   locations=(1, )))).eval()
+        with torch.no_grad():
+            out = m(torch.randn(1, 3, 64, 48))
+        assert out[-1].shape == (1, 32, 4, 3) and torch.isfinite(out[-1]).all()
+    finally:
+        so.SCAN_ORDERS.pop('test_diagonal', None)
+
+
+def test_a_broken_order_is_refused():
+    import amvim_mm.models.layout.scan_orders as so
+
+    @so.register_scan_order
+    class Broken(so.ScanOrder):
+        name = 'test_broken'
+
+        def rank(self, H, W):
+            return torch.zeros(H * W, dtype=torch.long)
+
+    try:
+        with pytest.raises(ValueError, match='no permutation'):
+            scan_rank(2, 2, dict(order='test_broken'))
+    finally:
+        so.SCAN_ORDERS.pop('test_broken', None)
+    with pytest.raises(ValueError, match='reserved'):
+        @so.register_scan_order
+        class Bad(so.ScanOrder):
+            name = 'test_bad'
+            params = dict(reverse=False)

@@ -28,6 +28,9 @@ Orders:
 * ``random``: a fixed random permutation of the grid (``seed``).
 
 ``reverse=True`` runs the whole path backwards. Ranks are cached per grid size.
+
+Each order is a :class:`ScanOrder` subclass registered in :data:`SCAN_ORDERS` with
+:func:`register_scan_order`: a new order is one class (docs/how_to_add_a_scan_order.md).
 """
 from __future__ import annotations
 
@@ -39,13 +42,100 @@ import torch
 from amvim_mm.errors import ConfigError
 from amvim_mm.token_layout import cls_slot
 
-ORDERS = ('raster', 'column', 'window', 'random')
-_KEYS = {
-    'raster': {'order', 'reverse'},
-    'column': {'order', 'reverse'},
-    'window': {'order', 'reverse', 'size', 'inner', 'outer', 'seed', 'shift'},
-    'random': {'order', 'reverse', 'seed'},
-}
+class ScanOrder:
+    """One kind of scan order: a rank for every cell of an ``H x W`` grid.
+
+    To add an order, subclass, set ``name`` and ``params`` (argument name -> default), implement
+    :meth:`rank` and decorate the class with :func:`register_scan_order`; every path, reducer and
+    kernel then works with it (``dict(order=name, ...)`` in ``paths`` or ``layer_paths``).
+    Override :meth:`check` to validate the arguments (the default accepts any value).
+    """
+
+    name: str = ''
+    #: argument name -> default value (``reverse`` is common to all orders)
+    params: Dict[str, object] = {}
+
+    def check(self, values: Dict[str, object]) -> Dict[str, object]:
+        """Validate (and normalise) the arguments; a :class:`ConfigError` names a bad one."""
+        return values
+
+    def rank(self, H: int, W: int, **params) -> torch.Tensor:
+        """(H*W,) int64: the step at which each raster position is visited (a permutation)."""
+        raise NotImplementedError
+
+
+#: registered scan orders by name
+SCAN_ORDERS: Dict[str, ScanOrder] = {}
+
+
+def register_scan_order(cls):
+    """Class decorator: register a :class:`ScanOrder` subclass under its ``name``."""
+    if not (isinstance(cls, type) and issubclass(cls, ScanOrder)) or not cls.name:
+        raise ConfigError(f'register_scan_order takes a ScanOrder subclass with a name, got '
+                          f'{cls!r}')
+    if 'reverse' in cls.params or 'order' in cls.params:
+        raise ConfigError(f'scan order {cls.name!r}: "order" and "reverse" are reserved')
+    SCAN_ORDERS[cls.name] = cls()
+    return cls
+
+
+@register_scan_order
+class Raster(ScanOrder):
+    """Row-major."""
+
+    name = 'raster'
+
+    def rank(self, H, W):
+        return torch.arange(H * W)
+
+
+@register_scan_order
+class Column(ScanOrder):
+    """Column-major."""
+
+    name = 'column'
+
+    def rank(self, H, W):
+        pos = torch.arange(H * W)
+        return (pos % W) * H + pos // W
+
+
+@register_scan_order
+class Window(ScanOrder):
+    """``size x size`` windows (see the module docstring)."""
+
+    name = 'window'
+    params = dict(size=3, inner='row', outer='row', shift=0, seed=0)
+
+    def check(self, v):
+        if not isinstance(v['size'], int) or v['size'] < 1:
+            raise ConfigError(f'window size must be a positive int, got {v["size"]!r}')
+        if v['inner'] not in ('row', 'col', 'random'):
+            raise ConfigError(f'window inner order must be row, col or random, got '
+                              f'{v["inner"]!r}')
+        if v['outer'] not in ('row', 'col'):
+            raise ConfigError(f'window outer order must be row or col, got {v["outer"]!r}')
+        if not isinstance(v['shift'], int) or v['shift'] < 0:
+            raise ConfigError(f'window shift must be a non-negative int, got {v["shift"]!r}')
+        return dict(v, seed=int(v['seed']))
+
+    def rank(self, H, W, size, inner, outer, shift, seed):
+        return _window_rank(H, W, size, inner, outer, shift, seed)
+
+
+@register_scan_order
+class Random(ScanOrder):
+    """A fixed random permutation of the grid."""
+
+    name = 'random'
+    params = dict(seed=0)
+
+    def check(self, v):
+        return dict(v, seed=int(v['seed']))
+
+    def rank(self, H, W, seed):
+        g = torch.Generator().manual_seed(seed)
+        return _dense_rank(torch.randperm(H * W, generator=g))
 
 
 def normalize_order(spec) -> Tuple[Tuple[str, object], ...]:
@@ -60,31 +150,18 @@ def normalize_order(spec) -> Tuple[Tuple[str, object], ...]:
         spec = dict(order=spec)
     if not isinstance(spec, dict) or 'order' not in spec:
         raise ConfigError(f'a scan order is a dict with an "order" key, got {spec!r}')
-    order = spec['order']
-    if order not in ORDERS:
-        raise ConfigError(f'unknown scan order {order!r}; choose one of {", ".join(ORDERS)}')
-    unknown = set(spec) - _KEYS[order]
+    order = SCAN_ORDERS.get(spec['order'])
+    if order is None:
+        raise ConfigError(f'unknown scan order {spec["order"]!r}; choose one of '
+                          f'{", ".join(SCAN_ORDERS)}')
+    keys = {'order', 'reverse'} | set(order.params)
+    unknown = set(spec) - keys
     if unknown:
-        raise ConfigError(f'scan order {order!r} does not take {sorted(unknown)}; '
-                          f'valid keys: {sorted(_KEYS[order])}')
-    out: Dict[str, object] = dict(order=order, reverse=bool(spec.get('reverse', False)))
-    if order == 'window':
-        size = spec.get('size', 3)
-        if not isinstance(size, int) or size < 1:
-            raise ConfigError(f'window size must be a positive int, got {size!r}')
-        inner = spec.get('inner', 'row')
-        outer = spec.get('outer', 'row')
-        if inner not in ('row', 'col', 'random'):
-            raise ConfigError(f'window inner order must be row, col or random, got {inner!r}')
-        if outer not in ('row', 'col'):
-            raise ConfigError(f'window outer order must be row or col, got {outer!r}')
-        shift = spec.get('shift', 0)
-        if not isinstance(shift, int) or shift < 0:
-            raise ConfigError(f'window shift must be a non-negative int, got {shift!r}')
-        out.update(size=size, inner=inner, outer=outer, shift=shift,
-                   seed=int(spec.get('seed', 0)))
-    elif order == 'random':
-        out.update(seed=int(spec.get('seed', 0)))
+        raise ConfigError(f'scan order {order.name!r} does not take {sorted(unknown)}; '
+                          f'valid keys: {sorted(keys)}')
+    values = order.check({k: spec.get(k, d) for k, d in order.params.items()})
+    out: Dict[str, object] = dict(values, order=order.name,
+                                  reverse=bool(spec.get('reverse', False)))
     return tuple(sorted(out.items()))
 
 
@@ -120,19 +197,12 @@ def _dense_rank(key: torch.Tensor) -> torch.Tensor:
 @functools.lru_cache(maxsize=256)
 def _rank_cached(H: int, W: int, spec: Tuple[Tuple[str, object], ...]) -> torch.Tensor:
     s = dict(spec)
-    order = s['order']
-    n = H * W
-    if order == 'raster':
-        rank = torch.arange(n)
-    elif order == 'column':
-        pos = torch.arange(n)
-        rank = (pos % W) * H + pos // W
-    elif order == 'window':
-        rank = _window_rank(H, W, s['size'], s['inner'], s['outer'], s['shift'], s['seed'])
-    else:
-        g = torch.Generator().manual_seed(s['seed'])
-        rank = _dense_rank(torch.randperm(n, generator=g))
-    return rank
+    order = SCAN_ORDERS[s.pop('order')]
+    rank = order.rank(H, W, **s)
+    if rank.shape != (H * W, ) or not torch.equal(torch.sort(rank).values,
+                                                  torch.arange(H * W)):
+        raise ConfigError(f'scan order {order.name!r} gave no permutation of the {H}x{W} grid')
+    return rank.long()
 
 
 def scan_rank(H: int, W: int, spec) -> torch.Tensor:
