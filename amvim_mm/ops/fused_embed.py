@@ -52,6 +52,14 @@ def _kernel(interpret: bool):
     return triton.jit(k.patch_embed_kernel)
 
 
+def pack_patch_weight(weight: Tensor, bias: Tensor, dtype: torch.dtype
+                      ) -> Tuple[Tensor, Tensor]:
+    """A (D, C, p, p) patch convolution as the kernel's GEMM operand: ((C * p * p, D) weight,
+    (D,) bias) in ``dtype``."""
+    with torch.no_grad():
+        return weight.reshape(weight.shape[0], -1).t().to(dtype).contiguous(), bias.to(dtype)
+
+
 def fused_patch_embed(x: Tensor, weight_kd: Tensor, bias: Tensor, pos_embed: Tensor,
                       cls_token: Optional[Tensor], patch_size: int, grid) -> Tensor:
     """Tokens of images ``x`` (B, C, H, W) as the backbone's ``embed`` makes them.

@@ -43,7 +43,7 @@ from amvim_mm import runtime
 from amvim_mm.errors import BackendUnavailableError, ConfigError
 
 __all__ = ['fused_mixer_available', 'fused_mixer_forward', 'fused_add_rmsnorm', 'FUSED_ENV_VAR',
-           'fused_requested', 'auto_prefers_fused', 'autocast_dtype']
+           'fused_requested', 'auto_prefers_fused', 'autocast_dtype', 'pack_mixer_weights']
 
 FUSED_ENV_VAR = runtime.variable_of('fused_mixer')
 LOG2E = 1.4426950408889634
@@ -120,6 +120,51 @@ def scan_config(E: int) -> Tuple[int, int, bool]:
         be, w, dk = env
         return be, w, bool(dk)
     return SCAN_CONFIGS.get(E, DEFAULT_SCAN_CONFIG)
+
+
+def pack_mixer_weights(per_path, in_proj_weight: Tensor, out_proj_weight: Tensor,
+                       compute_dtype: Optional[torch.dtype] = None) -> Tuple:
+    """A mixer's parameters as :func:`fused_mixer_forward` takes them:
+    ``(in_proj, stacked per-path tensors, out_proj_cat)``.
+
+    ``per_path``: one ``(conv1d, x_proj, dt_proj, A_log, D)`` per path (modules and parameters,
+    as ``BiMambaMixer.path_params`` gives them). ``out_proj_cat`` is ``out_proj`` repeated per
+    path and scaled by 1 / P (Vim's mean of the paths). ``compute_dtype`` (the autocast dtype,
+    if any): the matmul weights are cast once here instead of by autocast at every call. Zero
+    padding for aligned GEMMs: the low rank ``R`` of ``dt`` is rounded up to a multiple of 8
+    (zero rows in ``x_proj`` after its first ``R`` rows, zero columns in ``dt_proj``: the same
+    ``delta``; with Vim-T's R = 12 the ``dt_proj`` GEMM ran a slow 2-element-aligned cuBLAS
+    kernel), and ``x_proj``'s rows to a multiple of 8 (16-byte rows of ``x_dbl``; the kernels
+    read ``B`` and ``C`` by offset).
+    """
+    def mm(t):   # a matmul operand, in the dtype autocast would give it
+        return t if compute_dtype is None else t.to(compute_dtype)
+
+    P = len(per_path)
+    with torch.no_grad():
+        x_proj = torch.stack([x.weight for _, x, *_ in per_path])              # (P, R+2N, E)
+        dt_w = torch.stack([d.weight for _, _, d, *_ in per_path]).float()     # (P, E, R)
+        R = dt_w.shape[-1]
+        pad_r = -R % 8
+        if pad_r:
+            x_proj = torch.cat([x_proj[:, :R], x_proj.new_zeros(
+                x_proj.shape[0], pad_r, x_proj.shape[2]), x_proj[:, R:]], 1)
+            dt_w = F.pad(dt_w, (0, pad_r))
+        pad = -x_proj.shape[1] % 8
+        if pad:
+            x_proj = F.pad(x_proj, (0, 0, 0, pad))
+        stacked = (
+            torch.stack([c.weight[:, 0] for c, *_ in per_path]),              # (P, E, K)
+            torch.stack([c.bias for c, *_ in per_path]),                      # (P, E)
+            mm(x_proj),                                                       # (P, R'+2N+pad, E)
+            mm(dt_w),                                                         # (P, E, R')
+            torch.stack([d.bias for _, _, d, *_ in per_path]).float(),        # (P, E)
+            torch.stack([-torch.exp(a.float()) for *_, a, _ in per_path]),    # (P, E, N)
+            torch.stack([d for *_, d in per_path]).float(),                   # (P, E)
+        )
+        # Vim's mean of the paths folded into out_proj: (Dm, P * E)
+        out_cat = torch.cat([out_proj_weight] * P, 1) / P
+        return mm(in_proj_weight), stacked, mm(out_cat)
 
 
 def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight: Tensor,
@@ -202,7 +247,7 @@ def fused_add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor
     ``residual`` (fp32) may be None (block 0: the residual is ``hidden``). Returns ``(normed,
     residual)``: the new fp32 residual and the normalised input of the mixer in ``out_dtype``
     (default: the autocast dtype when autocast is on, else the norm weight's dtype, as
-    :class:`~amvim_mm.models.backbones.layers.RMSNorm` gives). Inference only (no autograd).
+    :class:`~amvim_mm.models.backbones.norm.RMSNorm` gives). Inference only (no autograd).
 
     ``merge``: a :class:`~amvim_mm.ops.token_merge.MergePlan` (a ToMe step planned before this
     block): the summed stream is merged in the same pass, so both outputs have the plan's new

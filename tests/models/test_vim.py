@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import amvim_mm  # noqa: F401
-from amvim_mm.models.backbones.layers import resize_pos_embed
+from amvim_mm.models.backbones.embed import resize_pos_embed
 from amvim_mm.registry import MODELS
 from amvim_mm.utils.checkpoint import CheckpointMismatchError
 from tests.reference.official_vim import official_vim_forward, random_official_state_dict

@@ -1,4 +1,4 @@
-"""Small building blocks of the Vim family: RMSNorm, DropPath, PatchEmbed, pos-embed resize."""
+"""The patch embedding and the position embedding's resize around the middle class token."""
 from __future__ import annotations
 
 import math
@@ -9,40 +9,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from amvim_mm.errors import ConfigError
+from amvim_mm.ops.fused_embed import pack_patch_weight
 from amvim_mm.ops.fused_mixer import autocast_dtype
 from amvim_mm.token_layout import cls_slot
 
-
-class RMSNorm(nn.Module):
-    """RMSNorm with a weight and no bias (``mamba_ssm``'s ``RMSNorm``), computed in fp32."""
-
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
-        return y.to(x.dtype)
-
-
-class DropPath(nn.Module):
-    """Stochastic depth per sample (identity at eval time and for ``p == 0``)."""
-
-    def __init__(self, drop_prob: float = 0.) -> None:
-        super().__init__()
-        self.drop_prob = float(drop_prob)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.drop_prob == 0. or not self.training:
-            return x
-        keep = 1. - self.drop_prob
-        mask = x.new_empty((x.shape[0], ) + (1, ) * (x.dim() - 1)).bernoulli_(keep)
-        return x * mask / keep
-
-    def extra_repr(self) -> str:
-        return f'drop_prob={self.drop_prob}'
 
 
 class PatchEmbed(nn.Module):
@@ -95,9 +65,7 @@ class PatchEmbed(nn.Module):
         key = (dtype, w.data_ptr(), w._version, b.data_ptr(), b._version)
         cache = getattr(self, '_gemm_cache', None)
         if cache is None or cache[0] != key:
-            with torch.no_grad():
-                cache = (key, (w.reshape(w.shape[0], -1).t().to(dtype).contiguous(),
-                               b.to(dtype)))
+            cache = (key, pack_patch_weight(w, b, dtype))
             self._gemm_cache = cache
         return cache[1]
 

@@ -1,0 +1,45 @@
+"""One Vim block: residual add + RMSNorm (fused on the inference path) + mixer."""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+from amvim_mm.ops.fused_mixer import fused_add_rmsnorm
+from amvim_mm.ops.token_merge import apply_merge_plan
+from ..layout.scan_context import ScanContext
+from ..layout.scan_orders import normalize_order
+from .drop import DropPath
+from .norm import RMSNorm
+
+
+class VimBlock(nn.Module):
+    """``residual = residual + drop_path(h); h = mixer(norm(residual))`` with an fp32 residual."""
+
+    def __init__(self, mixer: nn.Module, embed_dims: int, paths: Sequence,
+                 drop_path: float = 0., norm_eps: float = 1e-5) -> None:
+        super().__init__()
+        self.norm = RMSNorm(embed_dims, eps=norm_eps)
+        self.mixer = mixer
+        self.drop_path = DropPath(drop_path)
+        self.path_keys = tuple(normalize_order(p) for p in paths)   # validated once
+        self.paths = tuple(dict(k) for k in self.path_keys)
+
+    def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
+                ctx: ScanContext, merge=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``merge``: a ToMe step planned for this block
+        (:func:`~amvim_mm.models.reduction.state.plan_merge_step`): the streams come in at the
+        old length and the merge happens in the fused add + RMSNorm."""
+        fused = self.mixer.use_fused(hidden, None)
+        if fused and (not self.training or self.drop_path.drop_prob == 0):
+            # inference: residual add + RMSNorm in one Triton pass (amvim_mm.ops.fused_mixer)
+            normed, residual = fused_add_rmsnorm(hidden, residual, self.norm.weight,
+                                                 self.norm.eps, merge=merge)
+            return self.mixer(normed, ctx, self.path_keys, fused=True), residual
+        if merge is not None:
+            hidden, residual = apply_merge_plan(hidden, residual, merge), None
+        residual = hidden if residual is None else residual + self.drop_path(hidden)
+        hidden = self.norm(residual.to(self.norm.weight.dtype))
+        residual = residual.float()
+        return self.mixer(hidden, ctx, self.path_keys, fused=fused), residual

@@ -1,0 +1,254 @@
+"""Vim's bidirectional Mamba mixer, generalised to any number of scan paths given as data."""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from amvim_mm.errors import BackendUnavailableError, ConfigError
+from amvim_mm.ops.backends import log_choice_once, mamba_selective_scan, requested_backend
+from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
+from amvim_mm.ops.fused_mixer import (auto_prefers_fused, autocast_dtype, fused_mixer_available,
+                                      fused_mixer_forward, fused_requested, pack_mixer_weights)
+from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
+from ..layout.scan_context import ScanContext
+
+
+class BiMambaMixer(nn.Module):
+    """Vim's bidirectional Mamba mixer ("bimamba v2"), generalised to paths given as data.
+
+    Each path has its own ``conv1d``, ``x_proj``, ``dt_proj``, ``A_log`` and ``D``; ``in_proj`` and
+    ``out_proj`` are shared. Path ``k`` uses the parameter-name suffix ``suffixes[k]``
+    (Vim: ``''`` and ``'_b'``, giving ``conv1d``/``conv1d_b``, ``A_log``/``A_b_log``...).
+
+    Args:
+        embed_dims: model width D.
+        d_state: SSM state size N.
+        d_conv: causal depthwise conv width.
+        expand: inner width E = expand * D.
+        dt_rank: rank R of the delta projection; ``None`` means ceil(D / 16).
+        suffixes: one parameter-name suffix per path.
+        scan_backend: selective-scan backend (``None``: automatic, see ``amvim_mm.ops``).
+        fused: the fused Triton inference path (:mod:`amvim_mm.ops.fused_mixer`): ``None``
+            (automatic: on for CUDA tensors when no gradient is wanted, Triton imports, no
+            scan backend was forced by argument or ``AMVIM_SCAN_BACKEND``, and the batch is
+            large enough - below batch x E = 16 x 384 the mamba-ssm kernels, when installed,
+            are faster on long sequences), ``True`` (always
+            when no gradient is wanted; CPU tensors then run Triton's interpreter, for tests) or
+            ``False`` (never). ``AMVIM_FUSED_MIXER=0/1`` overrides ``None``. Training, ToP
+            alignment and importance scores always take the unfused path.
+    """
+
+    #: the fused path computes the mean of the paths; subclasses that merge otherwise say False
+    supports_fused = True
+
+    def __init__(self,
+                 embed_dims: int,
+                 d_state: int = 16,
+                 d_conv: int = 4,
+                 expand: int = 2,
+                 dt_rank: Optional[int] = None,
+                 suffixes: Sequence[str] = ('', '_b'),
+                 dt_min: float = 0.001,
+                 dt_max: float = 0.1,
+                 dt_init_floor: float = 1e-4,
+                 scan_backend: Optional[str] = None,
+                 fused: Optional[bool] = None) -> None:
+        super().__init__()
+        self.fused = fused
+        self._fused_cache: Optional[tuple] = None
+        self.embed_dims = embed_dims
+        self.d_state = d_state
+        self.d_inner = E = expand * embed_dims
+        self.dt_rank = R = dt_rank if dt_rank is not None else math.ceil(embed_dims / 16)
+        self.suffixes = tuple(suffixes)
+        self.scan_backend = scan_backend
+        self.dt_init_range = (dt_min, dt_max, dt_init_floor)
+        self.in_proj = nn.Linear(embed_dims, 2 * E, bias=False)
+        self.out_proj = nn.Linear(E, embed_dims, bias=False)
+        self.num_paths = num_paths = len(self.suffixes)
+        for k in range(num_paths):
+            names = self.path_param_names(k)
+            self.add_module(names['conv1d'],
+                            nn.Conv1d(E, E, d_conv, groups=E, padding=d_conv - 1))
+            self.add_module(names['x_proj'], nn.Linear(E, R + 2 * d_state, bias=False))
+            dt_proj = nn.Linear(R, E, bias=True)
+            self._init_dt_proj(dt_proj)
+            self.add_module(names['dt_proj'], dt_proj)
+            self.register_parameter(names['A_log'], nn.Parameter(torch.empty(E, d_state)))
+            self.register_parameter(names['D'], nn.Parameter(torch.empty(E)))
+            self._init_ssm(k)
+
+    def _init_dt_proj(self, dt_proj: nn.Linear) -> None:
+        """Mamba's dt init: weight ~ U(-R^-0.5, R^-0.5); bias = softplus^-1(dt), dt log-uniform
+        in [dt_min, dt_max] (the per-channel step sizes 0.001-0.1 of a fresh model)."""
+        dt_min, dt_max, floor = self.dt_init_range
+        R = dt_proj.in_features
+        nn.init.uniform_(dt_proj.weight, -R**-0.5, R**-0.5)
+        dt = torch.exp(torch.rand(dt_proj.out_features) * (math.log(dt_max) - math.log(dt_min))
+                       + math.log(dt_min)).clamp(min=floor)
+        with torch.no_grad():
+            dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def _init_ssm(self, k: int) -> None:
+        """S4D-real A (``A_log = log(1..N)`` for every channel) and ``D = 1`` of path ``k``."""
+        _, _, _, A_log, D = self.path_params(k)
+        with torch.no_grad():
+            A_log.copy_(torch.log(torch.arange(1, self.d_state + 1, dtype=torch.float32))
+                        .repeat(self.d_inner, 1))
+            D.fill_(1.0)
+
+    def reset_parameters(self) -> None:
+        """Initialise every parameter as a freshly built mixer has it (Mamba's scheme).
+
+        Used by the backbone's ``init_weights`` after a parent's generic initialisation (e.g.
+        TruncNormal on every Linear in an upstream config), which would otherwise leave the
+        step sizes at softplus(0) = 0.69 and the projections at std 0.02.
+        """
+        for m in self.modules():
+            if m is not self and hasattr(m, 'reset_parameters'):
+                m.reset_parameters()   # nn.Linear / nn.Conv1d / nn.LayerNorm defaults
+        for k in range(self.num_paths):
+            self._init_dt_proj(self.path_params(k)[2])
+            self._init_ssm(k)
+
+    def path_param_names(self, k: int) -> Dict[str, str]:
+        """Parameter names of path ``k`` (Vim: ``conv1d``, ``A_log``; ``conv1d_b``, ``A_b_log``)."""
+        s = self.suffixes[k]
+        return dict(conv1d=f'conv1d{s}', x_proj=f'x_proj{s}', dt_proj=f'dt_proj{s}',
+                    A_log=f'A{s}_log', D=f'D{s}')
+
+    def path_params(self, k: int):
+        n = self.path_param_names(k)
+        return (getattr(self, n['conv1d']), getattr(self, n['x_proj']),
+                getattr(self, n['dt_proj']), getattr(self, n['A_log']), getattr(self, n['D']))
+
+    def scan_path(self, k: int, xz: torch.Tensor, gaps: Optional[torch.Tensor] = None,
+                  gap_delta: str = 'bias') -> torch.Tensor:
+        """Run path ``k`` on ``xz`` (B, 2E, L), already in the path's order -> y (B, E, L).
+
+        Channel-first like the official code, so ``x``, ``z`` and ``delta`` reach the scan with
+        unit stride along L (no copies). ``gaps`` (B, L): pruned positions right before each
+        token in this path's order; the scan then runs as if they were there with zero input
+        (ToP hidden-state alignment), their step size being ``softplus(dt_bias)``
+        (``gap_delta='bias'``) or the next kept token's own (``'token'``).
+        """
+        conv, x_proj, dt_proj, A_log, D = self.path_params(k)
+        Bsz, _, L = xz.shape
+        x, z = xz.chunk(2, dim=1)                                       # (B, E, L) each
+        x = causal_conv1d_fn(x, conv.weight, conv.bias, activation='silu')
+        x_dbl = F.linear(x.transpose(1, 2).reshape(Bsz * L, -1), x_proj.weight)
+        R, N = self.dt_rank, self.d_state
+        # (E, R) @ (R, B*L) -> (B, E, L) view with unit stride along L
+        dt = (dt_proj.weight @ x_dbl[:, :R].t()).view(-1, Bsz, L).transpose(0, 1)
+        Bm = x_dbl[:, R:R + N].view(Bsz, L, N).transpose(1, 2).contiguous()
+        Cm = x_dbl[:, R + N:].view(Bsz, L, N).transpose(1, 2).contiguous()
+        A = -torch.exp(A_log.float())
+        if gaps is None:
+            return selective_scan_fn(x, dt, A, Bm, Cm, D.float(), z,
+                                     delta_bias=dt_proj.bias.float(), delta_softplus=True,
+                                     backend=self.scan_backend)
+        g = gaps.unsqueeze(1).to(torch.float32)                         # (B, 1, L)
+        bias = dt_proj.bias.float()
+        if gap_delta == 'bias':
+            step = F.softplus(bias)[None, :, None]
+        else:
+            step = F.softplus(dt.float() + bias[None, :, None])
+        return aligned_selective_scan(x, dt, A, Bm, Cm, D.float(), z, delta_bias=bias,
+                                      gap_delta=g * step, backend=self.scan_backend)
+
+    def merge_paths(self, ys: List[torch.Tensor]) -> torch.Tensor:
+        """Vim's merge of (B, E, L) path outputs: their mean (the released "divide_out")."""
+        out = ys[0]
+        for y in ys[1:]:
+            out = out + y
+        return out / len(ys)
+
+    def use_fused(self, hidden: torch.Tensor, ctx: Optional[ScanContext]) -> bool:
+        """Whether this call takes the fused inference path (see ``fused`` in the class doc).
+
+        ``ctx=None`` asks about the block's fused add + RMSNorm (no scan-context conditions).
+        """
+        if ctx is not None and self._ctx_needs_unfused(ctx):
+            return False
+        setting = fused_requested(self.fused)
+        if setting is False or not self.supports_fused:
+            return False
+        if torch.is_grad_enabled() and (hidden.requires_grad or self.in_proj.weight.requires_grad):
+            return False
+        if setting is None:
+            if not hidden.is_cuda or requested_backend(self.scan_backend) != 'auto':
+                return False
+            if self.d_state & (self.d_state - 1):
+                return False
+            if not auto_prefers_fused(hidden.shape[0], self.d_inner,
+                                      mamba_selective_scan()[0] is not None):
+                return False
+            ok = fused_mixer_available('cuda')[0]
+            if ok:
+                log_choice_once('mixer', 'fused triton', 'inference')
+            return ok
+        ok, reason = fused_mixer_available(hidden.device.type)
+        if not ok:
+            raise BackendUnavailableError(f'the fused mixer was requested (fused=True or '
+                                          f'AMVIM_FUSED_MIXER=1) but is not usable: {reason}')
+        return True
+
+    @staticmethod
+    def _ctx_needs_unfused(ctx: ScanContext) -> bool:
+        """ToP's importance scores and hidden-state alignment exist on the unfused path only."""
+        return ctx.want_importance or (ctx.align is not None and ctx.reduced)
+
+    def _apply(self, fn, *args, **kwargs):
+        self._fused_cache = None   # .to() / .cuda() / .half(): restack on the next fused call
+        return super()._apply(fn, *args, **kwargs)
+
+    def fused_params(self, compute_dtype: Optional[torch.dtype] = None
+                     ) -> Tuple[torch.Tensor, ...]:
+        """The parameters as the fused kernels take them
+        (:func:`~amvim_mm.ops.fused_mixer.pack_mixer_weights`), cached until a parameter
+        changes or the module moves."""
+        params = [p for k in range(self.num_paths) for p in self.path_params(k)]
+        params += [self.out_proj, self.in_proj]
+        flat = []
+        for m in params:
+            flat.extend(m.parameters() if isinstance(m, nn.Module) else (m, ))
+        key = (compute_dtype, ) + tuple((t.data_ptr(), t._version, t.dtype) for t in flat)
+        if self._fused_cache is not None and self._fused_cache[0] == key:
+            return self._fused_cache[1]
+        cached = pack_mixer_weights([self.path_params(k) for k in range(self.num_paths)],
+                                    self.in_proj.weight, self.out_proj.weight, compute_dtype)
+        self._fused_cache = (key, cached)
+        return cached
+
+    def forward(self, hidden: torch.Tensor, ctx: ScanContext, paths: Sequence,
+                fused: Optional[bool] = None) -> torch.Tensor:
+        """``fused``: the block's answer of ``use_fused(hidden, None)``, if it has it (saves
+        asking twice per block); the scan-context conditions are checked here."""
+        if len(paths) != self.num_paths:
+            raise ConfigError(f'{type(self).__name__} has {self.num_paths} paths, '
+                              f'got {len(paths)} scan orders')
+        if fused is None:
+            fused = self.use_fused(hidden, ctx)
+        elif fused:
+            fused = not self._ctx_needs_unfused(ctx)
+        if fused:
+            in_w, stacked, out_cat = self.fused_params(autocast_dtype(hidden.device.type))
+            return fused_mixer_forward(hidden, in_w, self.out_proj.weight, *stacked,
+                                       ctx.path_perms(paths), out_proj_cat=out_cat)
+        Bsz, L, _ = hidden.shape
+        # (2E, D) @ (D, B*L) -> (B, 2E, L) view with unit stride along L (official layout)
+        xz = (self.in_proj.weight @ hidden.reshape(Bsz * L, -1).t()).view(-1, Bsz, L)
+        xz = xz.transpose(0, 1)
+        ys = []
+        for k, spec in enumerate(paths):
+            index = ctx.path_index(spec)
+            y = self.scan_path(k, index.to_path_cf(xz), ctx.path_gaps(spec), ctx.align or 'bias')
+            ys.append(index.to_tokens_cf(y))
+        if ctx.want_importance:
+            # ToP importance: sum over channels of max(0, y), both paths, token order
+            ctx.importance = sum(y.float().clamp_min(0).sum(1) for y in ys).detach()
+        return F.linear(self.merge_paths(ys).transpose(1, 2), self.out_proj.weight)
