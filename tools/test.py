@@ -18,10 +18,10 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmen
 from mmengine.config import DictAction
 
 from amvim_mm.apis.cli import run_cli
+from amvim_mm.apis.prune_eval import METHODS
 from amvim_mm.apis.runner import (add_token_reduction_hook, load_config, load_model_weights,
                                   make_runner)
 
-METHODS = {'tome': 'ToMe', 'random': 'RandomPrune'}
 
 
 def parse_args():

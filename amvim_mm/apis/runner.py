@@ -6,7 +6,6 @@ all three tasks.
 """
 from __future__ import annotations
 
-import os
 import os.path as osp
 from typing import Optional, Sequence
 
@@ -107,7 +106,3 @@ def add_token_reduction_hook(cfg: Config, reduction: dict,
     hooks = [h for h in hooks if h.get('type') != 'TokenReductionHook']
     hooks.append(dict(type='TokenReductionHook', reduction=reduction, phases=tuple(phases)))
     cfg.custom_hooks = hooks
-
-
-def default_work_dir(path: str) -> str:
-    return os.path.join('./work_dirs', osp.splitext(osp.basename(path))[0])
