@@ -27,11 +27,14 @@ class VimBlock(nn.Module):
         self.paths = tuple(dict(k) for k in self.path_keys)
 
     def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
-                ctx: ScanContext, merge=None) -> Tuple[torch.Tensor, torch.Tensor]:
+                ctx: ScanContext, merge=None, fused: Optional[bool] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
         """``merge``: a ToMe step planned for this block
         (:func:`~amvim_mm.models.reduction.state.plan_merge_step`): the streams come in at the
-        old length and the merge happens in the fused add + RMSNorm."""
-        fused = self.mixer.use_fused(hidden, None)
+        old length and the merge happens in the fused add + RMSNorm. ``fused``: the forward's
+        fused-path decision (the backbone takes it once per forward); None asks the mixer."""
+        if fused is None:
+            fused = self.mixer.use_fused(hidden, None)
         if fused and (not self.training or self.drop_path.drop_prob == 0):
             # inference: residual add + RMSNorm in one Triton pass (amvim_mm.ops.fused_mixer)
             normed, residual = fused_add_rmsnorm(hidden, residual, self.norm.weight,

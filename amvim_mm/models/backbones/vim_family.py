@@ -403,7 +403,7 @@ class VimFamilyBackbone(BaseModule):
         return resize_pos_embed(self.pos_embed, self.patch_resolution, grid,
                                 self.interpolate_mode)
 
-    def _embed_fused(self, x: torch.Tensor) -> bool:
+    def _embed_fused(self, x: torch.Tensor, fused: Optional[bool]) -> bool:
         pe = self.patch_embed
         p = pe.patch_size
         if self.training or pe.stride != p or p < 4 or p & (p - 1):   # the kernel's K steps
@@ -414,7 +414,9 @@ class VimFamilyBackbone(BaseModule):
             return False
         if x.is_cuda and autocast_dtype('cuda') not in (torch.float16, torch.bfloat16):
             return False
-        return x.dim() == 4 and self.layers[0].mixer.use_fused(x, None)
+        if fused is None:
+            fused = x.dim() == 4 and self.layers[0].mixer.use_fused(x, None)
+        return fused
 
     #: check every forward's images for NaN/inf (see :meth:`check_images`); a subclass or an
     #: instance may set it to False to save the reduction and its host sync
@@ -452,7 +454,8 @@ class VimFamilyBackbone(BaseModule):
             return True
         return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
-    def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, ScanContext]:
+    def embed(self, x: torch.Tensor, fused: Optional[bool] = None
+              ) -> Tuple[torch.Tensor, ScanContext]:
         """Patch embed, middle class token and position embedding -> (tokens, context).
 
         On the fused inference path (CUDA under 16-bit autocast; any dtype in Triton's
@@ -461,10 +464,11 @@ class VimFamilyBackbone(BaseModule):
 
         The images are checked first (:meth:`check_images`): a tensor that is not (B, C, H, W)
         with B >= 1 and the model's channel count, or that holds NaN/inf, raises
-        :class:`~amvim_mm.errors.ConfigError`.
+        :class:`~amvim_mm.errors.ConfigError`. ``fused``: the forward's fused-path decision
+        (None: ask the first block's mixer).
         """
         self.check_images(x)
-        if self._embed_fused(x):
+        if self._embed_fused(x, fused):
             pe = self.patch_embed
             grid = pe.check_input(x)
             w, b = pe.gemm_weight(autocast_dtype(x.device.type) or pe.proj.weight.dtype)
@@ -530,15 +534,25 @@ class VimFamilyBackbone(BaseModule):
         stream = residual + (self.drop_path(hidden) if last else hidden)
         return self.format_output(stream, ctx, last)
 
+    def fused_path(self, x: torch.Tensor) -> bool:
+        """Whether this forward takes the fused inference path (decided once per forward:
+        device, grad mode, batch size and the switches; the mixers add per-block conditions
+        such as ToP's importance, see :meth:`BiMambaMixer.forward`). A malformed input is left
+        to :meth:`check_images`, which names the problem."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[0] == 0:
+            return False
+        return self.layers[0].mixer.use_fused(x, None)
+
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        hidden, ctx = self.embed(x)
+        fused = self.fused_path(x)
+        hidden, ctx = self.embed(x, fused)
         session = ReductionSession(self.token_reducer, ctx, hidden, self.num_layers,
                                    self.training)
         residual, outs, counts = None, [], []
         for i, layer in enumerate(self.layers):
-            hidden, residual, merge = session.before_block(i, layer, hidden, residual)
+            hidden, residual, merge = session.before_block(i, layer, hidden, residual, fused)
             counts.append(hidden.shape[1] if merge is None else merge.rows.shape[1])
-            hidden, residual = layer(hidden, residual, session.ctx, merge=merge)
+            hidden, residual = layer(hidden, residual, session.ctx, merge=merge, fused=fused)
             if i in self.out_indices:
                 outs.append(self.block_output(i, hidden, residual, session.ctx))
         self.token_counts, self.last_context = counts, session.ctx

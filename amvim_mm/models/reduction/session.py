@@ -48,12 +48,13 @@ class ReductionSession:
         self.ctx = ctx
 
     def before_block(self, i: int, layer, hidden: torch.Tensor,
-                     residual: Optional[torch.Tensor]
+                     residual: Optional[torch.Tensor], fused: Optional[bool] = None
                      ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[MergePlan]]:
         """Run the reduction step scheduled before block ``i`` (if any).
 
-        Returns the streams for the block and, on the fused inference path, the merge plan the
-        block applies inside its fused add + RMSNorm (the streams are then unchanged).
+        ``fused``: the forward's fused-path decision (None: ask the block's mixer). Returns the
+        streams for the block and, on the fused inference path, the merge plan the block
+        applies inside its fused add + RMSNorm (the streams are then unchanged).
         """
         if self.removals is None:
             return hidden, residual, None
@@ -63,7 +64,9 @@ class ReductionSession:
             if reducer.freeze_sources:
                 hidden, residual, ctx = append_fused_slot(ctx, hidden, residual)
             # inference on the fused path: Triton kernels for the reduction step too
-            ctx.fused_ok = not self.training and layer.mixer.use_fused(hidden, None)
+            if fused is None:
+                fused = layer.mixer.use_fused(hidden, None)
+            ctx.fused_ok = not self.training and fused
             streams = Streams(hidden, residual)
             sel = reducer.step(i, k, streams, ctx, layer)
             if ctx.fused_ok and can_plan_merge(ctx, reducer, sel.weight):
