@@ -39,7 +39,7 @@ EXTRA_ENV_VAR = runtime.variable_of('reduction_kernels')
 
 
 def extra_kernels_enabled() -> bool:
-    """:func:`tome_match` and :func:`rank_path_perm` on the fused path (default); with
+    """:func:`tome_match` and :func:`rank_path_perms` on the fused path (default); with
     ``AMVIM_FUSED_REDUCTION_KERNELS=0`` ToMe matches and reduced paths are ordered with PyTorch
     ops (slower; benchmarks/README.md)."""
     return runtime.settings().reduction_kernels

@@ -284,3 +284,19 @@ def test_mmengine_flops_counter_on_reduced_model():
                                          show_arch=False)
         flops[name] = info['flops']
     assert 0 < flops['reduced'] < flops['full']
+
+
+def test_amvim_paths_override_refuses_ignored_arguments():
+    from amvim_mm.registry import MODELS
+    paths = [dict(order='raster'), dict(order='column', reverse=True)]
+    MODELS.build(dict(type='AMVim', arch='test', img_size=32, paths=paths))
+    with pytest.raises(ConfigError, match=r"\['window_size'\] would be ignored"):
+        MODELS.build(dict(type='AMVim', arch='test', img_size=32, paths=paths, window_size=2))
+
+
+def test_block_with_wrong_number_of_paths_fails_at_build():
+    from amvim_mm.models.backbones.block import VimBlock
+    from amvim_mm.models.backbones.mixer import BiMambaMixer
+    mixer = BiMambaMixer(32, d_state=8, dt_rank=2)
+    with pytest.raises(ConfigError, match='has 2 paths, but the block got 3 scan orders'):
+        VimBlock(mixer, 32, [dict(order='raster')] * 3)

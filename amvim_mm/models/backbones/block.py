@@ -6,6 +6,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from amvim_mm.errors import ConfigError
 from amvim_mm.ops.fused_mixer import fused_add_rmsnorm
 from amvim_mm.ops.token_merge import apply_merge_plan
 from ..layout.scan_context import ScanContext
@@ -24,6 +25,9 @@ class VimBlock(nn.Module):
         self.mixer = mixer
         self.drop_path = DropPath(drop_path)
         self.path_keys = tuple(normalize_order(p) for p in paths)   # validated once
+        if len(self.path_keys) != getattr(mixer, 'num_paths', len(self.path_keys)):
+            raise ConfigError(f'{type(mixer).__name__} has {mixer.num_paths} paths, but the block '
+                              f'got {len(self.path_keys)} scan orders')
         self.paths = tuple(dict(k) for k in self.path_keys)
 
     def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],

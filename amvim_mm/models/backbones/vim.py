@@ -60,7 +60,8 @@ class AMVim(VimFamilyBackbone):
         shift_odd_blocks: Swin-style variant: odd blocks shift the window grid cyclically by
             ``window_size // 2``.
         paths: full override, a sequence of two scan-order dicts (see ``scan_orders``), used for
-            every block; the other path arguments must then stay at their defaults.
+            every block; the other path arguments must then stay at their defaults (an error
+            otherwise).
         **kwargs: everything :class:`Vim` takes.
     """
 
@@ -80,6 +81,14 @@ class AMVim(VimFamilyBackbone):
         if paths is not None:
             if len(paths) != 2:
                 raise ConfigError(f'AMVim: paths must hold 2 scan orders, got {len(paths)}')
+            changed = [k for k, v, d in (('window_size', window_size, 3),
+                                         ('windowed_path', windowed_path, 1),
+                                         ('inner', inner, 'col'), ('seed', seed, 0),
+                                         ('shift_odd_blocks', shift_odd_blocks, False))
+                       if v != d]
+            if changed:
+                raise ConfigError(f'AMVim: paths overrides every path argument; {changed} would '
+                                  'be ignored (put them into the paths dicts)')
             paths = [dict(normalize_order(p)) for p in paths]
         self._paths = paths
         window = dict(order='window', size=window_size, inner=inner, seed=seed,
