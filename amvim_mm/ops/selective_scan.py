@@ -94,6 +94,15 @@ def _expand_bc(t: Tensor, dim: int, dtype: torch.dtype) -> Tensor:
     return t.repeat_interleave(dim // groups, dim=1)
 
 
+def _step_sizes(delta: Tensor, delta_bias: Optional[Tensor], delta_softplus: bool,
+                ct: torch.dtype) -> Tensor:
+    """``softplus(delta + delta_bias)`` (each part optional) in the compute dtype."""
+    dt = delta.to(ct)
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(ct)[:, None]
+    return F.softplus(dt) if delta_softplus else dt
+
+
 def _prepare(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optional[Tensor],
              z: Optional[Tensor], delta_bias: Optional[Tensor], delta_softplus: bool):
     """Checks, upcasts, and computes the per-step (a_t, b_t) factors of shape (b, E, N, L)."""
@@ -101,11 +110,7 @@ def _prepare(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Optio
     ct = _compute_dtype(u.dtype)
     dim = u.shape[1]
     uf = u.to(ct)
-    dt = delta.to(ct)
-    if delta_bias is not None:
-        dt = dt + delta_bias.to(ct)[:, None]
-    if delta_softplus:
-        dt = F.softplus(dt)
+    dt = _step_sizes(delta, delta_bias, delta_softplus, ct)
     Bf = _expand_bc(B, dim, ct)
     Cf = _expand_bc(C, dim, ct)
     # a_t = exp(delta_t * A) in (0, 1] for A <= 0; b_t = delta_t * B_t * u_t
@@ -156,11 +161,7 @@ def selective_scan_ref(u: Tensor,
     ct = _compute_dtype(u.dtype)
     bsz, dim, length = u.shape
     uf = u.to(ct)
-    dt = delta.to(ct)
-    if delta_bias is not None:
-        dt = dt + delta_bias.to(ct)[:, None]
-    if delta_softplus:
-        dt = F.softplus(dt)
+    dt = _step_sizes(delta, delta_bias, delta_softplus, ct)
     # (batch, E, L, N) factors, so that every step reads contiguous rows of N
     a = torch.exp(dt.unsqueeze(-1) * A.to(ct)[:, None, :])
     b = (dt * uf).unsqueeze(-1) * _expand_bc(B, dim, ct).transpose(-1, -2)
@@ -290,11 +291,7 @@ def selective_scan_torch(u: Tensor,
     if length == 0:
         out = _finish(uf.new_zeros(u.shape), uf, D, z, ct, u.dtype)
         return (out, uf.new_zeros(bsz, dim, dstate)) if return_last_state else out
-    dt = delta.to(ct)
-    if delta_bias is not None:
-        dt = dt + delta_bias.to(ct)[:, None]
-    if delta_softplus:
-        dt = F.softplus(dt)
+    dt = _step_sizes(delta, delta_bias, delta_softplus, ct)
     chunk = min(chunk_size or _auto_chunk(length), length)
     nchunks = -(-length // chunk)
     pad = nchunks * chunk - length
