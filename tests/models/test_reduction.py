@@ -362,3 +362,36 @@ def test_eval_folds_the_two_streams_into_one_merge():
         a = m(x)[0]
         b = m.train()(x)[0]
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_merging_reducer_that_prunes_must_say_so():
+    """merges=True with some dst = -1: the dense restore needs the pruned patches' features."""
+    from amvim_mm.errors import ConfigError
+    from amvim_mm.models.reduction import TOKEN_REDUCERS, ToMe
+
+    class MergeOrPrune(ToMe):
+        def select(self, block, k, stream, ctx, layer):
+            removed, dst, weight = super().select(block, k, stream, ctx, layer)
+            dst = dst.clone()
+            dst[:, 0] = -1            # prune the first, merge the rest
+            return removed, dst, weight
+
+    TOKEN_REDUCERS.register_module(name='MergeOrPrune', module=MergeOrPrune)
+    try:
+        x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+        m = MODELS.build(dict(type='Vim', arch='test', img_size=64, out_type='featmap',
+                              token_reduction=dict(type='MergeOrPrune', r=3,
+                                                   locations=(1, )))).eval()
+        with torch.no_grad(), pytest.raises(ConfigError, match='set prunes = True'):
+            m(x)
+        MergeOrPrune.prunes = True
+        with torch.no_grad():
+            out = m(x)[-1]
+        ctx = m.last_context
+        pruned = ctx.source < 0
+        assert pruned.sum() == 2 and ctx.frozen is not None
+        # the pruned patches are restored from their own frozen feature, not from token 0
+        assert torch.isfinite(out).all()
+        assert torch.any(ctx.frozen[pruned].abs().sum(-1) > 0)
+    finally:
+        TOKEN_REDUCERS.module_dict.pop('MergeOrPrune', None)

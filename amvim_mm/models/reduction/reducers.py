@@ -121,6 +121,9 @@ class TokenReducer:
 
     #: the reducer merges removed tokens into survivors (else: they are pruned)
     merges = False
+    #: a merging reducer that also prunes some tokens (``dst = -1``) must say so: their last
+    #: features are then kept for the dense restore (None: ``not merges``)
+    prunes: Optional[bool] = None
     freeze_sources = False
 
     def __repr__(self) -> str:

@@ -14,6 +14,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from amvim_mm.errors import ConfigError
 from amvim_mm.ops.token_merge import MergePlan
 from ..layout.scan_context import ScanContext
 from .reducers import TokenReducer
@@ -69,14 +70,24 @@ class ReductionSession:
             ctx.fused_ok = not self.training and fused
             streams = Streams(hidden, residual)
             sel = reducer.step(i, k, streams, ctx, layer)
+            self._check(reducer, sel)
             if ctx.fused_ok and can_plan_merge(ctx, reducer, sel.weight):
                 merge, ctx = plan_merge_step(ctx, sel.removed, sel.dst, sel.plan)
             else:
                 hidden, residual, ctx = reduce_tokens(
                     ctx, hidden, residual, sel.removed, sel.dst, sel.weight,
                     reducer.freeze_sources, reducer.merges, fold=not self.training,
-                    stream=streams.total())
+                    stream=streams.total(), prunes=reducer.prunes)
             ctx.align = reducer.align
         ctx.want_importance = reducer.needs_importance
         self.ctx = ctx
         return hidden, residual, merge
+
+    @staticmethod
+    def _check(reducer: TokenReducer, sel) -> None:
+        """A merging reducer that did not declare ``prunes`` must not prune: the dense restore
+        would have no feature for those patches. Checked where it costs no device sync (CPU)."""
+        if reducer.merges and not reducer.freeze_sources and not reducer.prunes \
+                and not sel.dst.is_cuda and bool((sel.dst < 0).any()):
+            raise ConfigError(f'{type(reducer).__name__} merges tokens (merges=True) but pruned '
+                              'some (dst = -1); set prunes = True on the reducer class')

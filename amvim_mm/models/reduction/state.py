@@ -64,7 +64,7 @@ class Streams:
 def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[torch.Tensor],
                   removed: torch.Tensor, dst: torch.Tensor,
                   weight: Optional[torch.Tensor] = None, freeze_sources: bool = False,
-                  merges: bool = True, fold: bool = False,
+                  merges: bool = True, fold: bool = False, prunes: Optional[bool] = None,
                   stream: Optional[torch.Tensor] = None
                   ) -> Tuple[torch.Tensor, Optional[torch.Tensor], ScanContext]:
     """Remove patch tokens from both streams.
@@ -81,6 +81,9 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
         freeze_sources: the patches of merged tokens are frozen as if pruned instead of being
             handed to the destination (EViT: the fused token stands for no grid position).
         merges: ``False`` when every ``dst`` is -1 (pure pruning): skips the merge arithmetic.
+        prunes: some ``dst`` may be -1 (None: ``not merges``); pruned patches keep their last
+            feature in ``frozen`` for the dense restore only when this (or ``freeze_sources``)
+            is set.
         fold: merge the summed stream ``residual + hidden`` once and return it as ``hidden``
             with ``residual=None`` (the averaging is linear, so this equals merging both
             streams, in fp32). Only valid when the next block's drop-path is the identity
@@ -136,7 +139,7 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
     new_src = torch.where(src >= 0, torch.gather(fate, 1, src.clamp(min=0)), src)
     frozen = ctx.frozen
     pruned_now = (new_src < 0) & (src >= 0)                              # (B, M)
-    if not merges or freeze_sources:
+    if (not merges if prunes is None else prunes) or freeze_sources:
         if frozen is None:
             frozen = stream.new_zeros(B, src.shape[1], D, dtype=stream.dtype)
         last = _gather_tokens(stream, src.clamp(min=0))
@@ -194,7 +197,8 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
 def can_plan_merge(ctx: ScanContext, reducer, weight: Optional[torch.Tensor]) -> bool:
     """Whether a step can be planned for the fused path (:func:`plan_merge_step`): plain
     size-weighted merges (ToMe), no frozen sources, no EViT fused token."""
-    return (reducer.merges and not reducer.freeze_sources and weight is None
+    return (reducer.merges and not reducer.freeze_sources and not reducer.prunes
+            and weight is None
             and not ctx.has_fused)
 
 
