@@ -86,8 +86,10 @@ class LocalMambaMixer(BiMambaMixer):
         self.attn = ChannelAttention(self.d_inner)
 
     def path_param_names(self, k: int) -> Dict[str, str]:
-        return dict(conv1d=f'conv1d_{k}', x_proj=f'x_proj_{k}', dt_proj=f'dt_proj_{k}',
-                    A_log=f'A_log_{k}', D=f'D_{k}')
+        """LocalMamba's names: the suffix after the whole name (``A_log_0``, not ``A_0_log``)."""
+        s = self.suffixes[k]
+        return dict(conv1d=f'conv1d{s}', x_proj=f'x_proj{s}', dt_proj=f'dt_proj{s}',
+                    A_log=f'A_log{s}', D=f'D{s}')
 
     def merge_paths(self, ys: List[torch.Tensor]) -> torch.Tensor:
         """Gate each (B, E, L) path output by the shared channel attention, then sum."""

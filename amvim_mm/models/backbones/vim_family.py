@@ -150,7 +150,6 @@ class VimFamilyBackbone(BaseModule):
     """
 
     arch_zoo: Dict[str, dict] = {}
-    num_paths = 2
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
