@@ -70,7 +70,7 @@ class ReductionSchedule:
                 raise ConfigError(f'{name}: keep_rate must be in (0, 1], got {keep_rate!r}')
             if not locations:
                 raise ConfigError(f'{name}: keep_rate needs locations (the blocks after which '
-                                  'tokens are pruned), e.g. locations=(10, 20)')
+                                  'tokens are pruned), e.g. locations=(9, 19)')
         if r is not None:
             # anything but an int or a list of ints (2.5, '5', [2.5]...) is refused here
             rs = [r] if _is_int(r) else _int_list(r)
