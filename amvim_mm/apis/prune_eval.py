@@ -192,7 +192,8 @@ def _zero_row(done: Dict[Tuple[str, str, float], dict], name: str) -> Optional[d
 
 
 def validate(models: Sequence[Tuple[str, str]], methods: Sequence[str],
-             ratios: Sequence[float]) -> None:
+             ratios: Sequence[float], names: Optional[Sequence[str]] = None) -> List[str]:
+    """Check the sweep's arguments; returns the display names (``names`` or from the configs)."""
     if not models:
         raise ConfigError('give at least one CONFIG CHECKPOINT pair')
     for cfg, ckpt in models:
@@ -206,9 +207,12 @@ def validate(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     for r in ratios:
         if not 0 <= r < 1:
             raise ConfigError(f'ratio {r} is outside [0, 1)')
-    names = [model_name(c) for c, _ in models]
+    names = list(names) if names else [model_name(c) for c, _ in models]
+    if len(names) != len(models):
+        raise ConfigError(f'{len(names)} names for {len(models)} models')
     if len(set(names)) != len(names):
-        raise ConfigError(f'two models share the name {names}; give --names')
+        raise ConfigError(f'two models share the name {names}; give distinct --names')
+    return names
 
 
 def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
@@ -227,12 +231,7 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     from amvim_mm.analysis.flops import CONVENTION, vim_family_flops
     from amvim_mm.apis.runner import load_config, load_model_weights, make_runner
     from amvim_mm.engine.hooks import find_reducible_backbone
-    validate(models, methods, ratios)
-    names = list(names) if names else [model_name(c) for c, _ in models]
-    if len(names) != len(models):
-        raise ConfigError(f'{len(names)} names for {len(models)} models')
-    if len(set(names)) != len(names):
-        raise ConfigError(f'two models share the name {names}; give distinct --names')
+    names = validate(models, methods, ratios, names)
     path = osp.join(prepare_out_dir(out_dir), 'results.json')
     cfgs, prints = [], {}
     for (config, ckpt), name in zip(models, names):
