@@ -169,7 +169,8 @@ def check_weights(checkpoint: Any, filename: str) -> None:
     if sd is None:
         return
     for k, v in sd.items():
-        if isinstance(v, torch.Tensor) and v.is_floating_point():
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and \
+                not bool(torch.isfinite(v).all()):
             bad = int((~torch.isfinite(v)).sum())
             if bad:
                 raise CheckpointError(f'{filename}: tensor {k!r} has {bad} non-finite values '
