@@ -9,9 +9,9 @@ Suites:
   gpu: (tune) launch configuration of the fused scan kernel; (main) Vim-T/S and AMVim-T/S
        whole classifiers, batch 128, 224, fp32 and bf16, eager and CUDA-graph, the unfused
        mixer (mamba-ssm kernels) and the fused Triton mixer side by side, next to the official
-       code's anchors; (reduction) ToMe at ratios
-       0/0.17/0.27/0.36/0.46: measured speed-up against the FLOPs ratio; (resolution) 224 to
-       1024 with the batch scaled to keep pixels constant.
+       code (``--official-vim PATH``: timed in the same process) or its earlier anchors;
+       (reduction) ToMe at ratios 0/0.17/0.27/0.36/0.46: measured speed-up against the FLOPs
+       ratio; (resolution) 224 to 1024 with the batch scaled to keep pixels constant.
 Every row records the command, device and versions.
 """
 import argparse
@@ -25,6 +25,7 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmen
 import torch  # noqa: E402
 
 from amvim_mm.analysis import benchmark as B  # noqa: E402
+from amvim_mm.analysis import official_vim as OV  # noqa: E402
 from amvim_mm.analysis.flops import vim_family_flops  # noqa: E402
 from amvim_mm import runtime  # noqa: E402
 from amvim_mm.apis.cli import run_cli  # noqa: E402
@@ -148,24 +149,47 @@ def gpu_tune_embed(args):
 
 
 def gpu_main(args):
+    """Our mixers side by side and, with ``--official-vim``, the official code's classifier
+    (same weights, batch, dtype and mode) timed in the same process: ``vs_official_run`` is
+    the ratio to it in the same mode; ``vs_official`` divides by the anchors measured earlier
+    (eager, another run) and is kept for runs without the official checkout."""
     rows = []
     for name in args.models:
+        official = args.official_vim and name in OV.OFFICIAL_MODELS
         for dtype in ('fp32', 'bf16'):
             for mode in ('eager', 'graph'):
-                for mixer in args.mixers:
+                here = []
+                for mixer in args.mixers + (['official'] if official else []):
                     if mixer == 'unfused' and mode == 'eager' and 'fused' in args.mixers:
                         continue   # the baseline in its best mode only (saves device time)
-                    m = B.build(name, 224, head=True, fused_mixer=MIXERS[mixer])
+                    torch.manual_seed(0)
+                    m = B.build(name, 224, head=True, fused_mixer=MIXERS.get(mixer, False))
+                    extra = {}
+                    if mixer == 'official':
+                        ours = m
+                        m = OV.build_official(name, args.official_vim, weights_from=ours)
+                        if dtype == 'fp32' and mode == 'eager':   # the same function?
+                            x = torch.randn(8, 3, 224, 224, device='cuda')
+                            with torch.no_grad():
+                                diff = (m(x) - ours(x)).abs().max().item()
+                            extra['max_abs_diff_vs_unfused'] = float(f'{diff:.3g}')
+                        del ours
                     r = B.measure(m, 128, 224, dtype, mode)
                     r.update(model=name, mixer=mixer,
-                             official=B.OFFICIAL_ANCHORS.get((name, dtype)))
+                             official=B.OFFICIAL_ANCHORS.get((name, dtype)), **extra)
                     if r['official']:
                         r['vs_official'] = round(r['img_per_s'] / r['official'], 3)
-                    rows.append(r)
+                    here.append(r)
                     log(f'  {name} {dtype} {mode} {mixer}: {r["img_per_s"]} img/s '
-                        f'(official {r["official"]}), {r.get("peak_mem_mib")} MiB')
+                        f'(official anchor {r["official"]}), {r.get("peak_mem_mib")} MiB'
+                        + (f', {extra}' if extra else ''))
                     del m
                     torch.cuda.empty_cache()
+                ref = [r['img_per_s'] for r in here if r['mixer'] == 'official']
+                for r in here:
+                    if ref:
+                        r['vs_official_run'] = round(r['img_per_s'] / ref[0], 3)
+                rows += here
     return rows
 
 
@@ -279,12 +303,18 @@ def main(argv=None):
     p.add_argument('--mixers', nargs='+', default=['unfused', 'fused'], choices=list(MIXERS),
                    help='main part: the mixer implementations to time side by side')
     p.add_argument('--models', nargs='+', default=['vim-t', 'amvim-t', 'vim-s', 'amvim-s'])
+    p.add_argument('--official-vim', metavar='PATH',
+                   help='main part: a checkout of hustvl/Vim; its Vim-T/S are timed in the same '
+                        'process, same weights, batch, dtype and mode (see '
+                        'amvim_mm/analysis/official_vim.py)')
     p.add_argument('--cpu-iters', type=int, default=5)
     p.add_argument('--out-dir', default='benchmarks')
     args = p.parse_args(argv)
     if args.suite == 'gpu' and not torch.cuda.is_available():
         print('error: --suite gpu needs a CUDA device', file=sys.stderr)
         return 2
+    if args.official_vim:
+        OV.official_module(args.official_vim)   # a wrong path fails now, not after the tunes
     os.makedirs(args.out_dir, exist_ok=True)
     result = dict(command='python tools/benchmark.py ' + ' '.join(argv or sys.argv[1:]),
                   environment=B.environment())
@@ -308,8 +338,9 @@ def main(argv=None):
                f'summary: {result["cpu"]["summary"]}']
     if 'main' in result:
         md += ['## main', B.table(result['main'], ['model', 'dtype', 'mode', 'mixer', 'img_per_s',
-                                                   'official', 'vs_official', 'latency_ms',
-                                                   'spread_pct', 'peak_mem_mib']), '']
+                                                   'vs_official_run', 'official',
+                                                   'vs_official', 'latency_ms', 'spread_pct',
+                                                   'peak_mem_mib']), '']
     if 'tune' in result:
         md += ['## tune (fused scan kernel: BLOCK_E,num_warps,dt_in_kernel; bf16 graph)', B.table(
             result['tune'], ['model', 'E', 'config', 'img_per_s', 'spread_pct']), '']

@@ -36,5 +36,15 @@ mkdir -p .whl/seg/setuptools
 # multigpu.sh builds it there with CPU ops only. pip runs its setup.py (imports torch).
 [ -f .whl/seg/mmcv-2.1.0.tar.gz ] || "$PY" -m pip download -q --no-deps --no-build-isolation \
   --no-binary :all: mmcv==2.1.0 -d .whl/seg
+# Optional: the official Vim code's Python files (its model and vendored mamba_ssm package, not
+# its CUDA sources; nothing is built from them) from a local git clone of hustvl/Vim, into the
+# git-ignored .official/Vim, carried to time the official model in the same process as ours.
+if [ -n "${OFFICIAL_VIM_GIT:-}" ]; then
+  grep -qx '/.official/' .git/info/exclude || echo '/.official/' >> .git/info/exclude
+  rm -rf .official/Vim && mkdir -p .official/Vim
+  git --git-dir "$OFFICIAL_VIM_GIT" archive HEAD vim/models_mamba.py vim/rope.py \
+    mamba-1p1p1/mamba_ssm | tar x -C .official/Vim
+  git --git-dir "$OFFICIAL_VIM_GIT" rev-parse HEAD > .official/Vim/COMMIT
+fi
 ls -laR .whl
 du -sh .whl

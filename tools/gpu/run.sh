@@ -83,10 +83,13 @@ has bench-reduction && parts+=(reduction)
 has bench-resolution && parts+=(resolution)
 has bench-profile && parts+=(profile)
 extra=()
+# the official Vim code, timed beside ours in the main part when its files were carried
+# (tools/gpu/prepare.sh with OFFICIAL_VIM_GIT; amvim_mm/analysis/official_vim.py)
+official=(); [ -f .official/Vim/vim/models_mamba.py ] && official=(--official-vim .official/Vim)
 has bench-reduction-compare && { parts+=(reduction); extra=(--reduction-variants default torch-match); }
 if [ ${#parts[@]} -gt 0 ]; then
   python3 tools/benchmark.py --suite gpu --parts "${parts[@]}" --out-dir "$OUT" \
-    --models ${BENCH_MODELS:-vim-t amvim-t vim-s amvim-s} "${extra[@]}" 2>&1 \
+    --models ${BENCH_MODELS:-vim-t amvim-t vim-s amvim-s} "${extra[@]}" "${official[@]}" 2>&1 \
     | tee "$OUT/benchmark.log"
 fi
 exit $rc
