@@ -129,7 +129,7 @@ def test_reusable_splits_by_fingerprint():
             dict(model='a', method='tome', ratio=0.5),          # a row from before the hashes
             dict(model='z', method='tome', ratio=0.0, checkpoint_sha256='q', config_sha256='c')]
     done, stale = pe._reusable(rows, {'a': ('x', 'c')})
-    assert list(done) == [('a', 'tome', 0.0)] and stale == {'a': 2}
+    assert list(done) == [('a', 'tome', 0.0, 'fp32')] and stale == {'a': 2}
     done, stale = pe._reusable(rows, {'a': ('x', 'other-config')})
     assert done == {} and stale == {'a': 3}
 

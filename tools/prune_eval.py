@@ -1,10 +1,19 @@
 """Training-free token-reduction sweep for one or several models side by side.
 
     python tools/prune_eval.py CONFIG CHECKPOINT [CONFIG CHECKPOINT ...] \
-        --methods tome random --ratios 0 0.17 0.27 0.36 0.46 [--out-dir DIR] [--names A B]
+        --methods tome random evit top --ratios 0 0.17 0.27 0.36 0.46 [--out-dir DIR] \
+        [--names A B] [--precision fp32|bf16|fp16] [--seeds 0 1 2] [--locations 9 19] \
+        [--flops-convention mamba|mmengine|localmamba] [--measure-speed]
 
-Prints a markdown table (metric, drop vs ratio 0, GFLOPs, realised ratio, img/s on a GPU),
-writes DIR/results.json and DIR/prune_eval.png (metric vs ratio, one line per model/method).
+Prints a markdown table (metric with its 95 % bootstrap interval over images, drop vs ratio 0
+with its paired interval, GFLOPs, realised ratio, img/s with --measure-speed) and, for two or
+more models, the paired difference of their drops with its interval; writes DIR/results.json,
+DIR/per_image/ (the per-image statistics behind the intervals) and DIR/prune_eval.png (metric vs
+realised ratio with error bars). ToMe and random pruning take the ratio directly (AMVim
+protocol); EViT and ToP prune after --locations (default: ToP-ViM's Tiny blocks scaled to the
+depth) at the keep rate that realises the nearest ratio. Random pruning runs once per --seeds
+entry (mean, spread and intervals over the seeds' mean). --precision runs each test step under
+autocast to that dtype (ToMe's matching stays fp32).
 An interrupted sweep keeps what it finished; running the same command again resumes it.
 Rows are reused only for the same checkpoint file content and loaded config (sha256 of both,
 stored in each row); rows of the same model name from another checkpoint or config are
@@ -26,7 +35,8 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmen
 from mmengine.config import DictAction
 
 from amvim_mm.apis.cli import run_cli
-from amvim_mm.apis.prune_eval import METHODS, markdown_table, plot, run_sweep
+from amvim_mm.analysis.flops import CONVENTIONS
+from amvim_mm.apis.prune_eval import METHODS, PRECISIONS, markdown_table, plot, run_sweep
 
 
 def _positive_int(text: str) -> int:
@@ -43,12 +53,25 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('pairs', nargs='+', metavar='CONFIG CHECKPOINT',
                    help='one or more config/checkpoint pairs')
-    p.add_argument('--methods', nargs='+', default=['tome', 'random'], choices=sorted(METHODS))
+    p.add_argument('--methods', nargs='+', default=['tome', 'random'], choices=list(METHODS))
     p.add_argument('--ratios', nargs='+', type=float, default=[0, 0.17, 0.27, 0.36, 0.46])
     p.add_argument('--out-dir', default='work_dirs/prune_eval')
     p.add_argument('--names', nargs='+', help='display names of the models')
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='overrides applied to every config')
+    p.add_argument('--precision', default='fp32', choices=PRECISIONS,
+                   help='autocast dtype of every test step (recorded in the rows)')
+    p.add_argument('--seeds', nargs='+', type=int, default=[0],
+                   help='seeds of the random methods (the row is their mean)')
+    p.add_argument('--locations', nargs='+', type=int, default=None, metavar='BLOCK',
+                   help='EViT/ToP: the blocks after which they prune (default: ToP-ViM\'s '
+                        'Tiny schedule, after 0-based blocks 9 and 19 of 24, scaled)')
+    p.add_argument('--flops-convention', default='mamba', choices=list(CONVENTIONS),
+                   help="'mmengine' matches the libraries' get_flops tools")
+    p.add_argument('--measure-speed', action='store_true',
+                   help='backbone throughput of every cell on the present device')
+    p.add_argument('--replicates', type=_positive_int, default=1000,
+                   help='bootstrap replicates for the intervals')
     p.add_argument('--verbose', action='store_true', help='keep the runners\' logs')
     p.add_argument('--threads', type=_positive_int, default=None, metavar='N',
                    help='torch.set_num_threads(N) (default: leave torch\'s default)')
@@ -70,7 +93,10 @@ def _sweep(argv=None) -> int:
         import torch
         torch.set_num_threads(args.threads)
     data = run_sweep(args.models, args.methods, args.ratios, args.out_dir,
-                     names=args.names, cfg_options=args.cfg_options, verbose=args.verbose)
+                     names=args.names, cfg_options=args.cfg_options, verbose=args.verbose,
+                     precision=args.precision, seeds=args.seeds, locations=args.locations,
+                     flops_convention=args.flops_convention, measure_speed=args.measure_speed,
+                     replicates=args.replicates)
     print(markdown_table(data))
     png = plot(data, osp.join(args.out_dir, 'prune_eval.png'))
     print(f'\nresults: {osp.join(args.out_dir, "results.json")}\nplot:    {png}')

@@ -20,8 +20,23 @@ Resuming keys on the model name, method and ratio *and* on what produced the row
 Rows of a model name whose hashes differ from this run's are stale: they are recomputed and
 replaced (one line on stderr says so), never reused. ``results.json`` thus holds rows of one
 checkpoint and config per model name, and the ratio-0 baseline of the ``drop`` column is always
-a row with the same hashes. Ratio 0 (no reduction) is evaluated once per model and reused for
-every method.
+a row with the same hashes. Ratio 0 (no reduction) is evaluated once per model and precision
+and reused for every method.
+
+Methods and their schedules: ``tome`` and ``random`` use the AMVim protocol (``ratio``);
+``evit`` and ``top`` prune after blocks (``locations``, default ToP-ViM's Tiny schedule scaled to
+the depth, :meth:`ReductionSchedule.importance_locations`) at the keep rate whose realised ratio
+is nearest to the requested one (:meth:`ReductionSchedule.keep_rate_for_ratio`); the keep rate
+and the realised ratio are stored with the row. ``random`` is evaluated for every ``seeds``
+entry: the row's metric is their mean, with ``metric_seeds`` and ``seed_std``.
+
+Intervals: every evaluation also keeps per-image statistics (``per_image/*.npz``, see
+:mod:`amvim_mm.analysis.stats`); after the sweep a paired bootstrap over images (one set of
+resampled images per data set, shared by every row) gives each row ``ci_low``/``ci_high`` (95 %),
+the drop from ratio 0 with ``drop_ci_low``/``drop_ci_high``, and for every pair of models the
+difference of their drops at each method and ratio with its interval
+(``paired_differences``). A row whose protocol (seeds, locations, FLOPs convention, speed
+measurement) differs from the requested one is recomputed.
 """
 from __future__ import annotations
 
@@ -33,11 +48,18 @@ import os
 import os.path as osp
 import sys
 import time
+from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from amvim_mm.errors import CheckpointError, ConfigError, LookupConfigError
+from amvim_mm.models.reduction.schedule import ReductionSchedule
 
-METHODS = {'tome': 'ToMe', 'random': 'RandomPrune'}
+METHODS = {'tome': 'ToMe', 'random': 'RandomPrune', 'evit': 'EViT', 'top': 'ToP'}
+#: methods ranked by importance: keep-rate schedules after ``locations``
+IMPORTANCE_METHODS = ('evit', 'top')
+#: methods with a random choice: evaluated once per seed
+SEEDED_METHODS = ('random', )
+PRECISIONS = ('fp32', 'bf16', 'fp16')
 PRIMARY_METRICS = {'mmseg': 'mIoU', 'mmdet': 'coco/bbox_mAP', 'mmpretrain': 'accuracy/top1'}
 
 
@@ -68,8 +90,8 @@ def load_results(path: str) -> Dict[str, object]:
     return data
 
 
-def _key(r: dict) -> Tuple[str, str, float]:
-    return (r['model'], r['method'], round(float(r['ratio']), 6))
+def _key(r: dict) -> Tuple[str, str, float, str]:
+    return (r['model'], r['method'], round(float(r['ratio']), 6), r.get('precision', 'fp32'))
 
 
 Fingerprint = Tuple[Optional[str], Optional[str]]
@@ -130,23 +152,26 @@ def results_lock(path: str) -> Iterator[None]:
         os.close(fd)    # closing the descriptor releases the lock
 
 
+def _zero_of(rows: Sequence[dict], r: dict) -> Optional[dict]:
+    """The ratio-0 row for ``r``: same model and precision (same method if there is one) and
+    the same checkpoint and config hashes; else None."""
+    zeros = [z for z in rows if round(float(z['ratio']), 6) == 0.0 and z['model'] == r['model']
+             and z.get('precision', 'fp32') == r.get('precision', 'fp32')
+             and _fingerprint(z) == _fingerprint(r)]
+    same = [z for z in zeros if z['method'] == r['method']]
+    return (same or sorted(zeros, key=lambda z: z['method']) or [None])[0]
+
+
 def _set_drops(rows: List[dict]) -> None:
-    """``drop`` = metric - metric at ratio 0 of the same model (same method if there is one),
-    only against a ratio-0 row with the same checkpoint and config hashes; else None."""
-    zeros: Dict[Tuple[str, str], dict] = {}
+    """``drop`` = metric - metric of the ratio-0 row (:func:`_zero_of`); else None."""
     for r in rows:
-        if round(float(r['ratio']), 6) == 0.0:
-            zeros.setdefault((r['model'], r['method']), r)
-    for r in rows:
-        base = zeros.get((r['model'], r['method']))
-        if base is None:    # ratio 0 is the same for every method
-            base = next((z for (m, _), z in sorted(zeros.items()) if m == r['model']), None)
-        same = base is not None and _fingerprint(base) == _fingerprint(r)
-        r['drop'] = round(r['metric'] - base['metric'], 4) if same else None
+        base = _zero_of(rows, r)
+        r['drop'] = round(r['metric'] - base['metric'], 4) if base is not None else None
 
 
 def merge_results(path: str, rows: Sequence[dict], meta: Optional[dict] = None,
-                  current: Optional[Dict[str, Fingerprint]] = None) -> Dict[str, object]:
+                  current: Optional[Dict[str, Fingerprint]] = None,
+                  out_dir: Optional[str] = None, replicates: int = 1000) -> Dict[str, object]:
     """Merge ``rows`` into the results file ``path`` under :func:`results_lock`.
 
     The file is read again under the lock; a row replaces the one with the same model, method
@@ -167,32 +192,69 @@ def merge_results(path: str, rows: Sequence[dict], meta: Optional[dict] = None,
         _set_drops(data['results'])
         if meta is not None:
             data['meta'] = meta
+        if out_dir is not None:     # the final pass: bootstrap intervals
+            add_intervals(data, out_dir, replicates)
         _write_json(path, data)
     return data
 
 
-def _reusable(rows: Sequence[dict], prints: Dict[str, Fingerprint]
-              ) -> Tuple[Dict[Tuple[str, str, float], dict], Dict[str, int]]:
-    """Split the stored rows of this sweep's models into reusable ones (same fingerprint), by
-    key, and a count of stale ones per model name."""
+def _reusable(rows: Sequence[dict], prints: Dict[str, Fingerprint],
+              out_dir: Optional[str] = None) -> Tuple[Dict[tuple, dict], Dict[str, int]]:
+    """Split the stored rows of this sweep's models into reusable ones (same fingerprint and,
+    with ``out_dir``, their per-image statistics present there), by key, and a count of stale
+    ones per model name."""
     done, stale = {}, {}
     for r in rows:
         name = r['model']
         if name not in prints:
             continue
         if _fingerprint(r) == prints[name]:
-            done[_key(r)] = r
+            if out_dir is None or (r.get('stats_file') and
+                                   osp.isfile(osp.join(out_dir, r['stats_file']))):
+                done[_key(r)] = r
         else:
             stale[name] = stale.get(name, 0) + 1
     return done, stale
 
 
-def _zero_row(done: Dict[Tuple[str, str, float], dict], name: str) -> Optional[dict]:
-    return next((r for k, r in sorted(done.items()) if k[0] == name and k[2] == 0.0), None)
+def _zero_row(done: Dict[tuple, dict], name: str, precision: str) -> Optional[dict]:
+    return next((r for k, r in sorted(done.items())
+                 if k[0] == name and k[2] == 0.0 and k[3] == precision), None)
+
+
+def protocol(method: str, seeds: Sequence[int], locations: Optional[Sequence[int]],
+             convention: str, measure_speed: bool) -> str:
+    """What besides model, method, ratio and precision defines a row (reuse needs equality)."""
+    parts = [f'flops={convention}']
+    if method in SEEDED_METHODS:
+        parts.append('seeds=' + ','.join(str(s) for s in seeds))
+    if method in IMPORTANCE_METHODS:
+        parts.append('locations=' + (','.join(str(x) for x in locations) if locations
+                                     else 'default'))
+    if measure_speed:
+        parts.append('speed')
+    return ';'.join(parts)
+
+
+def reduction_config(method: str, ratio: float, num_patches: int, depth: int,
+                     locations: Optional[Sequence[int]] = None, seed: int = 0
+                     ) -> Optional[dict]:
+    """The reducer config of one cell (None at ratio 0); see the module docstring."""
+    if ratio == 0:
+        return None
+    if method in IMPORTANCE_METHODS:
+        locs = list(locations or ReductionSchedule.importance_locations(depth))
+        keep = ReductionSchedule.keep_rate_for_ratio(ratio, num_patches, depth, locs)
+        return dict(type=METHODS[method], keep_rate=keep, locations=locs)
+    cfg = dict(type=METHODS[method], ratio=ratio)
+    if method in SEEDED_METHODS:
+        cfg['seed'] = int(seed)
+    return cfg
 
 
 def validate(models: Sequence[Tuple[str, str]], methods: Sequence[str],
-             ratios: Sequence[float], names: Optional[Sequence[str]] = None) -> List[str]:
+             ratios: Sequence[float], names: Optional[Sequence[str]] = None,
+             precision: str = 'fp32', seeds: Sequence[int] = (0, )) -> List[str]:
     """Check the sweep's arguments; returns the display names (``names`` or from the configs)."""
     if not models:
         raise ConfigError('give at least one CONFIG CHECKPOINT pair')
@@ -207,6 +269,10 @@ def validate(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     for r in ratios:
         if not 0 <= r < 1:
             raise ConfigError(f'ratio {r} is outside [0, 1)')
+    if precision not in PRECISIONS:
+        raise ConfigError(f'unknown precision {precision!r}; choose from {", ".join(PRECISIONS)}')
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f'seeds must be distinct and at least one, got {list(seeds)}')
     names = list(names) if names else [model_name(c) for c, _ in models]
     if len(names) != len(models):
         raise ConfigError(f'{len(names)} names for {len(models)} models')
@@ -215,109 +281,333 @@ def validate(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     return names
 
 
+def _image_keys(runner, recorder) -> List[str]:
+    """Identities of the evaluated images, in the order of the per-image statistics."""
+    if recorder.kind == 'det':
+        return [str(i) for i in recorder.metric.img_ids]
+    ds = runner.test_dataloader.dataset
+    keys = []
+    for i in range(len(ds)):
+        info = ds.get_data_info(i)
+        keys.append(osp.basename(str(info.get('img_path', info.get('img_id', i)))))
+    return keys
+
+
+def _stats_name(name: str, method: str, ratio: float, precision: str) -> str:
+    tag = 'none_0' if ratio == 0 else f'{method}_{ratio:g}'
+    return osp.join('per_image', name, f'{tag}_{precision}.npz')
+
+
 def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
               ratios: Sequence[float], out_dir: str, names: Optional[Sequence[str]] = None,
               cfg_options: Optional[dict] = None, verbose: bool = False,
-              progress: bool = True) -> Dict[str, object]:
+              progress: bool = True, precision: str = 'fp32', seeds: Sequence[int] = (0, ),
+              locations: Optional[Sequence[int]] = None, flops_convention: str = 'mamba',
+              measure_speed: bool = False, replicates: int = 1000) -> Dict[str, object]:
     """Run (or resume) a sweep; returns the merged results also written to ``results.json``.
 
-    Rows of ``results.json`` are reused only when their model name, method, ratio, checkpoint
-    sha256 and config sha256 all match (see the module docstring); each finished run is merged
-    into the file under a lock, so other sweeps into the same ``out_dir`` keep their rows.
+    Rows of ``results.json`` are reused only when their model name, method, ratio, precision,
+    protocol, checkpoint sha256 and config sha256 all match (see the module docstring); each
+    finished cell is merged into the file under a lock, so other sweeps into the same
+    ``out_dir`` keep their rows. ``precision`` runs every test step under autocast
+    (:class:`~amvim_mm.engine.loops.AmpTestLoop`).
     """
     import torch
     from tqdm import tqdm
 
-    from amvim_mm.analysis.flops import CONVENTION, vim_family_flops
+    from amvim_mm.analysis import stats as S
+    from amvim_mm.analysis.flops import CONVENTIONS
     from amvim_mm.apis.runner import load_config, load_model_weights, make_runner
     from amvim_mm.engine.hooks import find_reducible_backbone
-    names = validate(models, methods, ratios, names)
+    names = validate(models, methods, ratios, names, precision, seeds)
+    if flops_convention not in CONVENTIONS:
+        raise ConfigError(f'unknown FLOPs convention {flops_convention!r}; choose from '
+                          f'{", ".join(CONVENTIONS)}')
     path = osp.join(prepare_out_dir(out_dir), 'results.json')
     cfgs, prints = [], {}
     for (config, ckpt), name in zip(models, names):
         cfg = load_config(config, cfg_options, work_dir=osp.join(out_dir, 'work', name))
-        cfgs.append(cfg)
         prints[name] = (file_sha256(ckpt), config_sha256(cfg))
+        # after the hash: rows of several precisions share one fingerprint
+        cfg.test_cfg = dict(type='AmpTestLoop', precision=precision)
+        cfgs.append(cfg)
     with results_lock(path):
         stored = load_results(path)['results']
-    done, stale = _reusable(stored, prints)
+    done, stale = _reusable(stored, prints, out_dir)
     for name, n in stale.items():
         print(f'prune_eval: {n} row(s) of {name!r} in {path} come from another checkpoint or '
               'config (sha256 differs): stale, recomputing and replacing them',
               file=sys.stderr, flush=True)
     ratios = sorted(set(float(r) for r in ratios))
-    todo = [(i, m, r) for i in range(len(models)) for m in methods for r in ratios
-            if (names[i], m, round(r, 6)) not in done]
-    meta = dict(convention=CONVENTION, protocol='training-free, AMVim protocol '
-                '(r tokens removed at the start of the even blocks)',
-                device='cuda' if torch.cuda.is_available() else 'cpu', torch=torch.__version__)
-    bar = tqdm(total=len(todo), desc='prune_eval', disable=not progress, unit='run')
+    meta = dict(convention=CONVENTIONS[flops_convention], flops_convention=flops_convention,
+                protocol='training-free; ToMe/random: AMVim protocol (r tokens removed at the '
+                'start of the even blocks); EViT/ToP: keep rate after locations',
+                device='cuda' if torch.cuda.is_available() else 'cpu', torch=torch.__version__,
+                bootstrap=dict(replicates=replicates, level=0.95, seed=0, over='images'),
+                models=list(names))
+    cells = [(i, m, r) for i in range(len(models)) for m in methods for r in ratios]
+    bar = tqdm(total=len(cells), desc='prune_eval', disable=not progress, unit='cell')
     for i, (config, ckpt) in enumerate(models):
-        mine = [(m, r) for j, m, r in todo if j == i]
+        name, cfg = names[i], cfgs[i]
+        mine = []
+        for _, method, ratio in [c for c in cells if c[0] == i]:
+            proto = protocol(method, seeds, locations, flops_convention, measure_speed)
+            row = done.get((name, method, round(ratio, 6), precision))
+            if row is not None and row.get('protocol') == proto:
+                bar.update(1)
+            else:
+                mine.append((method, ratio, proto))
         if not mine:
             continue
-        name, cfg = names[i], cfgs[i]
-        hashes = dict(checkpoint_sha256=prints[name][0], config_sha256=prints[name][1])
         if not verbose:
             cfg.log_level = 'ERROR'
             cfg.default_hooks.logger = dict(type='LoggerHook', interval=10**9)
-        scope = cfg.default_scope
-        metric_key = PRIMARY_METRICS[scope]
         runner = make_runner(cfg)
         load_model_weights(runner.model, ckpt, strict=True)
-        backbone = find_reducible_backbone(runner.model)
-        size = backbone.img_size
-        for method, ratio in mine:
+        recorders = [S.MetricRecorder(m) for m in runner.test_loop.evaluator.metrics
+                     if type(m).__name__ in S.KINDS]
+        if len(recorders) != 1:
+            raise ConfigError(f'{config}: expected one test metric of {", ".join(S.KINDS)}, '
+                              f'found {len(recorders)}')
+        cell = _Cell(runner=runner, backbone=find_reducible_backbone(runner.model),
+                     recorder=recorders[0], config=config, ckpt=ckpt, name=name,
+                     precision=precision, metric_key=PRIMARY_METRICS[cfg.default_scope],
+                     seeds=list(seeds), locations=locations, flops_convention=flops_convention,
+                     measure_speed=measure_speed, out_dir=out_dir, results=path,
+                     fingerprint=prints[name])
+        for method, ratio, proto in mine:
             bar.set_postfix_str(f'{name} {method} {ratio}')
-            zero = _zero_row(done, name)
-            if ratio == 0.0 and zero is None:
-                # another sweep into this out-dir may have evaluated it meanwhile
-                with results_lock(path):
-                    fresh, _ = _reusable(load_results(path)['results'], {name: prints[name]})
-                zero = _zero_row(fresh, name)
-            if ratio == 0.0 and zero is not None:
-                rec = dict(zero, method=method)   # ratio 0 is no reduction: same for every method
-            else:
-                red = dict(type=METHODS[method], ratio=ratio) if ratio > 0 else None
-                backbone.set_token_reduction(red)
-                t0 = time.perf_counter()
-                metrics = runner.test()
-                dt = time.perf_counter() - t0
-                backbone.set_token_reduction(None)
-                if metric_key not in metrics:
-                    raise LookupConfigError(f'{config}: the test metrics {sorted(metrics)} have no '
-                                            f'{metric_key!r}')
-                n = len(runner.test_dataloader.dataset)
-                flops = vim_family_flops(backbone, size, red)
-                rec = dict(model=name, config=config, checkpoint=ckpt, method=method,
-                           ratio=ratio, realised_ratio=round(flops['realised_ratio'], 4),
-                           gflops=round(flops['gflops'], 4), metric_name=metric_key,
-                           metric=float(metrics[metric_key]), final_tokens=flops['tokens'][-1],
-                           seconds=round(dt, 2),
-                           img_per_s=round(n / dt, 1) if torch.cuda.is_available() else None,
-                           **hashes)
-            done[_key(rec)] = rec
-            merge_results(path, [rec], meta)
+            row = cell.evaluate(method, ratio, proto, done)
+            done[_key(row)] = row
+            merge_results(path, [row], meta)
             bar.update(1)
     bar.close()
-    # the final pass (drops, meta; stale rows of these models) also merges under the lock
-    return merge_results(path, [], meta, current=prints)
+    # the final pass (drops, intervals, meta; stale rows of these models) merges under the lock
+    return merge_results(path, [], meta, current=prints, out_dir=out_dir,
+                         replicates=replicates)
+
+
+@dataclass
+class _Cell:
+    """What evaluating one model's cells needs (one runner per model)."""
+
+    runner: object
+    backbone: object
+    recorder: object
+    config: str
+    ckpt: str
+    name: str
+    precision: str
+    metric_key: str
+    seeds: List[int]
+    locations: Optional[Sequence[int]]
+    flops_convention: str
+    measure_speed: bool
+    out_dir: str
+    results: str
+    fingerprint: Fingerprint
+
+    def evaluate(self, method: str, ratio: float, proto: str, done: Dict[tuple, dict]) -> dict:
+        """Evaluate one (method, ratio) cell, or reuse this model's ratio-0 evaluation."""
+        import numpy as np
+        import torch
+
+        from amvim_mm.analysis import stats as S
+        from amvim_mm.analysis.flops import vim_family_flops
+        from amvim_mm.engine.fileio import atomic_write_bytes
+        bb = self.backbone
+        if ratio == 0.0:
+            zero = self._zero(done)
+            if zero is not None and (not self.measure_speed or zero.get('img_per_s')) and \
+                    zero.get('gflops_convention') == self.flops_convention:
+                return dict(zero, method=method, protocol=proto)
+        M, depth = bb.patch_resolution[0] * bb.patch_resolution[1], bb.num_layers
+        seeds = self.seeds if method in SEEDED_METHODS and ratio > 0 else [0]
+        metrics, per_seed, red = [], [], None
+        t0 = time.perf_counter()
+        for seed in seeds:
+            red = reduction_config(method, ratio, M, depth, self.locations, seed)
+            bb.set_token_reduction(red)
+            try:
+                out = self.runner.test()
+            finally:
+                bb.set_token_reduction(None)
+            if self.metric_key not in out:
+                raise LookupConfigError(f'{self.config}: the test metrics {sorted(out)} have no '
+                                        f'{self.metric_key!r}')
+            st = self.recorder.stats()
+            S.check_against(st, float(out[self.metric_key]),
+                            f'{self.name} {method} {ratio} seed {seed}')
+            metrics.append(float(out[self.metric_key]))
+            per_seed.append(st)
+        dt = time.perf_counter() - t0
+        keys = _image_keys(self.runner, self.recorder)
+        stats_file = _stats_name(self.name, method, ratio, self.precision)
+        os.makedirs(osp.dirname(osp.join(self.out_dir, stats_file)), exist_ok=True)
+        atomic_write_bytes(S.dumps(per_seed, keys), osp.join(self.out_dir, stats_file))
+        flops = vim_family_flops(bb, bb.img_size, red, convention=self.flops_convention)
+        row = dict(model=self.name, config=self.config, checkpoint=self.ckpt, method=method,
+                   ratio=ratio, precision=self.precision, protocol=proto, reduction=red,
+                   realised_ratio=round(flops['realised_ratio'], 4),
+                   gflops=round(flops['gflops'], 4), gflops_convention=self.flops_convention,
+                   metric_name=self.metric_key, metric=round(float(np.mean(metrics)), 4),
+                   final_tokens=flops['tokens'][-1], seconds=round(dt, 2), images=len(keys),
+                   stats_file=stats_file, checkpoint_sha256=self.fingerprint[0],
+                   config_sha256=self.fingerprint[1])
+        if len(metrics) > 1:
+            row.update(seeds=seeds, metric_seeds=metrics,
+                       seed_std=round(float(np.std(metrics, ddof=1)), 4))
+        if self.measure_speed:
+            row.update(_speed(bb, bb.img_size, self.precision, red))
+        elif torch.cuda.is_available():
+            row['img_per_s_test_loop'] = round(len(keys) * len(seeds) / dt, 1)
+        return row
+
+    def _zero(self, done: Dict[tuple, dict]) -> Optional[dict]:
+        zero = _zero_row(done, self.name, self.precision)
+        if zero is None:   # another sweep into this out-dir may have evaluated it meanwhile
+            with results_lock(self.results):
+                fresh, _ = _reusable(load_results(self.results)['results'],
+                                     {self.name: self.fingerprint}, self.out_dir)
+            zero = _zero_row(fresh, self.name, self.precision)
+        return zero
+
+
+def _speed(backbone, size, precision: str, red: Optional[dict]) -> dict:
+    """Backbone throughput on the present device (eager, median of 5 repeats), with the
+    cell's reducer on; batch 8 on a CPU, 64 on a GPU."""
+    import torch
+
+    from amvim_mm.analysis.benchmark import measure
+    if size[0] != size[1]:
+        raise ConfigError(f'--measure-speed needs a square img_size, got {size}')
+    cuda = next(backbone.parameters()).is_cuda
+    batch = 64 if cuda else 8
+    backbone.set_token_reduction(red)
+    was = backbone.training
+    try:
+        backbone.eval()
+        r = measure(backbone, batch, size[0], precision, 'eager', warmup=2,
+                    iters=10 if cuda else 3, repeats=5)
+    finally:
+        backbone.set_token_reduction(None)
+        backbone.train(was)
+    return dict(img_per_s=r['img_per_s'], speed_batch=batch, speed_spread_pct=r['spread_pct'],
+                speed_device=torch.cuda.get_device_name(0) if cuda else 'cpu')
+
+
+def add_intervals(data: Dict[str, object], out_dir: str, replicates: int = 1000,
+                  level: float = 0.95, seed: int = 0) -> None:
+    """Fill the bootstrap intervals of every row with per-image statistics and the
+    ``paired_differences`` between models (see the module docstring)."""
+    import numpy as np
+
+    from amvim_mm.analysis import stats as S
+    rows = data['results']
+    weights: Dict[tuple, np.ndarray] = {}
+    values: Dict[tuple, Tuple[np.ndarray, tuple]] = {}
+
+    def vals(r):
+        k = _key(r)
+        if k not in values:
+            f = r.get('stats_file')
+            values[k] = None
+            if f and osp.isfile(osp.join(out_dir, f)):
+                per_seed, keys = S.loads(osp.join(out_dir, f))
+                keys = tuple(keys)
+                if keys not in weights:
+                    weights[keys] = S.bootstrap_weights(len(keys), replicates, seed)
+                values[k] = (S.mean_over_seeds(per_seed, weights[keys]), keys)
+        return values[k]
+
+    for r in rows:
+        r['ci_low'] = r['ci_high'] = r['drop_ci_low'] = r['drop_ci_high'] = None
+        v = vals(r)
+        if v is None:
+            continue
+        r['ci_low'], r['ci_high'] = S.interval(v[0], level)
+        z = _zero_of(rows, r)
+        v0 = vals(z) if z is not None else None
+        if v0 is not None and v0[1] == v[1]:
+            r['drop_ci_low'], r['drop_ci_high'] = S.interval(v[0] - v0[0], level)
+    order = list((data.get('meta') or {}).get('models') or [])
+    models = list(dict.fromkeys(order + [r['model'] for r in rows]))
+    models = [m for m in models if any(r['model'] == m for r in rows)]
+    pairs = []
+    for i, a in enumerate(models):
+        for b in models[i + 1:]:
+            for ra in rows:
+                if ra['model'] != a or float(ra['ratio']) == 0.0 or ra.get('drop') is None:
+                    continue
+                rb = next((x for x in rows if x['model'] == b and _key(x)[1:] == _key(ra)[1:]),
+                          None)
+                if rb is None or rb.get('drop') is None:
+                    continue
+                va, vb = vals(ra), vals(rb)
+                za, zb = _zero_of(rows, ra), _zero_of(rows, rb)
+                v0a, v0b = vals(za), vals(zb)
+                if None in (va, vb, v0a, v0b) or len({va[1], vb[1], v0a[1], v0b[1]}) != 1:
+                    continue      # not the same images: no paired difference
+                diff = (va[0] - v0a[0]) - (vb[0] - v0b[0])
+                lo, hi = S.interval(diff, level)
+                d = round(ra['drop'] - rb['drop'], 4)
+                pairs.append(dict(
+                    model_a=a, model_b=b, method=ra['method'], ratio=ra['ratio'],
+                    precision=ra.get('precision', 'fp32'), metric_name=ra['metric_name'],
+                    drop_a=ra['drop'], drop_b=rb['drop'], paired_difference=d,
+                    difference_ci_low=lo, difference_ci_high=hi,
+                    reading=(f'{a} keeps more' if lo is not None and lo > 0 else
+                             f'{b} keeps more' if hi is not None and hi < 0 else
+                             'no difference resolved (the interval contains 0)')))
+    data['paired_differences'] = pairs
+
+
+def _fmt_ci(lo, hi, digits: int) -> str:
+    return '' if lo is None else f'[{lo:.{digits}f}, {hi:.{digits}f}]'
 
 
 def markdown_table(data: Dict[str, object]) -> str:
     rows = data['results']
-    gpu = any(r.get('img_per_s') for r in rows)
-    head = ['model', 'method', 'ratio', 'realised', 'GFLOPs', 'metric', 'value', 'drop']
-    if gpu:
-        head.append('img/s')
+    speed = any(r.get('img_per_s') for r in rows)
+    seeded = any(r.get('seed_std') is not None for r in rows)
+    head = ['model', 'method', 'ratio', 'realised', 'GFLOPs', 'metric', 'value', 'drop',
+            '95% CI', 'drop 95% CI', 'precision']
+    if seeded:
+        head.append('seed std')
+    if speed:
+        head += ['img/s', 'speed-up']
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for r in rows:
+        det = r['metric_name'].startswith('coco')
+        dg = 3 if det else 2
         cells = [r['model'], r['method'], f"{r['ratio']:.2f}", f"{r['realised_ratio']:.3f}",
-                 f"{r['gflops']:.3f}", r['metric_name'], f"{r['metric']:.2f}",
-                 '' if r.get('drop') is None else f"{r['drop']:+.2f}"]
-        if gpu:
-            cells.append('' if r.get('img_per_s') is None else f"{r['img_per_s']:.1f}")
+                 f"{r['gflops']:.3f}", r['metric_name'], f"{r['metric']:.{dg}f}",
+                 '' if r.get('drop') is None else f"{r['drop']:+.{dg}f}",
+                 _fmt_ci(r.get('ci_low'), r.get('ci_high'), dg),
+                 _fmt_ci(r.get('drop_ci_low'), r.get('drop_ci_high'), dg),
+                 r.get('precision', 'fp32')]
+        if seeded:
+            cells.append('' if r.get('seed_std') is None else f"{r['seed_std']:.{dg}f}")
+        if speed:
+            z = _zero_of(rows, r)
+            sp = (r['img_per_s'] / z['img_per_s'] if r.get('img_per_s') and z is not None
+                  and z.get('img_per_s') else None)
+            cells += ['' if r.get('img_per_s') is None else f"{r['img_per_s']:.1f}",
+                      '' if sp is None else f'{sp:.2f}x']
         lines.append('| ' + ' | '.join(str(c) for c in cells) + ' |')
+    pairs = data.get('paired_differences') or []
+    if pairs:
+        lines += ['', 'Paired differences of the drops (model A - model B, same images; '
+                  '> 0: A keeps more):', '',
+                  '| A | B | method | ratio | precision | drop A | drop B | A - B | 95% CI | '
+                  'reading |', '|---|---|---|---|---|---|---|---|---|---|']
+        for p in pairs:
+            dg = 3 if p['metric_name'].startswith('coco') else 2
+            lines.append(f"| {p['model_a']} | {p['model_b']} | {p['method']} | "
+                         f"{p['ratio']:.2f} | {p['precision']} | {p['drop_a']:+.{dg}f} | "
+                         f"{p['drop_b']:+.{dg}f} | {p['paired_difference']:+.{dg}f} | "
+                         f"{_fmt_ci(p['difference_ci_low'], p['difference_ci_high'], dg)} | "
+                         f"{p['reading']} |")
     return '\n'.join(lines)
 
 
@@ -325,23 +615,29 @@ def plot(data: Dict[str, object], path: str) -> str:
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    series: Dict[Tuple[str, str], List[dict]] = {}
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=120)
+    series: Dict[Tuple[str, str, str], List[dict]] = {}
     for r in data['results']:
-        series.setdefault((r['model'], r['method']), []).append(r)
-    models = sorted({m for m, _ in series})
+        series.setdefault((r['model'], r['method'], r.get('precision', 'fp32')), []).append(r)
+    models = sorted({m for m, _, _ in series})
     colors = {m: plt.get_cmap('tab10')(i % 10) for i, m in enumerate(models)}
-    styles = {'tome': '-', 'random': '--'}
-    for (model, method), rs in sorted(series.items()):
-        rs = sorted(rs, key=lambda r: r['ratio'])
-        ax.plot([r['ratio'] for r in rs], [r['metric'] for r in rs], color=colors[model],
-                marker='o' if method == 'tome' else 's', linestyle=styles.get(method, ':'),
-                label=f'{model} / {method}')
+    styles = {'tome': ('-', 'o'), 'random': ('--', 's'), 'evit': (':', '^'), 'top': ('-.', 'D')}
+    for (model, method, prec), rs in sorted(series.items()):
+        rs = sorted(rs, key=lambda r: r['realised_ratio'])
+        x = [r['realised_ratio'] for r in rs]
+        y = [r['metric'] for r in rs]
+        err = [[max(0.0, r['metric'] - r['ci_low']) if r.get('ci_low') is not None else 0
+                for r in rs],
+               [max(0.0, r['ci_high'] - r['metric']) if r.get('ci_high') is not None else 0
+                for r in rs]]
+        ls, mk = styles.get(method, (':', 'x'))
+        ax.errorbar(x, y, yerr=err, color=colors[model], marker=mk, linestyle=ls, capsize=2,
+                    label=f'{model} / {method}' + ('' if prec == 'fp32' else f' / {prec}'))
     name = data['results'][0]['metric_name'] if data['results'] else 'metric'
-    ax.set_xlabel('token reduction ratio (training-free)')
-    ax.set_ylabel(name)
+    ax.set_xlabel('realised token reduction ratio (training-free)')
+    ax.set_ylabel(f'{name} (95% bootstrap CI over images)')
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

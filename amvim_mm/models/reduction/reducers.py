@@ -18,7 +18,6 @@ from mmengine.registry import Registry
 
 from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops import token_merge as tm
-from amvim_mm.ops.fused_mixer import autocast_dtype
 from .schedule import ReductionSchedule
 from .state import Streams
 
@@ -185,14 +184,18 @@ class ToMe(TokenReducer):
         if ctx.fused_ok and not ctx.has_fused and tm.extra_kernels_enabled() \
                 and self.max_merge(n) <= tm.MAX_MATCH_ROWS and 0 < k <= self.max_merge(n):
             w = layer.norm.weight if self.metric == 'norm_input' else None
-            low = autocast_dtype(stream.hidden.device.type) in (torch.bfloat16, torch.float16)
+            # fp32 dot products whatever the autocast dtype (see select)
             removed, dst, plan = tm.tome_match(
-                stream.hidden, stream.residual, w, n, ctx.cls_index, k, low_precision=low,
+                stream.hidden, stream.residual, w, n, ctx.cls_index, k, low_precision=False,
                 plan_state=(ctx.pos, ctx.size, ctx.source))
             return Selection(removed, dst, None, plan)
         return super().step(block, k, stream, ctx, layer)
 
     def select(self, block, k, stream, ctx, layer):
+        """The matching in fp32 whatever the autocast dtype: the gap between the last merged
+        and the first kept edge is often below bf16's resolution, so a 16-bit similarity
+        changes which tokens merge. Ties go to the lower index (A token for the edge ranking,
+        B token for an A token's partner), as in the matching kernel."""
         if isinstance(stream, torch.Tensor):
             stream = Streams(stream, None)
         idx = _patch_indices(ctx)
@@ -201,17 +204,19 @@ class ToMe(TokenReducer):
             raise ConfigError(f'ToMe: cannot merge {k} tokens before block {block}: only '
                               f'{idx.shape[1]} patch tokens are left (at most '
                               f'{a_idx.shape[1] if b_idx.shape[1] else 0} can merge)')
-        m = stream.total().float()
-        if self.metric == 'norm_input':
-            # cosine similarity of RMSNorm(x) = x / rms(x) * w: the per-token 1 / rms cancels
-            m = m * layer.norm.weight.float()
-        m = F.normalize(m, dim=-1)
-        d = m.shape[-1]
-        ma = torch.gather(m, 1, a_idx.unsqueeze(-1).expand(-1, -1, d))
-        mb = torch.gather(m, 1, b_idx.unsqueeze(-1).expand(-1, -1, d))
-        scores = ma @ mb.transpose(1, 2)
-        node_max, node_idx = scores.max(dim=-1)
-        edges = node_max.argsort(dim=-1, descending=True)[:, :k]
+        with torch.autocast(stream.hidden.device.type, enabled=False):
+            m = stream.total().float()
+            if self.metric == 'norm_input':
+                # cosine similarity of RMSNorm(x) = x / rms(x) * w: the 1 / rms cancels
+                m = m * layer.norm.weight.float()
+            m = F.normalize(m, dim=-1)
+            d = m.shape[-1]
+            ma = torch.gather(m, 1, a_idx.unsqueeze(-1).expand(-1, -1, d))
+            mb = torch.gather(m, 1, b_idx.unsqueeze(-1).expand(-1, -1, d))
+            scores = ma @ mb.transpose(1, 2)
+        node_max = scores.max(dim=-1).values
+        node_idx = (scores == node_max.unsqueeze(-1)).int().argmax(dim=-1)   # first maximum
+        edges = node_max.argsort(dim=-1, descending=True, stable=True)[:, :k]
         removed = torch.gather(a_idx, 1, edges)
         dst = torch.gather(b_idx, 1, torch.gather(node_idx, 1, edges))
         return removed, dst, None

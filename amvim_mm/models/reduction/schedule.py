@@ -108,6 +108,35 @@ class ReductionSchedule:
         weight = sum(sum(1 for loc in locs if loc <= b) for b in range(depth))
         return int(round(ratio * depth * num_patches / weight))
 
+    @staticmethod
+    def importance_locations(depth: int) -> List[int]:
+        """Default blocks after which an importance reducer (EViT, ToP) prunes: ToP-ViM's
+        Tiny schedule (after the 10th and 20th of 24 blocks, 0-based 9 and 19) scaled to
+        ``depth`` (8 blocks: 2 and 6)."""
+        locs = sorted({min(max(round(depth * f / 24) - 1, 0), depth - 2) for f in (10, 20)})
+        if depth < 2:
+            raise ConfigError(f'an importance reducer needs at least 2 blocks, got {depth}')
+        return locs
+
+    @staticmethod
+    def keep_rate_for_ratio(ratio: float, num_patches: int, depth: int,
+                            locations: Sequence[int], step: float = 0.0005) -> float:
+        """The keep rate (a multiple of ``step``) whose schedule at ``locations`` realises the
+        ratio nearest to ``ratio`` (ties: the larger keep rate), so that importance reducers
+        can be swept on the same ratio axis as ToMe; the realised ratio is reported with it."""
+        best, best_err = 1.0, float('inf')
+        for i in range(int(round(1 / step)), 0, -1):
+            keep = round(i * step, 6)
+            sched = ReductionSchedule(keep_rate=keep, locations=tuple(locations))
+            try:
+                rem = sched.removals(num_patches, depth)
+            except ConfigError:
+                break                      # a lower keep rate leaves no token
+            err = abs(ReductionSchedule.realised_ratio(rem, num_patches) - ratio)
+            if err < best_err - 1e-12:
+                best, best_err = keep, err
+        return best
+
     def removals(self, num_patches: int, depth: int, name: str = 'token_reduction'
                  ) -> List[int]:
         """Patch tokens to remove before each block (list of length ``depth``)."""

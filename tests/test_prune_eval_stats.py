@@ -1,0 +1,193 @@
+"""prune_eval's statistics and protocols on the demo checkpoints: every reducer, intervals,
+paired differences, seeds, precision inside the test step, FLOPs conventions, and the
+fp32-vs-bf16 decision check."""
+import json
+import os.path as osp
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from amvim_mm.models.reduction import ReductionSchedule
+from tests.test_tools_e2e import TOOLS, _env
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DEMO = [(osp.join(ROOT, 'configs/demo', f'{m}-demo_pyramid_upernet_1xb8-2k_toyshapes-64x64.py'),
+         osp.join(ROOT, 'checkpoints/demo', f'{m}-demo_toyshapes-64x64.pth'))
+        for m in ('vim', 'amvim')]
+
+
+@pytest.fixture(scope='module')
+def toy(tmp_path_factory):
+    from amvim_mm.datasets import make_toy_shapes
+    root = str(tmp_path_factory.mktemp('toy') / 'toy_shapes')
+    make_toy_shapes(root, num_train=2, num_val=12)
+    return [f'{k}.dataset.data_root={root}' for k in ('val_dataloader', 'test_dataloader')]
+
+
+def _tool(name, args, cwd):
+    env = _env()
+    env['OMP_NUM_THREADS'] = '1'
+    return subprocess.run([sys.executable, osp.join(TOOLS, name), *map(str, args)],
+                          cwd=str(cwd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, timeout=900)
+
+
+def test_contract_every_reducer_with_intervals_and_paired_differences(toy, tmp_path):
+    """The acceptance command of the statistics issue, on the demo checkpoints."""
+    out = tmp_path / 'D'
+    args = [*DEMO[0], *DEMO[1], '--methods', 'tome', 'random', 'evit', 'top',
+            '--ratios', '0', '0.27', '--out-dir', out, '--seeds', '0', '1',
+            '--replicates', '300', '--cfg-options', *toy]
+    p = _tool('prune_eval.py', args, tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads((out / 'results.json').read_text())
+    rows = data['results']
+    assert len(rows) == 2 * 4 * 2
+    for r in rows:
+        assert {'model', 'method', 'ratio', 'metric'} <= set(r)
+        assert isinstance(r['ci_low'], float) and isinstance(r['ci_high'], float)
+        assert r['ci_low'] <= r['ci_high']
+        assert r['ci_low'] - 0.01 <= r['metric'] <= r['ci_high'] + 0.01
+        assert osp.isfile(out / r['stats_file'])
+        if r['ratio'] == 0:
+            assert r['drop'] == 0 and r['drop_ci_low'] == r['drop_ci_high'] == 0
+            continue
+        assert r['drop_ci_low'] <= r['drop'] + 0.01 and r['drop'] - 0.01 <= r['drop_ci_high']
+        # EViT / ToP: a keep-rate schedule realising about the asked ratio, reported
+        if r['method'] in ('evit', 'top'):
+            assert set(r['reduction']) == {'type', 'keep_rate', 'locations'}
+            assert r['reduction']['locations'] == [2, 6]      # ToP-ViM's Tiny, 8 blocks
+            assert abs(r['realised_ratio'] - 0.27) < 0.02
+        if r['method'] == 'random':
+            assert len(r['metric_seeds']) == 2 and r['seeds'] == [0, 1]
+            assert r['metric'] == pytest.approx(np.mean(r['metric_seeds']), abs=1e-4)
+    pairs = data['paired_differences']
+    assert {(p['method'], p['ratio']) for p in pairs} == {
+        (m, 0.27) for m in ('tome', 'random', 'evit', 'top')}
+    for d in pairs:
+        assert (d['model_a'], d['model_b']) == ('vim-demo', 'amvim-demo')
+        assert d['paired_difference'] == pytest.approx(d['drop_a'] - d['drop_b'], abs=1e-3)
+        assert d['difference_ci_low'] <= d['paired_difference'] + 0.01
+        assert d['paired_difference'] - 0.01 <= d['difference_ci_high']
+    assert 'Paired differences of the drops' in p.stdout
+    assert '| vim-demo | amvim-demo | tome | 0.27 | fp32 |' in p.stdout
+    # resuming: nothing left to evaluate, the same numbers
+    p2 = _tool('prune_eval.py', args, tmp_path)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    again = json.loads((out / 'results.json').read_text())
+    assert [r['metric'] for r in again['results']] == [r['metric'] for r in rows]
+    assert [r['ci_low'] for r in again['results']] == [r['ci_low'] for r in rows]
+
+
+def test_pairing_shrinks_the_interval_of_a_difference():
+    """The paired bootstrap of a difference between two correlated evaluations is narrower
+    than what two independent intervals suggest (the point of pairing)."""
+    from amvim_mm.analysis import stats as S
+    rng = np.random.default_rng(0)
+    hard = rng.random(200) < 0.3                  # images both models find hard
+    a = dict(kind=np.array('cls'), correct=(~hard | (rng.random(200) < 0.2)).astype(float))
+    b = dict(kind=np.array('cls'), correct=(~hard | (rng.random(200) < 0.1)).astype(float))
+    w = S.bootstrap_weights(200, 500)
+    va, vb = S.metric_values(a, w), S.metric_values(b, w)
+    lo, hi = S.interval(va - vb)
+    la, ha = S.interval(va)
+    lb, hb = S.interval(vb)
+    assert (hi - lo) < 0.8 * ((ha - la) + (hb - lb)) / 2
+
+
+def test_amp_test_loop_applies_the_precision_inside_the_step(toy, tmp_path):
+    from amvim_mm.apis.runner import load_config, load_model_weights, make_runner
+    opts = dict(kv.split('=', 1) for kv in toy)
+    cfg = load_config(DEMO[0][0], opts, work_dir=str(tmp_path / 'w'))
+    cfg.test_cfg = dict(type='AmpTestLoop', precision='bf16')
+    cfg.log_level = 'ERROR'
+    runner = make_runner(cfg)
+    load_model_weights(runner.model, DEMO[0][1])
+    seen = []
+    # a conv of the head: bf16 output only if autocast is really on inside the step
+    runner.model.decode_head.conv_seg.register_forward_hook(
+        lambda m, i, o: seen.append((torch.is_autocast_enabled('cpu'), o.dtype)))
+    runner.test()
+    assert seen and all(on and dt == torch.bfloat16 for on, dt in seen)
+    seen.clear()
+    runner.test_loop.precision = 'fp32'
+    runner.test()
+    assert seen and not any(on for on, _ in seen)
+    assert all(dt == torch.float32 for _, dt in seen)
+    with pytest.raises(ValueError, match='precision must be one of fp32, bf16, fp16'):
+        from amvim_mm.engine.loops import AmpTestLoop
+        AmpTestLoop(runner, runner.test_dataloader, [], precision='tf32')
+
+
+def test_tome_matching_is_fp32_under_autocast():
+    """Under bf16 autocast ToMe picks exactly the edges it picks in fp32 on the same streams
+    (the similarity matmul no longer runs in bf16), with ties to the lower index."""
+    from amvim_mm.models.layout.scan_context import ScanContext
+    from amvim_mm.models.reduction.reducers import ToMe
+    from amvim_mm.models.reduction.state import Streams, init_reduction_state
+    torch.manual_seed(0)
+    B, n, D, k = 4, 64, 48, 12
+    base = torch.randn(B, n, D)
+    x = base.clone()
+    # many near-ties: B tokens that are tiny perturbations of their A neighbours
+    x[:, 1::2] = base[:, 0::2] + 1e-3 * torch.randn(B, n // 2, D)
+    hidden = x.to(torch.bfloat16)
+    residual = x - hidden.float()
+    layer = torch.nn.Module()
+    layer.norm = torch.nn.Module()
+    layer.norm.weight = torch.nn.Parameter(torch.rand(D) + 0.5)
+    ctx = init_reduction_state(ScanContext((8, 8), cls_index=-1), B, 'cpu')
+    red = ToMe(r=k, locations=(0, ))
+    ref = red.select(0, k, Streams(hidden, residual), ctx, layer)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        low = red.select(0, k, Streams(hidden, residual), ctx, layer)
+    assert torch.equal(ref[0], low[0]) and torch.equal(ref[1], low[1])
+    # exact ties: identical scores go to the lower A index
+    same = torch.ones(1, 8, 4)
+    ctx1 = init_reduction_state(ScanContext((2, 4), cls_index=-1), 1, 'cpu')
+    layer.norm.weight = torch.nn.Parameter(torch.ones(4))
+    rem, dst, _ = red.select(0, 2, Streams(same, None), ctx1, layer)
+    assert rem.tolist() == [[0, 2]] and dst.tolist() == [[1, 1]]
+
+
+def test_precision_check_tool(toy, tmp_path):
+    out = tmp_path / 'p.json'
+    p = _tool('precision_check.py', [*DEMO[0], '--ratios', '0.46', '--precisions', 'fp32',
+                                     'fp32', 'bf16', '--out', out, '--cfg-options', *toy],
+              tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(out.read_text())['rows']
+    assert [r['precision'] for r in rows] == ['fp32', 'fp32', 'bf16']
+    # the same precision twice: every decision and the metric agree exactly
+    assert rows[1]['edge_agreement'] == 1.0 and rows[1]['delta'] == 0
+    assert 0.5 < rows[2]['edge_agreement'] <= 1.0 and rows[2]['edges'] == rows[1]['edges']
+    assert '| tome | 0.46 | bf16 |' in p.stdout
+
+
+def test_mmengine_flops_convention_is_mmengines_counter():
+    from mmengine.analysis import get_model_complexity_info
+
+    from amvim_mm.analysis.flops import vim_family_flops
+    from amvim_mm.registry import MODELS
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=32, out_type='cls_token')).eval()
+    ours = vim_family_flops(m, 32, None, convention='mmengine')
+    info = get_model_complexity_info(m, inputs=(torch.zeros(1, 3, 32, 32), ),
+                                     show_table=False, show_arch=False)
+    assert ours['gflops'] * 1e9 == pytest.approx(info['flops'])
+    red = vim_family_flops(m, 32, dict(type='ToMe', ratio=0.3), convention='mmengine')
+    assert red['gflops'] < ours['gflops'] and m.token_reducer is None
+    assert 'FlopAnalyzer' in ours['convention']
+
+
+def test_importance_schedules_for_a_ratio():
+    assert ReductionSchedule.importance_locations(24) == [9, 19]
+    assert ReductionSchedule.importance_locations(8) == [2, 6]
+    for M, depth in ((196, 24), (64, 8)):
+        locs = ReductionSchedule.importance_locations(depth)
+        for ratio in (0.17, 0.27, 0.46):
+            keep = ReductionSchedule.keep_rate_for_ratio(ratio, M, depth, locs)
+            rem = ReductionSchedule(keep_rate=keep, locations=tuple(locs)).removals(M, depth)
+            assert abs(ReductionSchedule.realised_ratio(rem, M) - ratio) < 0.01
