@@ -36,7 +36,8 @@ from mmengine.config import DictAction
 
 from amvim_mm.apis.cli import run_cli
 from amvim_mm.analysis.flops import CONVENTIONS
-from amvim_mm.apis.prune_eval import METHODS, PRECISIONS, markdown_table, plot, run_sweep
+from amvim_mm.apis.prune_eval import (METHODS, PRECISIONS, group_table, markdown_table, plot,
+                                      run_sweep)
 
 
 def _positive_int(text: str) -> int:
@@ -70,6 +71,10 @@ def parse_args(argv=None):
                    help="'mmengine' matches the libraries' get_flops tools")
     p.add_argument('--measure-speed', action='store_true',
                    help='backbone throughput of every cell on the present device')
+    p.add_argument('--groups', nargs='+', metavar='GROUP',
+                   help='one group name per model (e.g. vim vim vim amvim amvim amvim for '
+                        'three training seeds each): adds the groups\' table with intervals '
+                        'over images and models')
     p.add_argument('--replicates', type=_positive_int, default=1000,
                    help='bootstrap replicates for the intervals')
     p.add_argument('--verbose', action='store_true', help='keep the runners\' logs')
@@ -96,8 +101,10 @@ def _sweep(argv=None) -> int:
                      names=args.names, cfg_options=args.cfg_options, verbose=args.verbose,
                      precision=args.precision, seeds=args.seeds, locations=args.locations,
                      flops_convention=args.flops_convention, measure_speed=args.measure_speed,
-                     replicates=args.replicates)
+                     replicates=args.replicates, groups=args.groups)
     print(markdown_table(data))
+    if data.get('group_results'):
+        print('\n' + group_table(data))
     png = plot(data, osp.join(args.out_dir, 'prune_eval.png'))
     print(f'\nresults: {osp.join(args.out_dir, "results.json")}\nplot:    {png}')
     print(f"FLOPs convention: {data['meta']['convention']}")

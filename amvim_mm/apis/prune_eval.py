@@ -303,14 +303,17 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
               cfg_options: Optional[dict] = None, verbose: bool = False,
               progress: bool = True, precision: str = 'fp32', seeds: Sequence[int] = (0, ),
               locations: Optional[Sequence[int]] = None, flops_convention: str = 'mamba',
-              measure_speed: bool = False, replicates: int = 1000) -> Dict[str, object]:
+              measure_speed: bool = False, replicates: int = 1000,
+              groups: Optional[Sequence[str]] = None) -> Dict[str, object]:
     """Run (or resume) a sweep; returns the merged results also written to ``results.json``.
 
     Rows of ``results.json`` are reused only when their model name, method, ratio, precision,
     protocol, checkpoint sha256 and config sha256 all match (see the module docstring); each
     finished cell is merged into the file under a lock, so other sweeps into the same
     ``out_dir`` keep their rows. ``precision`` runs every test step under autocast
-    (:class:`~amvim_mm.engine.loops.AmpTestLoop`).
+    (:class:`~amvim_mm.engine.loops.AmpTestLoop`). ``groups`` (one name per model, e.g. the
+    architecture of checkpoints trained with several seeds) adds ``group_results`` and
+    ``group_paired_differences`` (:func:`_group_intervals`).
     """
     import torch
     from tqdm import tqdm
@@ -320,6 +323,8 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     from amvim_mm.apis.runner import load_config, load_model_weights, make_runner
     from amvim_mm.engine.hooks import find_reducible_backbone
     names = validate(models, methods, ratios, names, precision, seeds)
+    if groups is not None and len(groups) != len(names):
+        raise ConfigError(f'{len(groups)} groups for {len(names)} models')
     if flops_convention not in CONVENTIONS:
         raise ConfigError(f'unknown FLOPs convention {flops_convention!r}; choose from '
                           f'{", ".join(CONVENTIONS)}')
@@ -344,7 +349,8 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
                 'start of the even blocks); EViT/ToP: keep rate after locations',
                 device='cuda' if torch.cuda.is_available() else 'cpu', torch=torch.__version__,
                 bootstrap=dict(replicates=replicates, level=0.95, seed=0, over='images'),
-                models=list(names))
+                models=list(names),
+                groups=dict(zip(names, groups)) if groups is not None else None)
     cells = [(i, m, r) for i in range(len(models)) for m in methods for r in ratios]
     bar = tqdm(total=len(cells), desc='prune_eval', disable=not progress, unit='cell')
     for i, (config, ckpt) in enumerate(models):
@@ -560,6 +566,83 @@ def add_intervals(data: Dict[str, object], out_dir: str, replicates: int = 1000,
                              f'{b} keeps more' if hi is not None and hi < 0 else
                              'no difference resolved (the interval contains 0)')))
     data['paired_differences'] = pairs
+    groups = (data.get('meta') or {}).get('groups')
+    if groups:
+        _group_intervals(data, groups, vals, replicates, level, seed)
+
+
+def _group_intervals(data, groups: Dict[str, str], vals, replicates: int, level: float,
+                     seed: int) -> None:
+    """``group_results``: per group of models (e.g. one architecture trained with several
+    seeds), method, ratio and precision, the mean metric and mean drop over the group's models,
+    with intervals from a two-level bootstrap: each replicate draws the group's models with
+    replacement *and* the images (the same image draw for every group, so differences stay
+    paired over images); ``group_paired_differences``: the difference of two groups' mean
+    drops with its interval."""
+    import numpy as np
+
+    from amvim_mm.analysis import stats as S
+    rows = data['results']
+    order = list(dict.fromkeys(groups[m] for m in (data['meta'].get('models') or groups)
+                               if m in groups))
+    members = {g: [m for m in (data['meta'].get('models') or groups) if groups.get(m) == g]
+               for g in order}
+    rng = np.random.default_rng(seed + 1)
+    draws = {g: rng.integers(0, len(ms), size=(replicates, len(ms))) for g, ms in members.items()}
+    cells = sorted({_key(r)[1:] for r in rows if r['model'] in groups})
+    out, boot = [], {}
+    for g in order:
+        for cell in cells:
+            rs = [next((r for r in rows if r['model'] == m and _key(r)[1:] == cell), None)
+                  for m in members[g]]
+            if any(r is None for r in rs):
+                continue
+            zs = [_zero_of(rows, r) for r in rs]
+            vs = [vals(r) for r in rs]
+            v0s = [vals(z) if z is not None else None for z in zs]
+            entry = dict(group=g, models=members[g], method=cell[0], ratio=cell[1],
+                         precision=cell[2], metric_name=rs[0]['metric_name'],
+                         realised_ratio=rs[0]['realised_ratio'], gflops=rs[0]['gflops'],
+                         metric=round(float(np.mean([r['metric'] for r in rs])), 4),
+                         metric_models=[r['metric'] for r in rs],
+                         drop=(None if any(r.get('drop') is None for r in rs) else
+                               round(float(np.mean([r['drop'] for r in rs])), 4)),
+                         ci_low=None, ci_high=None, drop_ci_low=None, drop_ci_high=None)
+            keys = {v[1] for v in vs + v0s if v is not None}
+            if None not in vs and len(keys) == 1:
+                d = draws[g]
+                V = np.stack([v[0] for v in vs])                        # (S, R)
+                cols = np.arange(V.shape[1])
+                pick = lambda A: np.mean(A[d.T, cols], axis=0)          # noqa: E731
+                entry['ci_low'], entry['ci_high'] = S.interval(pick(V), level)
+                if None not in v0s:
+                    D = V - np.stack([v[0] for v in v0s])
+                    entry['drop_ci_low'], entry['drop_ci_high'] = S.interval(pick(D), level)
+                    boot[(g, cell)] = (pick(D), next(iter(keys)))
+            out.append(entry)
+    data['group_results'] = out
+    diffs = []
+    for i, a in enumerate(order):
+        for b in order[i + 1:]:
+            for cell in cells:
+                ea = next((e for e in out if e['group'] == a and
+                           (e['method'], e['ratio'], e['precision']) == cell), None)
+                eb = next((e for e in out if e['group'] == b and
+                           (e['method'], e['ratio'], e['precision']) == cell), None)
+                if ea is None or eb is None or float(cell[1]) == 0.0 or \
+                        (a, cell) not in boot or (b, cell) not in boot or \
+                        boot[(a, cell)][1] != boot[(b, cell)][1]:
+                    continue
+                lo, hi = S.interval(boot[(a, cell)][0] - boot[(b, cell)][0], level)
+                d = round(ea['drop'] - eb['drop'], 4)
+                diffs.append(dict(
+                    group_a=a, group_b=b, method=cell[0], ratio=cell[1], precision=cell[2],
+                    metric_name=ea['metric_name'], drop_a=ea['drop'], drop_b=eb['drop'],
+                    paired_difference=d, difference_ci_low=lo, difference_ci_high=hi,
+                    reading=(f'{a} keeps more' if lo is not None and lo > 0 else
+                             f'{b} keeps more' if hi is not None and hi < 0 else
+                             'no difference resolved (the interval contains 0)')))
+    data['group_paired_differences'] = diffs
 
 
 def _fmt_ci(lo, hi, digits: int) -> str:
@@ -608,6 +691,39 @@ def markdown_table(data: Dict[str, object]) -> str:
                          f"{p['drop_b']:+.{dg}f} | {p['paired_difference']:+.{dg}f} | "
                          f"{_fmt_ci(p['difference_ci_low'], p['difference_ci_high'], dg)} | "
                          f"{p['reading']} |")
+    return '\n'.join(lines)
+
+
+def group_table(data: Dict[str, object]) -> str:
+    """The groups' table (mean over each group's models, intervals over images and models)
+    and their paired differences; empty without groups."""
+    entries = data.get('group_results') or []
+    if not entries:
+        return ''
+    lines = ['| group | models | method | ratio | realised | metric | mean | 95% CI | '
+             'mean drop | drop 95% CI | per model |', '|' + '---|' * 11]
+    for e in entries:
+        dg = 3 if e['metric_name'].startswith('coco') else 2
+        lines.append(
+            f"| {e['group']} | {len(e['models'])} | {e['method']} | {e['ratio']:.2f} | "
+            f"{e['realised_ratio']:.3f} | {e['metric_name']} | {e['metric']:.{dg}f} | "
+            f"{_fmt_ci(e['ci_low'], e['ci_high'], dg)} | "
+            f"{'' if e['drop'] is None else format(e['drop'], f'+.{dg}f')} | "
+            f"{_fmt_ci(e['drop_ci_low'], e['drop_ci_high'], dg)} | "
+            f"{' / '.join(format(m, f'.{dg}f') for m in e['metric_models'])} |")
+    diffs = data.get('group_paired_differences') or []
+    if diffs:
+        lines += ['', 'Group differences of the mean drops (A - B; > 0: A keeps more; '
+                  'intervals over images and models):', '',
+                  '| A | B | method | ratio | drop A | drop B | A - B | 95% CI | reading |',
+                  '|---|---|---|---|---|---|---|---|---|']
+        for d in diffs:
+            dg = 3 if d['metric_name'].startswith('coco') else 2
+            lines.append(f"| {d['group_a']} | {d['group_b']} | {d['method']} | "
+                         f"{d['ratio']:.2f} | {d['drop_a']:+.{dg}f} | {d['drop_b']:+.{dg}f} | "
+                         f"{d['paired_difference']:+.{dg}f} | "
+                         f"{_fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg)} | "
+                         f"{d['reading']} |")
     return '\n'.join(lines)
 
 
