@@ -15,7 +15,7 @@ from tests.test_tools_e2e import TOOLS, _env
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = [(osp.join(ROOT, 'configs/demo', f'{m}-demo_pyramid_upernet_1xb8-2k_toyshapes-64x64.py'),
-         osp.join(ROOT, 'checkpoints/demo', f'{m}-demo_toyshapes-64x64.pth'))
+         osp.join(ROOT, 'checkpoints/demo', f'{m}-demo-seed0_toyshapes-64x64.pth'))
         for m in ('vim', 'amvim')]
 
 

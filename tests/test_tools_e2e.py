@@ -522,20 +522,32 @@ def test_cls_test_official_file_with_wrong_arch_is_refused(cls_setup, tmp_path):
 
 # ---------------------------------------------------------------------------------- demo
 def test_demo_quick(tmp_path):
+    """The main job end to end, shortened: three tasks, Vim and AMVim, one seed each."""
     out_dir = tmp_path / 'demo'
-    _, out = run_tool(['demo.py', '--quick', '--out-dir', out_dir], cwd=tmp_path)
+    _, out = run_tool(['demo.py', '--quick', '--jobs', '2', '--out-dir', out_dir], cwd=tmp_path,
+                      timeout=1200)
     assert '1/4 environment check' in out and '4/4 training-free token reduction' in out
-    header, rows = _table_rows(out)
-    assert header[:3] == ['model', 'method', 'ratio']
-    assert {(r['model'], r['method'], r['ratio']) for r in rows} == {
-        (m, 'tome', r) for m in ('vim-demo', 'amvim-demo') for r in ('0.00', '0.46')}
-    data = json.loads((out_dir / 'results.json').read_text())
-    assert len(data['results']) == 4
-    assert (out_dir / 'prune_eval.png').read_bytes()[:4] == b'\x89PNG'
-    for name in ('vim-demo', 'amvim-demo'):
-        assert (out_dir / f'{name}_quick.pth').is_file()
+    metrics = {'segmentation': 'mIoU', 'detection': 'coco/bbox_mAP',
+               'classification': 'accuracy/top1'}
+    suffix = {'segmentation': '', 'detection': '-det', 'classification': '-cls'}
+    for task, metric in metrics.items():
+        data = json.loads((out_dir / task / 'results.json').read_text())
+        names = {f'{m}-demo{suffix[task]}-s0' for m in ('vim', 'amvim')}
+        assert {(r['model'], r['method'], r['ratio']) for r in data['results']} == {
+            (n, 'tome', r) for n in names for r in (0.0, 0.46)}
+        assert all(r['metric_name'] == metric for r in data['results'])
+        assert all(r['ci_low'] is not None for r in data['results'])
+        groups = {(g['group'], g['ratio']) for g in data['group_results']}
+        assert groups == {(f'{m}-demo{suffix[task]}', r) for m in ('vim', 'amvim')
+                          for r in (0.0, 0.46)}
+        assert (out_dir / task / 'prune_eval.png').read_bytes()[:4] == b'\x89PNG'
+        for m in ('vim', 'amvim'):
+            assert (out_dir / f'{m}-demo{suffix[task]}-seed0_quick.pth').is_file()
+    summary = (out_dir / 'summary.md').read_text()
+    for task in metrics:
+        assert f'## {task}' in summary
+    assert summary.count('| group | models | method |') == 3
     assert 'demo finished' in out
-    assert (out_dir / 'toy_shapes').is_dir() and (out_dir / 'train').is_dir()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),

@@ -1,37 +1,66 @@
 """The README's main job: how well do Vim and AMVim survive token reduction? (CPU, no downloads)
 
+Three tasks on the built-in toy shapes (segmentation: mIoU, detection: COCO box AP,
+classification: top-1), each with a Vim and an AMVim demo model trained with three seeds.
 Steps (each shown as it runs):
   1. check the environment;
-  2. generate the built-in toy-shapes segmentation set in the ADE20K layout (cached in
-     data/toy_shapes);
-  3. take the demo Vim and AMVim checkpoints that the project's own demo training produced
-     (checkpoints/demo, checked against checkpoints/demo/SHA256SUMS), or train them with
-     tools/train.py when they are missing or with --train (about 10 min each on 2 cores);
-  4. run tools/prune_eval.py on both with ToMe and random pruning at ratios
-     0 / 0.17 / 0.27 / 0.36 / 0.46 and print the side-by-side table; the JSON and the plot are
-     written to --out-dir (default outputs/demo).
+  2. generate the three versions of the toy-shapes data (cached in data/);
+  3. take the 18 demo checkpoints that the project's own demo training produced
+     (checkpoints/demo, checked against checkpoints/demo/SHA256SUMS), or train the missing ones
+     with tools/train.py (an interrupted training resumes; --train retrains all; about 6-9 min
+     each on one core);
+  4. run tools/prune_eval.py per task on its six checkpoints with ToMe, random pruning (three
+     seeds), EViT and ToP at ratios 0 / 0.27 / 0.46, and print per task the table of the two
+     architectures (mean over their three training seeds, 95 % intervals over images and
+     seeds) and their paired difference; JSON, per-checkpoint tables and plots go to
+     --out-dir (default outputs/demo), a summary to OUT/summary.md.
 
-    python tools/demo.py [--train] [--out-dir DIR] [--quick]
+    python tools/demo.py [--train] [--jobs N] [--out-dir DIR] [--quick]
 
-``--quick`` is the shortened end-to-end run used by the tests (a few images, a few training
-iterations, two ratios): seconds, and its numbers mean nothing.
+Threads: one child process at a time gets every core (OMP_NUM_THREADS = cores); with
+``--jobs N`` trainings run N at a time with cores // N threads each (two torch processes that
+both spin on all cores run many times slower). ``--quick`` is the shortened end-to-end run used
+by the tests (tiny data, a few training iterations, one seed, two ratios): its numbers mean
+nothing.
 """
 import argparse
 import hashlib
 import os
 import os.path as osp
+import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import warnings
 
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-MODELS = (
-    ('vim-demo', 'configs/demo/vim-demo_pyramid_upernet_1xb8-2k_toyshapes-64x64.py'),
-    ('amvim-demo', 'configs/demo/amvim-demo_pyramid_upernet_1xb8-2k_toyshapes-64x64.py'),
-)
+SEEDS = (0, 1, 2)
+# task -> (data root, generator name, its sizes, metric, models: (name, config))
+TASKS = {
+    'segmentation': ('data/toy_shapes', 'make_toy_shapes', dict(num_train=400, num_val=100),
+                     'mIoU', [
+                         ('vim-demo', 'configs/demo/vim-demo_pyramid_upernet_1xb8-2k_'
+                                      'toyshapes-64x64.py'),
+                         ('amvim-demo', 'configs/demo/amvim-demo_pyramid_upernet_1xb8-2k_'
+                                        'toyshapes-64x64.py')]),
+    'detection': ('data/toy_shapes_coco', 'make_toy_shapes_coco',
+                  dict(num_train=400, num_val=100), 'box AP', [
+                      ('vim-demo-det', 'configs/demo/vim-demo_sfp_retinanet_1xb8-2k_'
+                                       'toyshapes-64x64.py'),
+                      ('amvim-demo-det', 'configs/demo/amvim-demo_sfp_retinanet_1xb8-2k_'
+                                         'toyshapes-64x64.py')]),
+    'classification': ('data/toy_shapes_cls', 'make_toy_shapes_cls',
+                       dict(num_train=2000, num_val=100), 'top-1', [
+                           ('vim-demo-cls', 'configs/demo/vim-demo_linear_1xb8-2k_'
+                                            'toyshapes-64x64.py'),
+                           ('amvim-demo-cls', 'configs/demo/amvim-demo_linear_1xb8-2k_'
+                                              'toyshapes-64x64.py')]),
+}
+# the dataloaders whose data_root --quick points at its own small data
+DATA_KEYS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 CKPT_DIR = 'checkpoints/demo'
 SUMS = osp.join(CKPT_DIR, 'SHA256SUMS')
 
@@ -60,110 +89,186 @@ def read_sums() -> dict:
     return out
 
 
+def write_sums(sums: dict) -> None:
+    from amvim_mm.engine.fileio import atomic_write_bytes
+    text = ('# sha256 of the demo checkpoints; made by `python tools/demo.py --train` '
+            '(python tools/train.py CONFIG --cfg-options randomness.seed=S, weights exported)\n'
+            + ''.join(f'{v}  {k}\n' for k, v in sorted(sums.items())))
+    atomic_write_bytes(text.encode(), SUMS)
+
+
 def export_weights(src: str, dst: str, config: str, command: str) -> None:
     """Keep only the model weights (and provenance) of a training checkpoint."""
+    import io
+
     import torch
 
     from amvim_mm.engine.fileio import atomic_write_bytes
     from amvim_mm.utils.safe_load import load_checkpoint_file
     ck = load_checkpoint_file(src)
     meta = dict(config=config, command=command, iter=ck.get('meta', {}).get('iter'))
-    import io
     buf = io.BytesIO()
     torch.save(dict(state_dict=ck['state_dict'], meta=meta), buf)
     atomic_write_bytes(buf.getvalue(), dst)
 
 
-def train(name: str, config: str, work_dir: str, extra_opts=()) -> str:
-    cmd = [sys.executable, 'tools/train.py', config, '--work-dir', work_dir]
-    if extra_opts:
-        cmd += ['--cfg-options', *extra_opts]
+def child_env(threads: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env['PYTHONPATH'] = ROOT + (os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH') else '')
+    return env
+
+
+def train(name: str, config: str, work_dir: str, seed: int, threads: int,
+          extra_opts=()) -> str:
+    cmd = [sys.executable, 'tools/train.py', config, '--work-dir', work_dir,
+           '--cfg-options', f'randomness.seed={seed}', *extra_opts]
+    if osp.isfile(osp.join(work_dir, 'last_checkpoint')):
+        cmd.append('--resume')        # an interrupted training continues where it stopped
     print('   $ ' + ' '.join(cmd), flush=True)
     t = time.time()
-    subprocess.run(cmd, check=True, cwd=ROOT)
-    print(f'   trained {name} in {time.time() - t:.0f} s', flush=True)
+    log = osp.join(work_dir + '.log')
+    os.makedirs(osp.dirname(log), exist_ok=True)
+    with open(log, 'w') as f:
+        rc = subprocess.call(cmd, cwd=ROOT, env=child_env(threads), stdout=f,
+                             stderr=subprocess.STDOUT)
+    if rc:
+        raise RuntimeError(f'training {name} seed {seed} failed (exit {rc}); see {log}')
+    print(f'   trained {name} seed {seed} in {time.time() - t:.0f} s', flush=True)
     with open(osp.join(work_dir, 'last_checkpoint')) as f:
         return f.read().strip()
 
 
+def ckpt_path(name: str, seed: int) -> str:
+    return osp.join(CKPT_DIR, f'{name}-seed{seed}_toyshapes-64x64.pth')
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--train', action='store_true', help='retrain the demo checkpoints')
+    p.add_argument('--train', action='store_true', help='retrain all demo checkpoints')
+    p.add_argument('--jobs', type=int, default=1, help='trainings run at the same time')
     p.add_argument('--out-dir', default='outputs/demo')
     p.add_argument('--quick', action='store_true', help='shortened run for tests')
     args = p.parse_args(argv)
     os.chdir(ROOT)
     t0 = time.time()
+    cores = os.cpu_count() or 1
+    jobs = max(1, min(args.jobs, cores))
 
     step('1/4 environment check')
-    rc = subprocess.call([sys.executable, 'tools/check_env.py', '--quiet'])
+    rc = subprocess.call([sys.executable, 'tools/check_env.py', '--quiet'],
+                         env=child_env(cores))
     if rc:
         print('environment check failed: run `bash tools/setup_env.sh`', file=sys.stderr)
         return rc
     print('   ok')
 
-    step('2/4 built-in toy-shapes data (ADE20K layout)')
-    from amvim_mm.datasets import make_toy_shapes
-    data_root = osp.join(args.out_dir, 'toy_shapes') if args.quick else 'data/toy_shapes'
-    n_train, n_val = (16, 8) if args.quick else (400, 60)
-    make_toy_shapes(data_root, num_train=n_train, num_val=n_val)
-    print(f'   {data_root}: {n_train} train / {n_val} val images, 64x64, classes background, '
-          'disk, square, triangle, ring (color carries no class: shape context is needed)')
-    opts = [f'train_dataloader.dataset.data_root={data_root}',
-            f'val_dataloader.dataset.data_root={data_root}',
-            f'test_dataloader.dataset.data_root={data_root}']
-
-    step('3/4 demo checkpoints')
-    sums = read_sums()
-    ckpts = []
-    for name, config in MODELS:
+    step('2/4 built-in toy-shapes data (segmentation, detection, classification)')
+    import amvim_mm.datasets as D
+    roots, opts = {}, {}
+    for task, (root, maker, sizes, _, _) in TASKS.items():
         if args.quick:
-            work = osp.join(args.out_dir, 'train', name)
-            last = train(name, config, work, opts + ['train_cfg.max_iters=4',
-                                                     'train_cfg.val_interval=4',
-                                                     'default_hooks.checkpoint.interval=4'])
-            path = osp.join(args.out_dir, f'{name}_quick.pth')
-            export_weights(last, path, config, 'tools/demo.py --quick')
-            ckpts.append(path)
-            continue
-        path = osp.join(CKPT_DIR, f'{name}_toyshapes-64x64.pth')
-        if args.train or not osp.isfile(path):
-            work = osp.join('work_dirs', 'demo', name)
-            last = train(name, config, work)
-            os.makedirs(CKPT_DIR, exist_ok=True)
-            command = f'python tools/train.py {config} --work-dir {work}'
-            export_weights(last, path, config, command)
-            sums[osp.basename(path)] = sha256(path)
-            with open(SUMS, 'w') as f:
-                f.write('# sha256 of the demo checkpoints; made by `python tools/demo.py '
-                        '--train` (python tools/train.py CONFIG, weights exported)\n')
-                for k, v in sorted(sums.items()):
-                    f.write(f'{v}  {k}\n')
-        digest = sha256(path)
-        want = sums.get(osp.basename(path))
-        if want != digest:
-            print(f'   {path}: sha256 {digest[:12]}... does not match SHA256SUMS '
-                  f'({(want or "missing")[:12]}...); run `python tools/demo.py --train`',
-                  file=sys.stderr)
-            return 1
-        print(f'   {path} (sha256 {digest[:12]}..., verified)')
-        ckpts.append(path)
+            root = osp.join(args.out_dir, osp.basename(root))
+            sizes = dict(num_train=16, num_val=8)
+        getattr(D, maker)(root, **sizes)
+        roots[task] = root
+        opts[task] = [f'{k}.dataset.data_root={root}' for k in DATA_KEYS]
+        print(f'   {task}: {root} ({sizes["num_train"]} train / {sizes["num_val"]} val '
+              'images, 64x64)')
+    if args.quick:
+        # the detection metric reads its own copy of the annotations
+        opts['detection'].append(f'val_evaluator.ann_file={roots["detection"]}/annotations/'
+                                 'instances_val2017.json')
+        opts['detection'].append(f'test_evaluator.ann_file={roots["detection"]}/annotations/'
+                                 'instances_val2017.json')
 
-    step('4/4 training-free token reduction sweep (tools/prune_eval.py)')
-    ratios = ['0', '0.46'] if args.quick else ['0', '0.17', '0.27', '0.36', '0.46']
-    methods = ['tome'] if args.quick else ['tome', 'random']
-    pe_args = []
-    for (name, config), ck in zip(MODELS, ckpts):
-        pe_args += [config, ck]
-    pe_args += ['--methods', *methods, '--ratios', *ratios, '--out-dir', args.out_dir,
-                '--names', *[n for n, _ in MODELS], '--cfg-options', *opts[1:]]
-    results = osp.join(args.out_dir, 'results.json')
-    if args.quick and osp.isfile(results):
-        os.remove(results)
-    print('   $ python tools/prune_eval.py ' + ' '.join(pe_args), flush=True)
-    rc = subprocess.call([sys.executable, 'tools/prune_eval.py', *pe_args])
-    print(f'\ndemo finished in {time.time() - t0:.0f} s; outputs in {osp.abspath(args.out_dir)}')
-    return rc
+    step('3/4 demo checkpoints (Vim and AMVim, seeds ' +
+         ('0' if args.quick else ', '.join(map(str, SEEDS))) + ', per task)')
+    seeds = (0, ) if args.quick else SEEDS
+    sums = read_sums()
+    jobs_todo, ckpts = [], {}
+    for task, (_, _, _, _, models) in TASKS.items():
+        for name, config in models:
+            for seed in seeds:
+                if args.quick:
+                    path = osp.join(args.out_dir, f'{name}-seed{seed}_quick.pth')
+                    work = osp.join(args.out_dir, 'train', f'{name}-seed{seed}')
+                    extra = [*opts[task], 'train_cfg.max_iters=4', 'train_cfg.val_interval=4',
+                             'default_hooks.checkpoint.interval=4']
+                    jobs_todo.append((task, name, config, seed, work, path, extra))
+                else:
+                    path = ckpt_path(name, seed)
+                    work = osp.join('work_dirs', 'demo', f'{name}-seed{seed}')
+                    if args.train or not osp.isfile(path):
+                        if args.train and osp.isdir(work):
+                            shutil.rmtree(work)
+                        jobs_todo.append((task, name, config, seed, work, path, []))
+                ckpts[(task, name, seed)] = path
+
+    def run_job(job):
+        task, name, config, seed, work, path, extra = job
+        last = train(name, config, work, seed, max(1, cores // jobs), extra)
+        cmd = (f'python tools/train.py {config} --work-dir {work} --cfg-options '
+               f'randomness.seed={seed}')
+        export_weights(last, path, config, cmd)
+        return osp.basename(path), sha256(path)
+
+    if jobs_todo:
+        print(f'   training {len(jobs_todo)} checkpoint(s), {jobs} at a time, '
+              f'{max(1, cores // jobs)} thread(s) each', flush=True)
+        with ThreadPoolExecutor(jobs) as ex:
+            for base, digest in ex.map(run_job, jobs_todo):
+                if not args.quick:
+                    sums[base] = digest
+                    write_sums(sums)
+    if not args.quick:
+        for (task, name, seed), path in ckpts.items():
+            digest, want = sha256(path), sums.get(osp.basename(path))
+            if want != digest:
+                print(f'   {path}: sha256 {digest[:12]}... does not match SHA256SUMS '
+                      f'({(want or "missing")[:12]}...); run `python tools/demo.py --train`',
+                      file=sys.stderr)
+                return 1
+        print(f'   {len(ckpts)} checkpoints in {CKPT_DIR}, sha256 verified')
+
+    step('4/4 training-free token reduction sweeps (tools/prune_eval.py), one per task')
+    ratios = ['0', '0.46'] if args.quick else ['0', '0.27', '0.46']
+    methods = ['tome'] if args.quick else ['tome', 'random', 'evit', 'top']
+    summary = ['# Demo: token reduction on the toy shapes', '',
+               f'Ratios {", ".join(ratios)}; methods {", ".join(methods)}; training seeds '
+               f'{", ".join(map(str, seeds))} per architecture; 95 % bootstrap intervals over '
+               'validation images and training seeds; realised ratios next to the asked ones.',
+               '']
+    for task, (_, _, _, metric, models) in TASKS.items():
+        pe_args, names, groups = [], [], []
+        for name, config in models:
+            for seed in seeds:
+                pe_args += [config, ckpts[(task, name, seed)]]
+                names.append(f'{name}-s{seed}')
+                groups.append(name)
+        out = osp.join(args.out_dir, task)
+        pe_args += ['--methods', *methods, '--ratios', *ratios, '--out-dir', out,
+                    '--names', *names, '--groups', *groups, '--seeds', *map(str, SEEDS),
+                    '--threads', str(cores), '--cfg-options', *opts[task][1:]]
+        if args.quick:
+            results = osp.join(out, 'results.json')
+            if osp.isfile(results):
+                os.remove(results)
+        print(f'\n   {task} ({metric}):\n   $ python tools/prune_eval.py ' + ' '.join(pe_args),
+              flush=True)
+        proc = subprocess.run([sys.executable, 'tools/prune_eval.py', *pe_args],
+                              env=child_env(cores), stdout=subprocess.PIPE, text=True)
+        print(proc.stdout, flush=True)
+        if proc.returncode:
+            print(f'prune_eval failed for {task} (exit {proc.returncode})', file=sys.stderr)
+            return proc.returncode
+        from amvim_mm.apis.prune_eval import group_table, load_results
+        summary += [f'## {task} ({metric})', '', group_table(load_results(
+            osp.join(out, 'results.json'))), '']
+    from amvim_mm.engine.fileio import atomic_write_bytes
+    atomic_write_bytes('\n'.join(summary).encode(), osp.join(args.out_dir, 'summary.md'))
+    print(f'\ndemo finished in {time.time() - t0:.0f} s; outputs in {osp.abspath(args.out_dir)} '
+          f'(summary: {osp.join(args.out_dir, "summary.md")})')
+    return 0
 
 
 if __name__ == '__main__':

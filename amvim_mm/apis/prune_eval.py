@@ -438,10 +438,17 @@ class _Cell:
                 out = self.runner.test()
             finally:
                 bb.set_token_reduction(None)
+            st = self.recorder.stats()
+            if self.metric_key not in out and self.recorder.kind == 'det' and \
+                    len(st['det_score']) == 0:
+                # mmdet reports nothing when no box passes the score threshold; COCO's AP of
+                # an empty detection set is 0
+                print(f'prune_eval: {self.name} {method} {ratio}: no detections, AP 0',
+                      file=sys.stderr, flush=True)
+                out = {self.metric_key: 0.0}
             if self.metric_key not in out:
                 raise LookupConfigError(f'{self.config}: the test metrics {sorted(out)} have no '
                                         f'{self.metric_key!r}')
-            st = self.recorder.stats()
             S.check_against(st, float(out[self.metric_key]),
                             f'{self.name} {method} {ratio} seed {seed}')
             metrics.append(float(out[self.metric_key]))
