@@ -146,10 +146,11 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     alternate into sets A and B, cosine similarity of ``(residual + hidden) * weight``
     (``residual=None``: ``hidden`` alone; ``weight=None``: no weight), each A token's best B
     token, the ``k`` strongest edges. ``low_precision``: the dot products in tf32 on tensor
-    cores (the backbone asks for it under 16-bit autocast, where the reference's matmul runs
-    in bf16 / fp16), else in fp32. Needs the canonical layout (every token but the class token
-    is a patch) and at most ``MAX_MATCH_ROWS`` tokens per set. Ties between edges go to the
-    lower index (PyTorch's argsort leaves them open).
+    cores; the default (and what the backbone uses under any autocast dtype) is fp32, because
+    the gap between the last merged and the first kept edge is often below tf32's / bf16's
+    resolution and a lower precision changes which tokens merge. Needs the canonical layout
+    (every token but the class token is a patch) and at most ``MAX_MATCH_ROWS`` tokens per
+    set. Ties between edges go to the lower index, as in ``ToMe.select``.
 
     ``plan_state``: the sequence's ``(pos, size, source)``; the same launch then also makes the
     merge plan of the edges (what :func:`plan_merge` does, one launch less per step).

@@ -160,6 +160,14 @@ else
   fi
 fi
 
+# MG_THEN: run this command with the segmentation stack installed (e.g. an evaluation on one
+# GPU) instead of the training runs, and exit with its status
+if [ -n "${MG_THEN:-}" ]; then
+  say "MG_THEN: $MG_THEN"
+  bash -c "$MG_THEN"; rc=$?
+  say "MG_THEN exit $rc"; exit $rc
+fi
+
 "$PY" - > "$LOGS/versions.json" 2> "$LOGS/versions.err" <<'PY'
 import json, warnings
 warnings.filterwarnings('ignore')
