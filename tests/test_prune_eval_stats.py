@@ -191,3 +191,41 @@ def test_importance_schedules_for_a_ratio():
             keep = ReductionSchedule.keep_rate_for_ratio(ratio, M, depth, locs)
             rem = ReductionSchedule(keep_rate=keep, locations=tuple(locs)).removals(M, depth)
             assert abs(ReductionSchedule.realised_ratio(rem, M) - ratio) < 0.01
+
+
+def _cls_row(tmp_path, model, ratio, correct):
+    from amvim_mm.analysis import stats as S
+    f = f'per_image/{model}_{ratio}.npz'
+    (tmp_path / 'per_image').mkdir(exist_ok=True)
+    st = dict(kind=np.array('cls'), correct=np.asarray(correct, dtype=float))
+    (tmp_path / f).write_bytes(S.dumps([st], [f'img{i}' for i in range(len(correct))]))
+    return dict(model=model, method='tome', ratio=ratio, precision='fp32',
+                metric=100 * float(np.mean(correct)), metric_name='accuracy/top1',
+                realised_ratio=ratio, gflops=1.0, stats_file=f, checkpoint_sha256=model,
+                config_sha256='c')
+
+
+def test_group_intervals_over_images_and_models(tmp_path):
+    """Two architectures x two training seeds: the group's value is the mean over its models;
+    a group of identical models has the single model's interval (drawing models changes
+    nothing); the group difference is paired over images."""
+    from amvim_mm.apis import prune_eval as pe
+    rng = np.random.default_rng(0)
+    base = rng.random(80) < 0.8
+    drop_a = base & (rng.random(80) < 0.9)          # A loses ~10 % of its correct images
+    drop_b = base & (rng.random(80) < 0.6)          # B loses ~40 %
+    rows = [_cls_row(tmp_path, m, r, c) for m, r, c in (
+        ('a0', 0.0, base), ('a0', 0.5, drop_a), ('a1', 0.0, base), ('a1', 0.5, drop_a),
+        ('b0', 0.0, base), ('b0', 0.5, drop_b), ('b1', 0.0, base), ('b1', 0.5, base & drop_b))]
+    meta = dict(models=['a0', 'a1', 'b0', 'b1'], groups=dict(a0='A', a1='A', b0='B', b1='B'))
+    data = pe.merge_results(str(tmp_path / 'results.json'), rows, meta, out_dir=str(tmp_path),
+                            replicates=400)
+    single = next(r for r in data['results'] if r['model'] == 'a0' and r['ratio'] == 0.5)
+    ga = next(g for g in data['group_results'] if g['group'] == 'A' and g['ratio'] == 0.5)
+    assert (ga['ci_low'], ga['ci_high']) == (single['ci_low'], single['ci_high'])
+    assert ga['metric'] == pytest.approx(single['metric'], abs=1e-3)
+    assert ga['drop'] == pytest.approx(single['drop'], abs=1e-3)
+    d = data['group_paired_differences']
+    assert len(d) == 1 and (d[0]['group_a'], d[0]['group_b']) == ('A', 'B')
+    assert d[0]['difference_ci_low'] > 0 and d[0]['reading'] == 'A keeps more'
+    assert '| A | B | tome | 0.50 |' in pe.group_table(data)

@@ -89,8 +89,8 @@ def gpu_tune_match(args):
     """Launch configuration of ToMe's matching kernel (BLOCK_D, num_warps, num_stages) on
     Vim-T's step shape (batch 128, 197 tokens, width 192, bf16 hidden + fp32 residual, 14
     edges, the merge plan made in the same launch as on the fused path); the best is used for
-    the rest of the run (and goes into MATCH_CONFIG by hand); then fp32 against tf32 dot
-    products with it."""
+    the rest of the run (and goes into MATCH_CONFIG by hand); then the three dot-product
+    precisions with it."""
     from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.reduction.state import init_reduction_state
     from amvim_mm.ops import token_merge as TM
@@ -103,14 +103,13 @@ def gpu_tune_match(args):
         'tome_match', 'match_config', args.match_configs,
         lambda: TM.tome_match(h, r, w, 196, 98, 14, plan_state=state))
     log(f'  tome_match: using {TM.MATCH_CONFIG}')
-    # the cost of fp32 dot products (the default: ToMe's decisions must not depend on the
-    # autocast dtype) against tf32 tensor cores, with the chosen configuration
-    for low in (False, True):
-        us = _graph_us(lambda: TM.tome_match(h, r, w, 196, 98, 14, low_precision=low,
+    # the cost of fp32-accurate dot products (the default, 3xTF32: ToMe's decisions must not
+    # depend on the autocast dtype) against plain fp32 FMAs and one tf32 product
+    for prec in TM.DOT_PRECISIONS:
+        us = _graph_us(lambda: TM.tome_match(h, r, w, 196, 98, 14, precision=prec,
                                              plan_state=state))
-        rows.append(dict(config=f'{TM.MATCH_CONFIG} dots in {"tf32" if low else "fp32"}',
-                         us_per_call=us))
-        log(f'  tome_match, dot products in {"tf32" if low else "fp32"}: {us} us')
+        rows.append(dict(config=f'{TM.MATCH_CONFIG} dots {prec}', us_per_call=us))
+        log(f'  tome_match, dot products {prec}: {us} us')
     return rows
 
 

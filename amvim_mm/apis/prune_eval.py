@@ -709,10 +709,17 @@ def group_table(data: Dict[str, object]) -> str:
         return ''
     lines = ['| group | models | method | ratio | realised | metric | mean | 95% CI | '
              'mean drop | drop 95% CI | per model |', '|' + '---|' * 11]
+    zeros = set()
     for e in entries:
         dg = 3 if e['metric_name'].startswith('coco') else 2
+        method = e['method']
+        if float(e['ratio']) == 0.0:      # no reduction: the same for every method, once
+            if (e['group'], e['precision']) in zeros:
+                continue
+            zeros.add((e['group'], e['precision']))
+            method = 'none'
         lines.append(
-            f"| {e['group']} | {len(e['models'])} | {e['method']} | {e['ratio']:.2f} | "
+            f"| {e['group']} | {len(e['models'])} | {method} | {e['ratio']:.2f} | "
             f"{e['realised_ratio']:.3f} | {e['metric_name']} | {e['metric']:.{dg}f} | "
             f"{_fmt_ci(e['ci_low'], e['ci_high'], dg)} | "
             f"{'' if e['drop'] is None else format(e['drop'], f'+.{dg}f')} | "

@@ -80,14 +80,14 @@ def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls
                       pos_ptr, size_ptr, src_ptr, f_ptr,
                       rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr,
                       M, mid,
-                      HAS_RES: tl.constexpr, HAS_W: tl.constexpr, TF32: tl.constexpr,
+                      HAS_RES: tl.constexpr, HAS_W: tl.constexpr, DOT: tl.constexpr,
                       BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, STAGES: tl.constexpr,
                       PLAN: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
                       BLOCK_M: tl.constexpr):
     """One program per sample: ToMe's bipartite matching on the stream ``h + r`` (B, L, D).
 
     Patch j is in set A when j is even, in B when odd. Cosine similarity of ``x * w`` between
-    A and B rows (the dot products on tensor cores in tf32 when ``TF32``, else in fp32); each A
+    A and B rows (the dot products with ``input_precision=DOT``: 'ieee', 'tf32x3', 'tf32'); each A
     row's best B row; the k A rows with the highest best score (ties: lower index first) are
     written, in that order, to ``rem``/``dst`` (sequence indices). (Splitting a sample's A rows
     over several programs re-reads the B rows and was slower on an H200.) With ``PLAN`` the same
@@ -119,10 +119,7 @@ def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls
             w = tl.load(w_ptr + dd, mask=md, other=0.).to(tl.float32)
             a = a * w[None, :]
             c = c * w[None, :]
-        if TF32:
-            acc += tl.dot(a, tl.trans(c), input_precision='tf32')
-        else:
-            acc += tl.dot(a, tl.trans(c), input_precision='ieee')
+        acc += tl.dot(a, tl.trans(c), input_precision=DOT)
         na2 += tl.sum(a * a, axis=1)
         nb2 += tl.sum(c * c, axis=1)
     na = tl.maximum(tl.sqrt(na2), 1e-12)

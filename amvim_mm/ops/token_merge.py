@@ -137,16 +137,22 @@ def match_config() -> Tuple[int, int, int]:
     return runtime.settings().match_config or MATCH_CONFIG
 
 
+#: dot-product precisions of the matching kernel (Triton's ``input_precision``)
+DOT_PRECISIONS = ('tf32x3', 'ieee', 'tf32')
+
+
 def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
-               n_patches: int, cls_index: int, k: int, low_precision: bool = False,
+               n_patches: int, cls_index: int, k: int, precision: str = 'tf32x3',
                plan_state: Optional[Tuple[Tensor, Tensor, Tensor]] = None):
     """ToMe's order-preserving bipartite matching in one launch (one program per sample).
 
     The reference is :meth:`amvim_mm.models.reduction.reducers.ToMe.select`: patch tokens
     alternate into sets A and B, cosine similarity of ``(residual + hidden) * weight``
     (``residual=None``: ``hidden`` alone; ``weight=None``: no weight), each A token's best B
-    token, the ``k`` strongest edges. ``low_precision``: the dot products in tf32 on tensor
-    cores; the default (and what the backbone uses under any autocast dtype) is fp32, because
+    token, the ``k`` strongest edges. ``precision``: how the dot products run: ``'tf32x3'``
+    (default: three tf32 tensor-core products per fp32 product, fp32 accuracy at about a third
+    of ``'ieee'``'s cost on an H200), ``'ieee'`` (fp32 FMAs) or ``'tf32'`` (one tensor-core
+    product: 10 mantissa bits). The default is what the backbone uses under any autocast dtype:
     the gap between the last merged and the first kept edge is often below tf32's / bf16's
     resolution and a lower precision changes which tokens merge. Needs the canonical layout
     (every token but the class token is a patch) and at most ``MAX_MATCH_ROWS`` tokens per
@@ -160,6 +166,9 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
         where ``planned`` is :func:`plan_merge`'s result.
     """
     import triton
+    if precision not in DOT_PRECISIONS:
+        raise ConfigError(f'tome_match: precision must be one of {", ".join(DOT_PRECISIONS)}, '
+                          f'got {precision!r}')
     B, L, D = hidden.shape
     n_a, n_b = (n_patches + 1) // 2, n_patches // 2
     if n_a > MAX_MATCH_ROWS:
@@ -184,7 +193,7 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
         meta = dict(BLOCK_L=2, BLOCK_R=2, BLOCK_M=2)
     match_k[(B, )](h, r, w, removed, dst, L, D, n_a, n_b, cls_index, k, *plan_args,
                    HAS_RES=residual is not None, HAS_W=weight is not None,
-                   TF32=bool(low_precision), BLOCK_A=max(triton.next_power_of_2(n_a), 16),
+                   DOT=precision, BLOCK_A=max(triton.next_power_of_2(n_a), 16),
                    BLOCK_D=block_d, STAGES=stages, PLAN=plan_state is not None, **meta,
                    num_warps=warps)
     if plan_state is not None:

@@ -184,9 +184,9 @@ class ToMe(TokenReducer):
         if ctx.fused_ok and not ctx.has_fused and tm.extra_kernels_enabled() \
                 and self.max_merge(n) <= tm.MAX_MATCH_ROWS and 0 < k <= self.max_merge(n):
             w = layer.norm.weight if self.metric == 'norm_input' else None
-            # fp32 dot products whatever the autocast dtype (see select)
+            # fp32-accurate dot products whatever the autocast dtype (see select)
             removed, dst, plan = tm.tome_match(
-                stream.hidden, stream.residual, w, n, ctx.cls_index, k, low_precision=False,
+                stream.hidden, stream.residual, w, n, ctx.cls_index, k,
                 plan_state=(ctx.pos, ctx.size, ctx.source))
             return Selection(removed, dst, None, plan)
         return super().step(block, k, stream, ctx, layer)
