@@ -229,3 +229,32 @@ def test_group_intervals_over_images_and_models(tmp_path):
     assert len(d) == 1 and (d[0]['group_a'], d[0]['group_b']) == ('A', 'B')
     assert d[0]['difference_ci_low'] > 0 and d[0]['reading'] == 'A keeps more'
     assert '| A | B | tome | 0.50 |' in pe.group_table(data)
+
+
+def test_speed_flops_convention_and_precision_rows_side_by_side(toy, tmp_path):
+    out = tmp_path / 'S'
+    base = [*DEMO[0], '--methods', 'tome', '--ratios', '0', '0.46', '--out-dir', out,
+            '--replicates', '100', '--cfg-options', *toy]
+    p = _tool('prune_eval.py', [*base, '--measure-speed', '--flops-convention', 'mmengine'],
+              tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads((out / 'results.json').read_text())['results']
+    assert len(rows) == 2
+    for r in rows:
+        assert r['img_per_s'] > 0 and r['speed_batch'] == 8 and r['speed_device'] == 'cpu'
+        assert r['gflops_convention'] == 'mmengine' and r['precision'] == 'fp32'
+    assert '| img/s | speed-up |' in p.stdout and "FlopAnalyzer" in p.stdout
+    # a bf16 sweep into the same out-dir adds its rows next to the fp32 ones
+    p = _tool('prune_eval.py', [*base, '--measure-speed', '--flops-convention', 'mmengine',
+                                '--precision', 'bf16'], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads((out / 'results.json').read_text())['results']
+    assert sorted((r['precision'], r['ratio']) for r in rows) == [
+        ('bf16', 0.0), ('bf16', 0.46), ('fp32', 0.0), ('fp32', 0.46)]
+    assert all(r['drop_ci_low'] is not None for r in rows)
+    # another protocol (no speed measurement, another convention) recomputes, not reuses
+    p = _tool('prune_eval.py', base, tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    fp32 = [r for r in json.loads((out / 'results.json').read_text())['results']
+            if r['precision'] == 'fp32']
+    assert all(r['gflops_convention'] == 'mamba' and 'img_per_s' not in r for r in fp32)
