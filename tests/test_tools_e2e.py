@@ -540,7 +540,8 @@ def test_demo_quick(tmp_path):
         groups = {(g['group'], g['ratio']) for g in data['group_results']}
         assert groups == {(f'{m}-demo{suffix[task]}', r) for m in ('vim', 'amvim')
                           for r in (0.0, 0.46)}
-        assert (out_dir / task / 'prune_eval.png').read_bytes()[:4] == b'\x89PNG'
+        for png in ('prune_eval.png', 'prune_eval_groups.png'):
+            assert (out_dir / task / png).read_bytes()[:4] == b'\x89PNG'
         for m in ('vim', 'amvim'):
             assert (out_dir / f'{m}-demo{suffix[task]}-seed0_quick.pth').is_file()
     summary = (out_dir / 'summary.md').read_text()

@@ -37,7 +37,7 @@ from mmengine.config import DictAction
 from amvim_mm.apis.cli import run_cli
 from amvim_mm.analysis.flops import CONVENTIONS
 from amvim_mm.apis.prune_eval import (METHODS, PRECISIONS, group_table, markdown_table, plot,
-                                      run_sweep)
+                                      plot_groups, run_sweep)
 
 
 def _positive_int(text: str) -> int:
@@ -107,6 +107,8 @@ def _sweep(argv=None) -> int:
         print('\n' + group_table(data))
     png = plot(data, osp.join(args.out_dir, 'prune_eval.png'))
     print(f'\nresults: {osp.join(args.out_dir, "results.json")}\nplot:    {png}')
+    if data.get('group_results'):
+        print(f"groups:  {plot_groups(data, osp.join(args.out_dir, 'prune_eval_groups.png'))}")
     print(f"FLOPs convention: {data['meta']['convention']}")
     return 0
 

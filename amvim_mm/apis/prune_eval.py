@@ -772,3 +772,40 @@ def plot(data: Dict[str, object], path: str) -> str:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def plot_groups(data: Dict[str, object], path: str) -> str:
+    """One panel per method: each group's mean metric vs realised ratio, with the interval over
+    images and the group's models as error bars."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    entries = data.get('group_results') or []
+    methods = list(dict.fromkeys(e['method'] for e in entries))
+    groups = list(dict.fromkeys(e['group'] for e in entries))
+    fig, axes = plt.subplots(1, max(len(methods), 1), figsize=(3.2 * max(len(methods), 1), 3.4),
+                             dpi=120, sharey=True, squeeze=False)
+    colors = {g: plt.get_cmap('tab10')(i % 10) for i, g in enumerate(groups)}
+    for ax, method in zip(axes[0], methods):
+        for g in groups:
+            es = sorted((e for e in entries if e['group'] == g and e['method'] == method),
+                        key=lambda e: e['realised_ratio'])
+            if not es:
+                continue
+            y = [e['metric'] for e in es]
+            err = [[max(0.0, e['metric'] - e['ci_low']) if e['ci_low'] is not None else 0
+                    for e in es],
+                   [max(0.0, e['ci_high'] - e['metric']) if e['ci_high'] is not None else 0
+                    for e in es]]
+            ax.errorbar([e['realised_ratio'] for e in es], y, yerr=err, color=colors[g],
+                        marker='o', capsize=2, label=f'{g} ({len(es[0]["models"])} models)')
+        ax.set_title(method)
+        ax.set_xlabel('realised ratio')
+        ax.grid(alpha=0.3)
+    if entries:
+        axes[0][0].set_ylabel(f"{entries[0]['metric_name']} (mean, 95% CI)")
+        axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
