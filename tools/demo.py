@@ -142,6 +142,39 @@ def ckpt_path(name: str, seed: int) -> str:
     return osp.join(CKPT_DIR, f'{name}-seed{seed}_toyshapes-64x64.pth')
 
 
+def comparison_table(data: dict, groups, metric: str) -> str:
+    """The task's table: both architectures' mean over their training seeds with the 95 %
+    interval over images and seeds, their drops, and AMVim's drop minus Vim's with its paired
+    interval (> 0: AMVim keeps more)."""
+    a, b = groups
+    det = metric == 'box AP'
+    dg = 3 if det else 2
+    ci = lambda lo, hi: '' if lo is None else f'[{lo:.{dg}f}, {hi:.{dg}f}]'  # noqa: E731
+    entries = {(e['group'], e['method'], e['ratio']): e for e in data['group_results']}
+    diffs = {(d['method'], d['ratio']): d for d in data['group_paired_differences']
+             if (d['group_a'], d['group_b']) == (a, b)}
+    lines = [f'| method | ratio | realised | {a} {metric} [95% CI] | {b} {metric} [95% CI] | '
+             f'{a} drop | {b} drop | {b} - {a} drop [95% CI] |', '|---' * 8 + '|']
+    keys = sorted({(m, r) for (_, m, r) in entries}, key=lambda k: (k[1] != 0, k[0], k[1]))
+    shown_zero = False
+    for method, ratio in keys:
+        ea, eb = entries.get((a, method, ratio)), entries.get((b, method, ratio))
+        if ea is None or eb is None:
+            continue
+        if ratio == 0:
+            if shown_zero:
+                continue
+            shown_zero, method = True, 'none'
+        d = diffs.get((method, ratio))
+        diff = '' if d is None else (f"{-d['paired_difference']:+.{dg}f} "
+                                     f"{ci(-d['difference_ci_high'], -d['difference_ci_low'])}")
+        lines.append(f"| {method} | {ratio:.2f} | {ea['realised_ratio']:.3f} | "
+                     f"{ea['metric']:.{dg}f} {ci(ea['ci_low'], ea['ci_high'])} | "
+                     f"{eb['metric']:.{dg}f} {ci(eb['ci_low'], eb['ci_high'])} | "
+                     f"{ea['drop']:+.{dg}f} | {eb['drop']:+.{dg}f} | {diff} |")
+    return '\n'.join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--train', action='store_true', help='retrain all demo checkpoints')
@@ -255,15 +288,22 @@ def main(argv=None) -> int:
                 os.remove(results)
         print(f'\n   {task} ({metric}):\n   $ python tools/prune_eval.py ' + ' '.join(pe_args),
               flush=True)
-        proc = subprocess.run([sys.executable, 'tools/prune_eval.py', *pe_args],
-                              env=child_env(cores), stdout=subprocess.PIPE, text=True)
-        print(proc.stdout, flush=True)
-        if proc.returncode:
-            print(f'prune_eval failed for {task} (exit {proc.returncode})', file=sys.stderr)
-            return proc.returncode
+        os.makedirs(out, exist_ok=True)
+        log = osp.join(out, 'prune_eval.log')
+        with open(log, 'w') as f:
+            rc = subprocess.call([sys.executable, 'tools/prune_eval.py', *pe_args],
+                                 env=child_env(cores), stdout=f, stderr=subprocess.STDOUT)
+        if rc:
+            with open(log) as f:
+                print(''.join(f.readlines()[-20:]), file=sys.stderr)
+            print(f'prune_eval failed for {task} (exit {rc}); log: {log}', file=sys.stderr)
+            return rc
         from amvim_mm.apis.prune_eval import group_table, load_results
-        summary += [f'## {task} ({metric})', '', group_table(load_results(
-            osp.join(out, 'results.json'))), '']
+        data = load_results(osp.join(out, 'results.json'))
+        table = comparison_table(data, [n for n, _ in models], metric)
+        print(table + f'\n   (all rows, per checkpoint and per group: {log})', flush=True)
+        summary += [f'## {task} ({metric})', '', table, '', '<details><summary>per group'
+                    '</summary>', '', group_table(data), '', '</details>', '']
     from amvim_mm.engine.fileio import atomic_write_bytes
     atomic_write_bytes('\n'.join(summary).encode(), osp.join(args.out_dir, 'summary.md'))
     print(f'\ndemo finished in {time.time() - t0:.0f} s; outputs in {osp.abspath(args.out_dir)} '
