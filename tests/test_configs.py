@@ -118,8 +118,11 @@ def shrink(cfg, arch=TINY_ARCH):
             if aug.get('type') == 'BatchFixedSizePad':
                 aug.size = (DET_SIZE, DET_SIZE)
         # fewer proposals/detections: the ROI heads dominate the CPU time otherwise
-        model.test_cfg.rpn.update(nms_pre=100, max_per_img=50)
-        model.test_cfg.rcnn.max_per_img = 10
+        if 'rpn' in model.test_cfg:
+            model.test_cfg.rpn.update(nms_pre=100, max_per_img=50)
+            model.test_cfg.rcnn.max_per_img = 10
+        else:                                             # one-stage (the demo's RetinaNet)
+            model.test_cfg.update(nms_pre=100, max_per_img=10)
     elif scope == 'mmpretrain':
         bb.img_size = CLS_SIZE
         model.head.in_channels = TINY_DIMS
@@ -225,7 +228,9 @@ def test_config_file_name_convention(path):
     backbone = m['backbone'].split('-')[0]
     if folder == 'demo':
         assert m['backbone'].endswith('-demo')
-        assert (m['neck'], m['head']) == ('pyramid', 'upernet')
+        # the segmentation, detection and classification demos
+        assert (m['neck'], m['head']) in (('pyramid', 'upernet'), ('sfp', 'retinanet'),
+                                          (None, 'linear'))
     else:
         assert backbone == folder, f'{name} is in configs/{folder}/'
     if m['dataset'] == 'ade20k':
