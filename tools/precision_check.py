@@ -18,6 +18,7 @@ from mmengine.config import DictAction
 
 from amvim_mm.apis.cli import run_cli
 from amvim_mm.apis.prune_eval import METHODS, PRECISIONS, PRIMARY_METRICS, reduction_config
+from amvim_mm.errors import ConfigError
 
 
 def parse_args(argv=None):
@@ -45,7 +46,7 @@ def _main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     for r in args.ratios:
         if not 0 < r < 1:
-            raise ValueError(f'ratio {r} is outside (0, 1)')
+            raise ConfigError(f'ratio {r} is outside (0, 1)')
     cfg = load_config(args.config, args.cfg_options, work_dir='work_dirs/precision_check')
     cfg.test_cfg = dict(type='AmpTestLoop', precision='fp32')
     cfg.log_level = 'ERROR'

@@ -569,9 +569,7 @@ def add_intervals(data: Dict[str, object], out_dir: str, replicates: int = 1000,
                     precision=ra.get('precision', 'fp32'), metric_name=ra['metric_name'],
                     drop_a=ra['drop'], drop_b=rb['drop'], paired_difference=d,
                     difference_ci_low=lo, difference_ci_high=hi,
-                    reading=(f'{a} keeps more' if lo is not None and lo > 0 else
-                             f'{b} keeps more' if hi is not None and hi < 0 else
-                             'no difference resolved (the interval contains 0)')))
+                    reading=_reading(a, b, lo, hi)))
     data['paired_differences'] = pairs
     groups = (data.get('meta') or {}).get('groups')
     if groups:
@@ -646,14 +644,53 @@ def _group_intervals(data, groups: Dict[str, str], vals, replicates: int, level:
                     group_a=a, group_b=b, method=cell[0], ratio=cell[1], precision=cell[2],
                     metric_name=ea['metric_name'], drop_a=ea['drop'], drop_b=eb['drop'],
                     paired_difference=d, difference_ci_low=lo, difference_ci_high=hi,
-                    reading=(f'{a} keeps more' if lo is not None and lo > 0 else
-                             f'{b} keeps more' if hi is not None and hi < 0 else
-                             'no difference resolved (the interval contains 0)')))
+                    reading=_reading(a, b, lo, hi)))
     data['group_paired_differences'] = diffs
+
+
+def _reading(a: str, b: str, lo: Optional[float], hi: Optional[float]) -> str:
+    """What the interval of ``a``'s drop minus ``b``'s says."""
+    if lo is not None and lo > 0:
+        return f'{a} keeps more'
+    if hi is not None and hi < 0:
+        return f'{b} keeps more'
+    return 'no difference resolved (the interval contains 0)'
+
+
+def _digits(metric_name: str) -> int:
+    """Decimals to print: COCO AP is a fraction, mIoU / top-1 are percentages."""
+    return 3 if metric_name.startswith('coco') else 2
 
 
 def _fmt_ci(lo, hi, digits: int) -> str:
     return '' if lo is None else f'[{lo:.{digits}f}, {hi:.{digits}f}]'
+
+
+def _differences_table(diffs: Sequence[dict], a: str, b: str, title: str,
+                       precision: bool) -> List[str]:
+    """Markdown lines of paired differences (``a``/``b``: the keys naming the two sides)."""
+    if not diffs:
+        return []
+    head = ['A', 'B', 'method', 'ratio'] + (['precision'] if precision else []) + [
+        'drop A', 'drop B', 'A - B', '95% CI', 'reading']
+    lines = ['', title, '', '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for d in diffs:
+        dg = _digits(d['metric_name'])
+        cells = [d[a], d[b], d['method'], f"{d['ratio']:.2f}"] + (
+            [d['precision']] if precision else []) + [
+            f"{d['drop_a']:+.{dg}f}", f"{d['drop_b']:+.{dg}f}",
+            f"{d['paired_difference']:+.{dg}f}",
+            _fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg), d['reading']]
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    return lines
+
+
+def _yerr(items: Sequence[dict]) -> List[List[float]]:
+    """Error bars (below, above) of ``metric`` from ``ci_low``/``ci_high`` (0 where absent)."""
+    return [[max(0.0, r['metric'] - r['ci_low']) if r.get('ci_low') is not None else 0
+             for r in items],
+            [max(0.0, r['ci_high'] - r['metric']) if r.get('ci_high') is not None else 0
+             for r in items]]
 
 
 def markdown_table(data: Dict[str, object]) -> str:
@@ -668,8 +705,7 @@ def markdown_table(data: Dict[str, object]) -> str:
         head += ['img/s', 'speed-up']
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for r in rows:
-        det = r['metric_name'].startswith('coco')
-        dg = 3 if det else 2
+        dg = _digits(r['metric_name'])
         cells = [r['model'], r['method'], f"{r['ratio']:.2f}", f"{r['realised_ratio']:.3f}",
                  f"{r['gflops']:.3f}", r['metric_name'], f"{r['metric']:.{dg}f}",
                  '' if r.get('drop') is None else f"{r['drop']:+.{dg}f}",
@@ -685,19 +721,10 @@ def markdown_table(data: Dict[str, object]) -> str:
             cells += ['' if r.get('img_per_s') is None else f"{r['img_per_s']:.1f}",
                       '' if sp is None else f'{sp:.2f}x']
         lines.append('| ' + ' | '.join(str(c) for c in cells) + ' |')
-    pairs = data.get('paired_differences') or []
-    if pairs:
-        lines += ['', 'Paired differences of the drops (model A - model B, same images; '
-                  '> 0: A keeps more):', '',
-                  '| A | B | method | ratio | precision | drop A | drop B | A - B | 95% CI | '
-                  'reading |', '|---|---|---|---|---|---|---|---|---|---|']
-        for p in pairs:
-            dg = 3 if p['metric_name'].startswith('coco') else 2
-            lines.append(f"| {p['model_a']} | {p['model_b']} | {p['method']} | "
-                         f"{p['ratio']:.2f} | {p['precision']} | {p['drop_a']:+.{dg}f} | "
-                         f"{p['drop_b']:+.{dg}f} | {p['paired_difference']:+.{dg}f} | "
-                         f"{_fmt_ci(p['difference_ci_low'], p['difference_ci_high'], dg)} | "
-                         f"{p['reading']} |")
+    lines += _differences_table(
+        data.get('paired_differences') or [], 'model_a', 'model_b',
+        'Paired differences of the drops (model A - model B, same images; > 0: A keeps more):',
+        precision=True)
     return '\n'.join(lines)
 
 
@@ -711,7 +738,7 @@ def group_table(data: Dict[str, object]) -> str:
              'mean drop | drop 95% CI | per model |', '|' + '---|' * 11]
     zeros = set()
     for e in entries:
-        dg = 3 if e['metric_name'].startswith('coco') else 2
+        dg = _digits(e['metric_name'])
         method = e['method']
         if float(e['ratio']) == 0.0:      # no reduction: the same for every method, once
             if (e['group'], e['precision']) in zeros:
@@ -725,19 +752,10 @@ def group_table(data: Dict[str, object]) -> str:
             f"{'' if e['drop'] is None else format(e['drop'], f'+.{dg}f')} | "
             f"{_fmt_ci(e['drop_ci_low'], e['drop_ci_high'], dg)} | "
             f"{' / '.join(format(m, f'.{dg}f') for m in e['metric_models'])} |")
-    diffs = data.get('group_paired_differences') or []
-    if diffs:
-        lines += ['', 'Group differences of the mean drops (A - B; > 0: A keeps more; '
-                  'intervals over images and models):', '',
-                  '| A | B | method | ratio | drop A | drop B | A - B | 95% CI | reading |',
-                  '|---|---|---|---|---|---|---|---|---|']
-        for d in diffs:
-            dg = 3 if d['metric_name'].startswith('coco') else 2
-            lines.append(f"| {d['group_a']} | {d['group_b']} | {d['method']} | "
-                         f"{d['ratio']:.2f} | {d['drop_a']:+.{dg}f} | {d['drop_b']:+.{dg}f} | "
-                         f"{d['paired_difference']:+.{dg}f} | "
-                         f"{_fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg)} | "
-                         f"{d['reading']} |")
+    lines += _differences_table(
+        data.get('group_paired_differences') or [], 'group_a', 'group_b',
+        'Group differences of the mean drops (A - B; > 0: A keeps more; intervals over images '
+        'and models):', precision=False)
     return '\n'.join(lines)
 
 
@@ -756,10 +774,7 @@ def plot(data: Dict[str, object], path: str) -> str:
         rs = sorted(rs, key=lambda r: r['realised_ratio'])
         x = [r['realised_ratio'] for r in rs]
         y = [r['metric'] for r in rs]
-        err = [[max(0.0, r['metric'] - r['ci_low']) if r.get('ci_low') is not None else 0
-                for r in rs],
-               [max(0.0, r['ci_high'] - r['metric']) if r.get('ci_high') is not None else 0
-                for r in rs]]
+        err = _yerr(rs)
         ls, mk = styles.get(method, (':', 'x'))
         ax.errorbar(x, y, yerr=err, color=colors[model], marker=mk, linestyle=ls, capsize=2,
                     label=f'{model} / {method}' + ('' if prec == 'fp32' else f' / {prec}'))
@@ -793,10 +808,7 @@ def plot_groups(data: Dict[str, object], path: str) -> str:
             if not es:
                 continue
             y = [e['metric'] for e in es]
-            err = [[max(0.0, e['metric'] - e['ci_low']) if e['ci_low'] is not None else 0
-                    for e in es],
-                   [max(0.0, e['ci_high'] - e['metric']) if e['ci_high'] is not None else 0
-                    for e in es]]
+            err = _yerr(es)
             ax.errorbar([e['realised_ratio'] for e in es], y, yerr=err, color=colors[g],
                         marker='o', capsize=2, label=f'{g} ({len(es[0]["models"])} models)')
         ax.set_title(method)

@@ -61,16 +61,22 @@ def _shape_mask(kind: int, s: int, cy: int, cx: int, size: Tuple[int, int]) -> n
     return mask.astype(bool)
 
 
-def _draw(rng: np.random.Generator, size: Tuple[int, int], instances: Optional[list] = None):
-    """One image and its label map; with ``instances`` (a list), also appends ``(kind,
-    mask)`` for every shape in drawing order (kind 1..4; later shapes cover earlier ones)."""
+def _background(rng: np.random.Generator, size: Tuple[int, int]) -> np.ndarray:
+    """A random two-colour gradient with Gaussian noise (float, H x W x 3)."""
     H, W = size
     yy, xx = np.mgrid[0:H, 0:W].astype(np.float32)
     c0, c1 = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
     angle = rng.uniform(0, 2 * np.pi)
     t = ((np.cos(angle) * xx + np.sin(angle) * yy) / max(H, W) + 1) / 2
     img = c0[None, None] * (1 - t[..., None]) + c1[None, None] * t[..., None]
-    img += rng.normal(0, 12, img.shape)
+    return img + rng.normal(0, 12, img.shape)
+
+
+def _draw(rng: np.random.Generator, size: Tuple[int, int], instances: Optional[list] = None):
+    """One image and its label map; with ``instances`` (a list), also appends ``(kind,
+    mask)`` for every shape in drawing order (kind 1..4; later shapes cover earlier ones)."""
+    H, W = size
+    img = _background(rng, size)
     label = np.ones((H, W), np.uint8)               # 1 = background
     for _ in range(rng.integers(2, 5)):
         kind = int(rng.integers(1, len(CLASSES)))   # 1..4 -> label kind + 1
@@ -190,12 +196,7 @@ def make_toy_shapes_cls(root: str, num_train: int = 400, num_val: int = 60,
 def _draw_one(rng: np.random.Generator, size: Tuple[int, int], kind: int) -> np.ndarray:
     """An image with one shape of ``kind`` (1..4) as :func:`_draw` paints them."""
     H, W = size
-    yy, xx = np.mgrid[0:H, 0:W].astype(np.float32)
-    c0, c1 = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
-    angle = rng.uniform(0, 2 * np.pi)
-    t = ((np.cos(angle) * xx + np.sin(angle) * yy) / max(H, W) + 1) / 2
-    img = c0[None, None] * (1 - t[..., None]) + c1[None, None] * t[..., None]
-    img += rng.normal(0, 12, img.shape)
+    img = _background(rng, size)
     s = int(rng.integers(14, 26))                       # larger than the segmentation set's
     cy, cx = int(rng.integers(s // 2, H - s // 2)), int(rng.integers(s // 2, W - s // 2))
     m = _shape_mask(kind, s, cy, cx, (H, W))

@@ -6,6 +6,7 @@
 _base_ = [
     'mmseg::_base_/models/upernet_vit-b16_ln_mln.py',
     'mmseg::_base_/default_runtime.py',
+    './demo_schedule_adamw-2k.py',
 ]
 custom_imports = dict(imports=['amvim_mm', 'amvim_mm.datasets'], allow_failed_imports=False)
 
@@ -57,19 +58,6 @@ test_dataloader = val_dataloader
 val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
 test_evaluator = val_evaluator
 
-optim_wrapper = dict(
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-3, betas=(0.9, 0.999), weight_decay=0.01),
-    constructor='LayerDecayOptimWrapperConstructor',
-    paramwise_cfg=dict(layer_decay_rate=1.0))
-max_iters = 2000
-param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=100),
-    dict(type='PolyLR', eta_min=0.0, power=1.0, begin=100, end=max_iters, by_epoch=False),
-]
-train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=500)
-val_cfg = dict(type='ValLoop')
-test_cfg = dict(type='TestLoop')
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50, log_metric_by_epoch=False),
     checkpoint=dict(type='AtomicCheckpointHook', by_epoch=False, interval=500, max_keep_ckpts=2,

@@ -6,7 +6,7 @@
 # class token from scratch did not learn here: 30 % top-1 after 600 iterations at lr 3e-3,
 # chance 25 %, against 47 % with pooling.) AdamW lr 3e-3, wd 0.01, batch 8, 2000 iterations,
 # 100 warm-up iterations then poly decay. Single process.
-_base_ = ['mmpretrain::_base_/default_runtime.py']
+_base_ = ['mmpretrain::_base_/default_runtime.py', './demo_schedule_adamw-2k.py']
 custom_imports = dict(imports=['amvim_mm'], allow_failed_imports=False)
 
 embed_dims = 64
@@ -46,19 +46,7 @@ test_dataloader = val_dataloader
 val_evaluator = dict(type='Accuracy', topk=(1, ))
 test_evaluator = val_evaluator
 
-optim_wrapper = dict(
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=3e-3, betas=(0.9, 0.999), weight_decay=0.01),
-    constructor='LayerDecayOptimWrapperConstructor',
-    paramwise_cfg=dict(layer_decay_rate=1.0))
-max_iters = 2000
-param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=100),
-    dict(type='PolyLR', eta_min=0.0, power=1.0, begin=100, end=max_iters, by_epoch=False),
-]
-train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=500)
-val_cfg = dict(type='ValLoop')
-test_cfg = dict(type='TestLoop')
+optim_wrapper = dict(optimizer=dict(lr=3e-3))
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50, log_metric_by_epoch=False),
     checkpoint=dict(type='AtomicCheckpointHook', by_epoch=False, interval=500, max_keep_ckpts=2,

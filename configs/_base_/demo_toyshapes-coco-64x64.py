@@ -8,6 +8,7 @@
 _base_ = [
     'mmdet::_base_/models/retinanet_r50_fpn.py',
     'mmdet::_base_/default_runtime.py',
+    './demo_schedule_adamw-2k.py',
 ]
 custom_imports = dict(imports=['amvim_mm', 'amvim_mm.datasets'], allow_failed_imports=False)
 
@@ -59,19 +60,6 @@ val_evaluator = dict(type='CocoMetric', ann_file=data_root + '/annotations/insta
                      metric='bbox', format_only=False)
 test_evaluator = val_evaluator
 
-optim_wrapper = dict(
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-3, betas=(0.9, 0.999), weight_decay=0.01),
-    constructor='LayerDecayOptimWrapperConstructor',
-    paramwise_cfg=dict(layer_decay_rate=1.0))
-max_iters = 2000
-param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=100),
-    dict(type='PolyLR', eta_min=0.0, power=1.0, begin=100, end=max_iters, by_epoch=False),
-]
-train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=500)
-val_cfg = dict(type='ValLoop')
-test_cfg = dict(type='TestLoop')
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50, log_metric_by_epoch=False),
     checkpoint=dict(type='AtomicCheckpointHook', by_epoch=False, interval=500, max_keep_ckpts=2,

@@ -214,8 +214,7 @@ class ToMe(TokenReducer):
             ma = torch.gather(m, 1, a_idx.unsqueeze(-1).expand(-1, -1, d))
             mb = torch.gather(m, 1, b_idx.unsqueeze(-1).expand(-1, -1, d))
             scores = ma @ mb.transpose(1, 2)
-        node_max = scores.max(dim=-1).values
-        node_idx = (scores == node_max.unsqueeze(-1)).int().argmax(dim=-1)   # first maximum
+        node_max, node_idx = scores.max(dim=-1)      # ties: the first maximum (documented)
         edges = node_max.argsort(dim=-1, descending=True, stable=True)[:, :k]
         removed = torch.gather(a_idx, 1, edges)
         dst = torch.gather(b_idx, 1, torch.gather(node_idx, 1, edges))
