@@ -1,4 +1,5 @@
 from .local_vim import LocalVim
 from .vim import AMVim, Vim
+from .vmamba import VMamba
 
-__all__ = ['Vim', 'AMVim', 'LocalVim']
+__all__ = ['Vim', 'AMVim', 'LocalVim', 'VMamba']

@@ -206,7 +206,9 @@ class ToMe(TokenReducer):
                               f'{a_idx.shape[1] if b_idx.shape[1] else 0} can merge)')
         with torch.autocast(stream.hidden.device.type, enabled=False):
             m = stream.total().float()
-            if self.metric == 'norm_input':
+            if self.metric == 'norm_input' and hasattr(layer, 'merge_metric'):
+                m = layer.merge_metric(m).float()    # the block's own normalised input
+            elif self.metric == 'norm_input':
                 # cosine similarity of RMSNorm(x) = x / rms(x) * w: the 1 / rms cancels
                 m = m * layer.norm.weight.float()
             m = F.normalize(m, dim=-1)

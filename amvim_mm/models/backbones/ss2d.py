@@ -1,0 +1,211 @@
+"""VMamba's SS2D mixer: four cross-scan directions of one grid, as rank orders.
+
+The official ``SS2D`` (``forward_type='v05_noz'``, the final VMamba models) computes::
+
+    x = SiLU(dwconv3x3(in_proj(x)))                         (B, E, H, W), no z branch
+    xs_k = x in direction k's order                          k: row-major, column-major,
+                                                                and both reversed
+    dt_k, B_k, C_k = split(x_proj_k(xs_k)); dt_k = dt_projs_k(dt_k)
+    y_k = selective_scan(xs_k, dt_k, A_k, B_k, C_k, D_k, delta_bias=dt_projs_bias_k, softplus)
+    y = sum_k (y_k back in raster order)                     cross-merge: a SUM, not a mean
+    out = out_proj(out_norm(y))
+
+Vanilla VMamba (``'v0'``) adds the gate: ``in_proj`` gives ``2E`` channels, ``z = SiLU(z)``, the
+conv has a bias, and ``out = out_proj(out_norm(y) * z)``.
+
+Here the four directions are four :mod:`~amvim_mm.models.layout.scan_orders` (``raster``,
+``column``, each reversed), so the mixer runs on any set of present grid cells: the full grid
+(the official computation), or the survivors of token reduction inside a stage. The scan of all
+four directions is one selective-scan call over ``K * E`` channels with B and C grouped per
+direction (``(B, K, N, L)``), as the official code and the mamba-ssm kernel take it. Parameter
+names and shapes equal the official checkpoint keys (``x_proj_weight`` (K, R+2N, E),
+``dt_projs_weight`` (K, E, R), ``dt_projs_bias`` (K, E), ``A_logs`` (K*E, N), ``Ds`` (K*E)).
+
+Reduced sequences (token reduction, :class:`~amvim_mm.models.layout.scan_context.ScanContext`
+with ``full_grid=False``):
+
+* the depthwise 3x3 conv runs on a scattered grid: **decision**: pruned or merged-away cells
+  hold **zero** (the block then equals the full-grid block with zero input at those cells,
+  the same convention as the scan's hidden-state alignment; a merged token sits at its
+  destination's cell). An EViT fused token (no cell) sees no neighbours: the centre tap only.
+* each direction orders the present tokens by its own rank over the original grid; with ToP's
+  alignment the scan runs as if the absent cells were there with zero input (gap folding,
+  :func:`~amvim_mm.ops.selective_scan.aligned_selective_scan`), per direction.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from amvim_mm.errors import ConfigError
+from amvim_mm.ops.fused_mixer import autocast_dtype
+from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
+from ..layout.scan_context import ScanContext
+
+#: the four cross-scan directions of the official ``CrossScan`` (k = 0..3), as scan orders
+SS2D_DIRECTIONS = (dict(order='raster'), dict(order='column'),
+                   dict(order='raster', reverse=True), dict(order='column', reverse=True))
+#: forward types this module implements (the final models and Vanilla VMamba)
+FORWARD_TYPES = ('v05_noz', 'v0')
+
+
+class SS2D(nn.Module):
+    """The 2D selective-scan mixer of VMamba on a (B, L, d) channel-last token sequence.
+
+    Args:
+        d_model: stage width d.
+        d_state: SSM state size N (1 in the final models, 16 in v0).
+        ssm_ratio: E = int(ssm_ratio * d).
+        dt_rank: R (``None``: ceil(d / 16), the official "auto").
+        d_conv: depthwise conv size (3).
+        conv_bias: bias of the depthwise conv (v0: True).
+        forward_type: ``'v05_noz'`` (no gate) or ``'v0'`` (SiLU(z) gate).
+        scan_backend: selective-scan backend (``None``: automatic, see ``amvim_mm.ops``).
+    """
+
+    num_directions = len(SS2D_DIRECTIONS)
+
+    def __init__(self, d_model: int, d_state: int = 1, ssm_ratio: float = 1.0,
+                 dt_rank: Optional[int] = None, d_conv: int = 3, conv_bias: bool = False,
+                 forward_type: str = 'v05_noz', scan_backend: Optional[str] = None,
+                 dt_min: float = 0.001, dt_max: float = 0.1,
+                 dt_init_floor: float = 1e-4) -> None:
+        super().__init__()
+        if forward_type not in FORWARD_TYPES:
+            raise ConfigError(f'SS2D: forward_type must be one of {FORWARD_TYPES}, got '
+                              f'{forward_type!r}')
+        if d_conv < 1 or d_conv % 2 == 0:
+            raise ConfigError(f'SS2D: d_conv must be a positive odd int, got {d_conv!r}')
+        self.forward_type = forward_type
+        self.gated = forward_type == 'v0'
+        self.d_model = d_model
+        self.d_state = N = d_state
+        self.d_inner = E = int(ssm_ratio * d_model)
+        self.dt_rank = R = dt_rank if dt_rank is not None else math.ceil(d_model / 16)
+        self.scan_backend = scan_backend
+        self.dt_init_range = (dt_min, dt_max, dt_init_floor)
+        K = self.num_directions
+        self.in_proj = nn.Linear(d_model, 2 * E if self.gated else E, bias=False)
+        self.conv2d = nn.Conv2d(E, E, d_conv, padding=d_conv // 2, groups=E, bias=conv_bias)
+        self.x_proj_weight = nn.Parameter(torch.empty(K, R + 2 * N, E))
+        self.dt_projs_weight = nn.Parameter(torch.empty(K, E, R))
+        self.dt_projs_bias = nn.Parameter(torch.empty(K, E))
+        self.A_logs = nn.Parameter(torch.empty(K * E, N))
+        self.Ds = nn.Parameter(torch.empty(K * E))
+        self.out_norm = nn.LayerNorm(E)
+        self.out_proj = nn.Linear(E, d_model, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The official ``mamba_init`` (v0 scheme): dt weights U(-R^-0.5, R^-0.5), dt bias the
+        inverse softplus of a log-uniform step in [dt_min, dt_max], S4D-real ``A_logs``,
+        ``Ds = 1``, ``x_proj_weight`` as PyTorch's default ``nn.Linear`` init; the linear
+        layers trunc-normal std 0.02 (``VSSM._init_weights``)."""
+        K, E, R, N = self.num_directions, self.d_inner, self.dt_rank, self.d_state
+        dt_min, dt_max, floor = self.dt_init_range
+        with torch.no_grad():
+            bound = 1 / math.sqrt(E)
+            self.x_proj_weight.uniform_(-bound, bound)
+            self.dt_projs_weight.uniform_(-R**-0.5, R**-0.5)
+            dt = torch.exp(torch.rand(K, E) * (math.log(dt_max) - math.log(dt_min))
+                           + math.log(dt_min)).clamp(min=floor)
+            self.dt_projs_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+            self.A_logs.copy_(torch.log(torch.arange(1, N + 1, dtype=torch.float32))
+                              .repeat(K * E, 1))
+            self.Ds.fill_(1.0)
+        for lin in (self.in_proj, self.out_proj):
+            nn.init.trunc_normal_(lin.weight, std=.02)
+        self.conv2d.reset_parameters()
+        self.out_norm.reset_parameters()
+
+    # ------------------------------------------------------------------ pieces
+    def grid_conv(self, x: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
+        """Depthwise conv + SiLU of (B, L, E) tokens on their grid cells -> (B, L, E)."""
+        B, L, E = x.shape
+        H, W = ctx.grid
+        w, b = self.conv2d.weight, self.conv2d.bias
+        if ctx.full_grid:
+            g = x.transpose(1, 2).reshape(B, E, H, W)
+            out = F.conv2d(g, w, b, padding=self.conv2d.padding, groups=E)
+            return F.silu(out.flatten(2).transpose(1, 2))
+        pos = ctx.pos if ctx.pos.dim() == 2 else ctx.pos.expand(B, -1)
+        cell = torch.where(pos >= 0, pos, torch.full_like(pos, H * W))   # extras -> a spare row
+        buf = x.new_zeros(B, H * W + 1, E)
+        buf.scatter_(1, cell.unsqueeze(-1).expand(-1, -1, E), x)
+        g = buf[:, :H * W].transpose(1, 2).reshape(B, E, H, W)
+        out = F.conv2d(g, w, b, padding=self.conv2d.padding, groups=E).flatten(2)
+        out = torch.cat([out, out.new_zeros(B, E, 1)], 2)
+        out = torch.gather(out, 2, cell.unsqueeze(1).expand(-1, E, -1)).transpose(1, 2)
+        if not bool(ctx.has_fused):
+            return F.silu(out)
+        # tokens without a cell (EViT's fused token): the centre tap only
+        c = self.conv2d.kernel_size[0] // 2
+        alone = x * w[:, 0, c, c].to(x.dtype) + (0 if b is None else b.to(x.dtype))
+        return F.silu(torch.where((pos >= 0).unsqueeze(-1), out, alone))
+
+    def scan(self, x: torch.Tensor, ctx: ScanContext, paths: Sequence) -> List[torch.Tensor]:
+        """Cross-scan, per-direction projections, one grouped selective scan, and the outputs
+        of the directions back in token order: K tensors (B, E, L)."""
+        B, L, E = x.shape
+        K, N, R = self.num_directions, self.d_state, self.dt_rank
+        x_cf = x.transpose(1, 2)                                            # (B, E, L)
+        indices = [ctx.path_index(p) for p in paths]
+        xs = torch.stack([idx.to_path_cf(x_cf) for idx in indices], 1)      # (B, K, E, L)
+        x_dbl = torch.einsum('bkel,kce->bkcl', xs, self.x_proj_weight.to(xs.dtype))
+        dts, Bs, Cs = torch.split(x_dbl, [R, N, N], dim=2)
+        dts = torch.einsum('bkrl,ker->bkel', dts, self.dt_projs_weight.to(dts.dtype))
+        u = xs.reshape(B, K * E, L)
+        delta = dts.reshape(B, K * E, L)
+        A = -torch.exp(self.A_logs.float())
+        D = self.Ds.float()
+        bias = self.dt_projs_bias.float().reshape(-1)
+        Bs, Cs = Bs.float().contiguous(), Cs.float().contiguous()
+        gaps = [ctx.path_gaps(p) for p in paths]
+        if gaps[0] is None:
+            y = selective_scan_fn(u.float(), delta.float(), A, Bs, Cs, D, None,
+                                  delta_bias=bias, delta_softplus=True,
+                                  backend=self.scan_backend)
+        else:
+            if ctx.align == 'bias':
+                step = F.softplus(bias).view(1, K, E, 1)
+            else:   # the next kept token's own step size
+                step = F.softplus(delta.float() + bias[None, :, None]).view(B, K, E, L)
+            g = torch.stack(gaps, 1).to(torch.float32).unsqueeze(2)         # (B, K, 1, L)
+            y = aligned_selective_scan(u.float(), delta.float(), A, Bs, Cs, D, None,
+                                       delta_bias=bias,
+                                       gap_delta=(g * step).reshape(B, K * E, L),
+                                       backend=self.scan_backend)
+        y = y.view(B, K, E, L)
+        return [idx.to_tokens_cf(y[:, k]) for k, idx in enumerate(indices)]
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: torch.Tensor, ctx: ScanContext,
+                paths: Sequence = SS2D_DIRECTIONS) -> torch.Tensor:
+        """(B, L, d) tokens of the grid cells in ``ctx`` -> (B, L, d)."""
+        if len(paths) != self.num_directions:
+            raise ConfigError(f'SS2D has {self.num_directions} directions, got {len(paths)} '
+                              'scan orders')
+        x = self.in_proj(x)
+        z = None
+        if self.gated:
+            x, z = x.chunk(2, dim=-1)
+            z = F.silu(z)
+        x = self.grid_conv(x, ctx)
+        ys = self.scan(x, ctx, paths)
+        if ctx.want_importance:
+            # ToP importance: sum over channels of max(0, y), all directions, token order
+            ctx.importance = sum(y.clamp_min(0).sum(1) for y in ys).detach()
+        y = ys[0]
+        for t in ys[1:]:
+            y = y + t                                                       # cross-merge: sum
+        y = y.transpose(1, 2)
+        if autocast_dtype(y.device.type) is None:  # fp32 scan output, a 16-bit model's norm
+            y = y.to(self.out_norm.weight.dtype)
+        y = self.out_norm(y)
+        if z is not None:
+            y = y * z
+        return self.out_proj(y)

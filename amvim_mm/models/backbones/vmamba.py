@@ -1,0 +1,565 @@
+"""VMamba (Liu et al., NeurIPS 2024): a hierarchical backbone of SS2D blocks, with token
+reduction inside one stage.
+
+Data flow (channel-last inside, NCHW maps out)::
+
+    image -> patch embed (stride 4) -> stage 0 -> downsample -> stage 1 -> ... -> stage 3
+    stage i: tokens (B, H_i * W_i, C_i) on the grid -> VSSBlock x depth_i
+             VSSBlock: x = x + drop_path(SS2D(LN(x))); x = x + drop_path(MLP(LN2(x)))
+    out_indices: stage i's output BEFORE its downsample, through ``outnorm{i}`` (NCHW)
+
+Parameter names equal the official classification checkpoint keys (``patch_embed.{0,2,5,7}``,
+``layers.{i}.blocks.{j}.{norm,op,norm2,mlp}``, ``layers.{i}.downsample.{1,3}``,
+``classifier.norm``), so an official ``{'model': ...}`` file loads strictly; the dense outputs
+add ``outnorm{i}`` as the official ``Backbone_VSSM`` does. The official channel-first layout
+and this channel-last one are the same computation (LayerNorm over channels, 1x1 "Linear2d" =
+``nn.Linear``).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.logging import MMLogger
+from mmengine.model import BaseModule
+
+from amvim_mm.errors import CheckpointMismatchError, ConfigError, LookupConfigError
+from amvim_mm.ops.backends import check_backend_usable
+from amvim_mm.registry import MODELS
+from amvim_mm.token_layout import NO_CLS
+from amvim_mm.utils.checkpoint import load_backbone_checkpoint
+from ..layout.scan_context import ScanContext
+from ..reduction import ReductionSession, build_reducer, restore_grid
+from .drop import DropPath
+from .ss2d import FORWARD_TYPES, SS2D, SS2D_DIRECTIONS
+
+_FINAL = dict(d_state=1, mlp_ratio=4.0, forward_type='v05_noz', patch_embed='v2',
+              downsample='v3', conv_bias=False)
+_VANILLA = dict(d_state=16, ssm_ratio=2.0, mlp_ratio=0.0, forward_type='v0', patch_embed='v1',
+                downsample='v1', conv_bias=True)
+
+#: the released models (official config names in brackets); see configs/vmamba/README.md
+VMAMBA_ARCHS = {
+    # published VMamba-T/S/B (NeurIPS 2024): s1l8 / s2l15 / s2l15
+    'tiny': dict(aliases=('tiny', 't', 'tiny-s1l8'), embed_dims=96, depths=(2, 2, 8, 2),
+                 ssm_ratio=1.0, **_FINAL),                       # vssm1_tiny_0230s
+    'small': dict(aliases=('small', 's', 'small-s2l15'), embed_dims=96, depths=(2, 2, 15, 2),
+                  ssm_ratio=2.0, **_FINAL),                      # vssm1_small_0229
+    'base': dict(aliases=('base', 'b', 'base-s2l15'), embed_dims=128, depths=(2, 2, 15, 2),
+                 ssm_ratio=2.0, **_FINAL),                       # vssm1_base_0229
+    # the other released variants of the v2 family
+    'tiny-s2l5': dict(embed_dims=96, depths=(2, 2, 5, 2), ssm_ratio=2.0, **_FINAL),
+    'small-s1l20': dict(embed_dims=96, depths=(2, 2, 20, 2), ssm_ratio=1.0, **_FINAL),
+    'base-s1l20': dict(embed_dims=128, depths=(2, 2, 20, 2), ssm_ratio=1.0, **_FINAL),
+    # Vanilla VMamba (v0): gated SS2D, d_state 16, no MLP, PatchMerging
+    'vanilla-tiny': dict(embed_dims=96, depths=(2, 2, 9, 2), **_VANILLA),
+    'vanilla-small': dict(embed_dims=96, depths=(2, 2, 27, 2), **_VANILLA),
+    'vanilla-base': dict(embed_dims=128, depths=(2, 2, 27, 2), **_VANILLA),
+    # a small architecture so that every code path runs on a CPU in well under a second
+    'test': dict(embed_dims=16, depths=(1, 1, 2, 1), ssm_ratio=1.0, **_FINAL),
+}
+REQUIRED_ARCH_KEYS = frozenset({'embed_dims', 'depths'})
+ARCH_DEFAULTS = dict(ssm_ratio=1.0, dt_rank=None, **_FINAL)
+OUT_TYPES = ('featmap', 'avg_featmap')
+
+
+def _arch_settings(arch: Union[str, dict]) -> Dict[str, object]:
+    """Resolve ``arch`` (a zoo name/alias or a custom dict) and validate every value."""
+    if isinstance(arch, str):
+        aliases = {a: k for k, v in VMAMBA_ARCHS.items() for a in v.get('aliases', (k, ))}
+        key = aliases.get(arch.lower())
+        if key is None:
+            raise LookupConfigError(f'unknown VMamba arch {arch!r}; choose one of '
+                                    f'{sorted(aliases)} or pass a dict with the keys '
+                                    f'{sorted(REQUIRED_ARCH_KEYS)}')
+        cfg = {k: v for k, v in VMAMBA_ARCHS[key].items() if k != 'aliases'}
+        cfg.setdefault('dt_rank', None)
+        return cfg
+    if not isinstance(arch, dict):
+        raise ConfigError(f'VMamba arch must be a name or a dict, got {type(arch).__name__}')
+    missing = REQUIRED_ARCH_KEYS - set(arch)
+    unknown = set(arch) - REQUIRED_ARCH_KEYS - set(ARCH_DEFAULTS)
+    if missing or unknown:
+        raise ConfigError(
+            f'custom VMamba arch {arch!r}: '
+            + (f'missing keys {sorted(missing)}; ' if missing else '')
+            + (f'unknown keys {sorted(unknown)}; ' if unknown else '')
+            + f'required {sorted(REQUIRED_ARCH_KEYS)}, optional {sorted(ARCH_DEFAULTS)}')
+    cfg = dict(ARCH_DEFAULTS)
+    cfg.update(arch)
+
+    def bad(k, what):
+        return ConfigError(f'custom VMamba arch: {k} must be {what}, got {cfg[k]!r}')
+
+    if not _is_int(cfg['embed_dims']) or cfg['embed_dims'] < 1:
+        raise bad('embed_dims', 'a positive int')
+    d = cfg['depths']
+    if not isinstance(d, (list, tuple)) or len(d) != 4 or \
+            not all(_is_int(x) and x >= 1 for x in d):
+        raise bad('depths', 'four positive ints (blocks per stage)')
+    cfg['depths'] = tuple(int(x) for x in d)
+    if not _is_int(cfg['d_state']) or cfg['d_state'] < 1:
+        raise bad('d_state', 'a positive int')
+    for k in ('ssm_ratio', 'mlp_ratio'):
+        if isinstance(cfg[k], bool) or not isinstance(cfg[k], numbers.Real) or cfg[k] < 0:
+            raise bad(k, 'a non-negative number')
+    if cfg['ssm_ratio'] * cfg['embed_dims'] < 1:
+        raise bad('ssm_ratio', 'large enough for at least one inner channel')
+    if cfg['dt_rank'] is not None and (not _is_int(cfg['dt_rank']) or cfg['dt_rank'] < 1):
+        raise bad('dt_rank', 'a positive int or None (ceil(dim / 16) per stage)')
+    if cfg['forward_type'] not in FORWARD_TYPES:
+        raise bad('forward_type', f'one of {FORWARD_TYPES}')
+    if cfg['patch_embed'] not in ('v1', 'v2'):
+        raise bad('patch_embed', "'v1' or 'v2'")
+    if cfg['downsample'] not in ('v1', 'v3'):
+        raise bad('downsample', "'v1' or 'v3'")
+    if not isinstance(cfg['conv_bias'], bool):
+        raise bad('conv_bias', 'a bool')
+    return cfg
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+# ---------------------------------------------------------------------------------------------
+# layers (channel-last)
+# ---------------------------------------------------------------------------------------------
+class _ToLast(nn.Module):
+    """NCHW -> NHWC (the official ``Permute(0, 2, 3, 1)``; holds no weights)."""
+
+    def forward(self, x):
+        return x.permute(0, 2, 3, 1)
+
+
+class _ToFirst(nn.Module):
+    """NHWC -> NCHW."""
+
+    def forward(self, x):
+        return x.permute(0, 3, 1, 2)
+
+
+def patch_embed_v2(in_channels: int, dims: int, patch_size: int = 4) -> nn.Sequential:
+    """conv k3 s2 -> LN -> GELU -> conv k3 s2 -> LN (indices as the official Sequential)."""
+    if patch_size != 4:
+        raise ConfigError(f'VMamba patch embed v2 has stride 4, got patch_size={patch_size}')
+    return nn.Sequential(
+        nn.Conv2d(in_channels, dims // 2, 3, 2, 1), _ToLast(), nn.LayerNorm(dims // 2),
+        _ToFirst(), nn.GELU(), nn.Conv2d(dims // 2, dims, 3, 2, 1), _ToLast(),
+        nn.LayerNorm(dims))
+
+
+def patch_embed_v1(in_channels: int, dims: int, patch_size: int = 4) -> nn.Sequential:
+    """conv k4 s4 -> LN (Vanilla VMamba)."""
+    return nn.Sequential(nn.Conv2d(in_channels, dims, patch_size, patch_size), _ToLast(),
+                         nn.LayerNorm(dims))
+
+
+def downsample_v3(dim: int, out_dim: int) -> nn.Sequential:
+    """conv k3 s2 p1 -> LN on NHWC input (odd sizes round up)."""
+    return nn.Sequential(_ToFirst(), nn.Conv2d(dim, out_dim, 3, 2, 1), _ToLast(),
+                         nn.LayerNorm(out_dim))
+
+
+class PatchMerging2D(nn.Module):
+    """Swin's patch merging on NHWC input (Vanilla VMamba's downsample): 2x2 neighbours
+    concatenated (odd sizes zero-padded), LN, linear 4C -> 2C."""
+
+    def __init__(self, dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.reduction = nn.Linear(4 * dim, out_dim, bias=False)
+        self.norm = nn.LayerNorm(4 * dim)
+
+    def forward(self, x):
+        H, W = x.shape[1:3]
+        if H % 2 or W % 2:
+            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
+        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]],
+                      -1)
+        return self.reduction(self.norm(x))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class VSSBlock(nn.Module):
+    """``x = x + drop_path(op(norm(x))); x = x + drop_path(mlp(norm2(x)))`` on (B, L, d)
+    tokens (the MLP half is absent when ``mlp_ratio == 0``, Vanilla VMamba)."""
+
+    def __init__(self, dim: int, drop_path: float, mlp_ratio: float, norm_eps: float,
+                 **ss2d_kwargs) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.op = SS2D(dim, **ss2d_kwargs)
+        self.drop_path = DropPath(drop_path)
+        self.mlp_branch = mlp_ratio > 0
+        if self.mlp_branch:
+            self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+            self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def merge_metric(self, x: torch.Tensor) -> torch.Tensor:
+        """ToMe's similarity features of this block's input: its normalised input."""
+        return self.norm(x)
+
+    def forward(self, x: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
+        x = x + self.drop_path(self.op(self.norm(x), ctx))
+        if self.mlp_branch:
+            x = x + self.drop_path(self.mlp(self.norm2(x)))
+        return x
+
+
+class VSSLayer(nn.Module):
+    """One stage: ``blocks`` and its ``downsample`` (Identity in the last stage)."""
+
+    def __init__(self, blocks: List[VSSBlock], downsample: nn.Module) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.downsample = downsample
+
+
+# ---------------------------------------------------------------------------------------------
+# the backbone
+# ---------------------------------------------------------------------------------------------
+@MODELS.register_module()
+class VMamba(BaseModule):
+    """VMamba (SS2D, hierarchical) for classification, segmentation and detection.
+
+    Args:
+        arch: ``'tiny'`` (= s1l8, the published VMamba-T), ``'small'`` / ``'base'`` (= s2l15),
+            ``'tiny-s2l5'``, ``'small-s1l20'``, ``'base-s1l20'``, ``'vanilla-tiny'`` /
+            ``'vanilla-small'`` / ``'vanilla-base'`` (v0), ``'test'``; or a dict with
+            ``embed_dims`` and ``depths`` (four ints) and optionally ``ssm_ratio``,
+            ``d_state``, ``dt_rank`` (None: ceil(dim / 16) per stage), ``mlp_ratio``,
+            ``forward_type`` (``'v05_noz'`` / ``'v0'``), ``patch_embed`` (``'v2'``/``'v1'``),
+            ``downsample`` (``'v3'``/``'v1'``), ``conv_bias``.
+        in_channels: image channels.
+        out_indices: stages whose outputs are returned (negatives count from the end).
+        out_type: ``'featmap'`` (default; dense tasks): for each out index an NCHW map of
+            stage ``i``'s output before its downsample, through ``outnorm{i}`` (strides 4, 8,
+            16, 32), as the official ``Backbone_VSSM``. ``'avg_featmap'`` (classification,
+            ``out_indices=(3,)`` only): the official classifier's ``norm`` and global average
+            pool, a (B, 8C) vector for mmpretrain's ``LinearClsHead`` (the checkpoint's
+            ``classifier.norm`` is loaded into it).
+        drop_path_rate: stochastic depth, ``linspace(0, rate, sum(depths))`` over all blocks
+            (official: T 0.2, S 0.3, B 0.6 for ImageNet training).
+        frozen_stages: -1 none; 0 the patch embed; ``k >= 1`` also stages ``0..k-1`` and their
+            downsamples (and their output norms).
+        norm_eps: epsilon of every LayerNorm (1e-5 as the official code).
+        scan_backend: selective-scan backend (``None``: automatic).
+        token_reduction: a reducer config (``dict(type='ToMe', ratio=0.27)``, ``RandomPrune``,
+            ``EViT``, ``ToP``) applied inside the blocks of stage ``reduction_stage``; its
+            schedule counts that stage's blocks (``locations`` / ``r`` per block of the stage)
+            and its tokens (a 14 x 14 grid at 224). The full grid is restored (merged tokens
+            copied to their cells, pruned cells get their feature at the pruning block) before
+            the stage's downsample and at its output. ``self.token_counts`` holds the tokens
+            each block of the last forward saw.
+        reduction_stage: the stage that token reduction acts in (default 2, the third stage:
+            ToP-ViM and the Swin pruning works; 57 % (T) to 71 % (S, B) of the block FLOPs).
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads an official VMamba file
+            (``{'model': ...}``, keys of the official classification ``VSSM``) or one of ours
+            strictly; ``classifier.head`` is never a backbone weight, ``classifier.norm`` is
+            loaded only for ``out_type='avg_featmap'``; output norms absent from the file keep
+            their default (weight 1, bias 0) and are named in the log. A missing or empty
+            checkpoint path is an error, never a silent random start.
+    """
+
+    arch_zoo = VMAMBA_ARCHS
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 in_channels: int = 3,
+                 out_indices: Union[int, Sequence[int]] = (0, 1, 2, 3),
+                 out_type: str = 'featmap',
+                 drop_path_rate: float = 0.,
+                 frozen_stages: int = -1,
+                 norm_eps: float = 1e-5,
+                 scan_backend: Optional[str] = None,
+                 token_reduction: Optional[dict] = None,
+                 reduction_stage: int = 2,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=copy.deepcopy(init_cfg))
+        name = type(self).__name__
+        self.arch_settings = cfg = _arch_settings(arch)
+        C = cfg['embed_dims']
+        self.depths = depths = cfg['depths']
+        self.num_stages = len(depths)
+        self.dims = [C * 2 ** i for i in range(self.num_stages)]
+        self.embed_dims = C
+        self.num_layers = sum(depths)
+        if out_type not in OUT_TYPES:
+            raise ConfigError(f'{name}: out_type must be one of {OUT_TYPES}, got {out_type!r}')
+        self.out_type = out_type
+        if not _is_int(in_channels) or in_channels < 1:
+            raise ConfigError(f'{name}: in_channels must be a positive int, got '
+                              f'{in_channels!r}')
+        if isinstance(drop_path_rate, bool) or not isinstance(drop_path_rate, numbers.Real) \
+                or not 0 <= drop_path_rate < 1:
+            raise ConfigError(f'{name}: drop_path_rate must be a number in [0, 1), got '
+                              f'{drop_path_rate!r}')
+        if not _is_int(frozen_stages) or frozen_stages < -1:
+            raise ConfigError(f'{name}: frozen_stages must be an int >= -1, got '
+                              f'{frozen_stages!r}')
+        self.out_indices = self._resolve_out_indices(out_indices)
+        if out_type == 'avg_featmap' and self.out_indices != [self.num_stages - 1]:
+            raise ConfigError(f'{name}: out_type="avg_featmap" is the classifier input and '
+                              f'needs out_indices=({self.num_stages - 1},), got '
+                              f'{out_indices!r}')
+        if not _is_int(reduction_stage) or not 0 <= reduction_stage < self.num_stages:
+            raise ConfigError(f'{name}: reduction_stage must be a stage index 0..'
+                              f'{self.num_stages - 1}, got {reduction_stage!r}')
+        self.reduction_stage = int(reduction_stage)
+        check_backend_usable(scan_backend, name)
+        self.in_channels = in_channels
+
+        embed = patch_embed_v2 if cfg['patch_embed'] == 'v2' else patch_embed_v1
+        self.patch_embed = embed(in_channels, C)
+        dpr = [x.item() for x in torch.linspace(0, drop_path_rate, self.num_layers)]
+        self.layers = nn.ModuleList()
+        for i, depth in enumerate(depths):
+            d = self.dims[i]
+            ss2d = dict(d_state=cfg['d_state'], ssm_ratio=cfg['ssm_ratio'],
+                        dt_rank=cfg['dt_rank'] if cfg['dt_rank'] is not None
+                        else math.ceil(d / 16),
+                        conv_bias=cfg['conv_bias'], forward_type=cfg['forward_type'],
+                        scan_backend=scan_backend)
+            start = sum(depths[:i])
+            blocks = [VSSBlock(d, dpr[start + j], cfg['mlp_ratio'], norm_eps, **ss2d)
+                      for j in range(depth)]
+            if i == self.num_stages - 1:
+                down = nn.Identity()
+            elif cfg['downsample'] == 'v3':
+                down = downsample_v3(d, self.dims[i + 1])
+            else:
+                down = PatchMerging2D(d, self.dims[i + 1])
+            self.layers.append(VSSLayer(blocks, down))
+        if out_type == 'featmap':
+            for i in self.out_indices:
+                self.add_module(f'outnorm{i}', nn.LayerNorm(self.dims[i], eps=norm_eps))
+        else:
+            self.classifier = nn.Module()
+            self.classifier.norm = nn.LayerNorm(self.dims[-1], eps=norm_eps)
+        self.frozen_stages = frozen_stages
+        self._register_load_state_dict_pre_hook(self._official_keys)
+        self.reset_weights()
+        self._freeze_stages()
+        self.token_counts: List[int] = []
+        self.set_token_reduction(token_reduction)
+
+    def _resolve_out_indices(self, out_indices) -> List[int]:
+        name = type(self).__name__
+        if _is_int(out_indices):
+            out_indices = [out_indices]
+        if not isinstance(out_indices, Sequence) or isinstance(out_indices, (str, bytes)) \
+                or len(out_indices) == 0 or not all(_is_int(i) for i in out_indices):
+            raise ConfigError(f'{name}: out_indices must be an int or a non-empty sequence of '
+                              f'ints, got {out_indices!r}')
+        resolved = []
+        for i in map(int, out_indices):
+            j = self.num_stages + i if i < 0 else i
+            if not 0 <= j < self.num_stages:
+                raise ConfigError(f'{name}: out_indices {i} is out of range for '
+                                  f'{self.num_stages} stages')
+            resolved.append(j)
+        return sorted(set(resolved))
+
+    # ----------------------------------------------------------------- init and loading
+    def reset_weights(self) -> None:
+        """The official initialisation: trunc-normal(0.02) linear layers with zero bias,
+        LayerNorms (1, 0), PyTorch's default convs, and SS2D's ``mamba_init``."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Conv2d):
+                m.reset_parameters()
+        for m in self.modules():
+            if isinstance(m, SS2D):
+                m.reset_parameters()
+
+    def init_weights(self) -> None:
+        """Load ``init_cfg=dict(type='Pretrained', checkpoint=...)`` strictly, or initialise.
+
+        As for the Vim family, a parent's generic ``init_cfg`` (e.g. TruncNormal on every
+        Linear) has run before this; the backbone restores its own initialisation first.
+        mmengine's stock ``Pretrained`` reads ``state_dict`` only; official VMamba files hold
+        ``model``, which :func:`~amvim_mm.utils.checkpoint.load_backbone_checkpoint` reads.
+        """
+        cfg = self.init_cfg
+        self.reset_weights()
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            unknown = set(cfg) - {'type', 'checkpoint', 'strict', 'prefix', 'map_location'}
+            if unknown:
+                raise ConfigError(f'{type(self).__name__}: init_cfg of type Pretrained does not '
+                                  f'take {sorted(unknown)}')
+            ckpt = cfg.get('checkpoint')
+            if not isinstance(ckpt, str) or not ckpt.strip():
+                raise ConfigError(f'{type(self).__name__}: init_cfg of type Pretrained needs '
+                                  f'"checkpoint" (a file path), got {ckpt!r}; use '
+                                  'init_cfg=None to train from scratch')
+            load_backbone_checkpoint(self, ckpt, strict=cfg.get('strict', True),
+                                     prefix=cfg.get('prefix'))
+            self._is_init = True
+            return
+        super().init_weights()
+
+    def _official_keys(self, state_dict, prefix, *args, **kwargs) -> None:
+        """Load pre-hook: official files into this layout, exactly.
+
+        - the official loader's old names (``patch_embed.proj`` -> ``.0``, ``patch_embed.norm``
+          -> ``.2``, ``ln_1`` -> ``norm``, ``self_attention`` -> ``op``, ``norm`` ->
+          ``classifier.norm``, ``head`` -> ``classifier.head``) and the single-file model's
+          ``x_proj.weight`` (K*(R+2N), E, 1) / ``dt_projs.weight`` (K*E, R, 1);
+        - ``classifier.head.*`` is dropped (a classification head, not a backbone weight);
+          ``classifier.norm.*`` is dropped unless ``out_type='avg_featmap'``;
+        - output norms absent from an official file (it has none) keep this model's values
+          (weight 1, bias 0 after initialisation), logged by name.
+        """
+        keys = [k for k in state_dict if k.startswith(prefix)]
+        if not keys:
+            return
+        renames = (('patch_embed.proj.', 'patch_embed.0.'), ('patch_embed.norm.', 'patch_embed.2.'),
+                   ('head.', 'classifier.head.'), ('norm.', 'classifier.norm.'))
+        for k in keys:
+            rest = k[len(prefix):]
+            new = rest.replace('.ln_1.', '.norm.').replace('.self_attention.', '.op.')
+            for old, repl in renames:
+                if new.startswith(old):
+                    new = repl + new[len(old):]
+                    break
+            v = state_dict.pop(k)
+            if new.endswith('.op.x_proj.weight') or new.endswith('.op.dt_projs.weight'):
+                base = new.rsplit('.', 2)[0]
+                K = SS2D.num_directions
+                if new.endswith('x_proj.weight'):
+                    new, v = base + '.x_proj_weight', v.reshape(K, -1, v.shape[1])
+                else:
+                    new, v = base + '.dt_projs_weight', v.reshape(K, -1, v.shape[1])
+            if new.startswith('classifier.head.') or \
+                    (new.startswith('classifier.norm.') and self.out_type != 'avg_featmap'):
+                continue
+            state_dict[prefix + new] = v
+        own = [n for n in dict(self.named_parameters()) if n.startswith('outnorm')]
+        if own and not any(prefix + n in state_dict for n in own) and \
+                any(prefix + k in state_dict for k in ('patch_embed.0.weight', )):
+            for n in own:
+                state_dict[prefix + n] = self.get_parameter(n).detach().clone()
+            MMLogger.get_current_instance().info(
+                f'{type(self).__name__}: the checkpoint has no output norms; {own} keep their '
+                'initial values (weight 1, bias 0) as in the official Backbone_VSSM')
+
+    # ----------------------------------------------------------------- training helpers
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages < 0:
+            return
+        frozen = [self.patch_embed]
+        for i in range(min(self.frozen_stages, self.num_stages)):
+            frozen.append(self.layers[i])
+            if hasattr(self, f'outnorm{i}'):
+                frozen.append(getattr(self, f'outnorm{i}'))
+        for m in frozen:
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
+        """Layer depth for layer-wise learning-rate decay (mmpretrain's Swin convention).
+
+        ``num_layers = sum(depths) + 2``: the patch embed is 0, block ``j`` of stage ``i`` is
+        ``sum(depths[:i]) + j + 1``, a stage's downsample belongs to its last block, and the
+        output norms / classifier norm are the last.
+        """
+        num_layers = self.num_layers + 2
+        if not param_name.startswith(prefix):
+            return num_layers - 1, num_layers
+        name = param_name[len(prefix):]
+        if name.startswith('patch_embed'):
+            return 0, num_layers
+        if name.startswith('layers.'):
+            parts = name.split('.')
+            i = int(parts[1])
+            if parts[2] == 'blocks':
+                return sum(self.depths[:i]) + int(parts[3]) + 1, num_layers
+            return sum(self.depths[:i + 1]), num_layers
+        return num_layers - 1, num_layers
+
+    # ----------------------------------------------------------------- token reduction
+    def set_token_reduction(self, cfg: Optional[dict]) -> None:
+        """Switch token reduction in stage ``reduction_stage`` on (a config or reducer) or off
+        (``None``); the schedule is validated for a 224 x 224 input."""
+        reducer = build_reducer(cfg)
+        if reducer is not None:
+            s = self.reduction_stage
+            side = math.ceil(224 / 4 / 2 ** s)
+            try:
+                reducer.removals(side * side, self.depths[s])
+            except ConfigError as e:
+                raise type(e)(f'{e} [{type(self).__name__} stage {s}: {side * side} tokens at '
+                              f'224, {self.depths[s]} blocks]') from None
+        self.token_reducer = reducer
+
+    # ----------------------------------------------------------------- forward
+    def check_images(self, x: torch.Tensor) -> None:
+        name = type(self).__name__
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[0] == 0 \
+                or x.shape[1] != self.in_channels:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ConfigError(f'{name}: expected images (B >= 1, {self.in_channels}, H, W), '
+                              f'got {shape}')
+        if x.shape[2] < 4 or x.shape[3] < 4:
+            raise ConfigError(f'{name}: the input {tuple(x.shape[2:])} is smaller than one '
+                              '4 x 4 patch')
+
+    def run_stage(self, i: int, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
+        """Stage ``i``'s blocks on (B, H, W, C) -> (B, H, W, C) (full grid, restored after a
+        token reduction)."""
+        B, H, W, C = x.shape
+        tokens = x.reshape(B, H * W, C)
+        ctx = ScanContext((H, W), cls_index=NO_CLS, device=x.device)
+        reducer = self.token_reducer if i == self.reduction_stage else None
+        session = ReductionSession(reducer, ctx, tokens, self.depths[i], self.training)
+        for j, blk in enumerate(self.layers[i].blocks):
+            tokens, _, _ = session.before_block(j, blk, tokens, None, fused=False)
+            counts.append(tokens.shape[1])
+            tokens = blk(tokens, session.ctx)
+        if session.ctx.reduced:
+            tokens = restore_grid(session.ctx, tokens)
+        self.last_context = session.ctx if reducer is not None else None
+        return tokens.reshape(B, H, W, C)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        self.check_images(x)
+        x = self.patch_embed(x)                              # (B, H/4, W/4, C)
+        outs, counts = [], []
+        for i, layer in enumerate(self.layers):
+            x = self.run_stage(i, x, counts)
+            if i in self.out_indices:
+                if self.out_type == 'featmap':
+                    outs.append(getattr(self, f'outnorm{i}')(x).permute(0, 3, 1, 2)
+                                .contiguous())
+                else:
+                    outs.append(self.classifier.norm(x).mean((1, 2)))
+            x = layer.downsample(x)
+        self.token_counts = counts
+        return tuple(outs)
