@@ -6,13 +6,15 @@ architecture, small images, matching neck/head widths, BN instead of SyncBN, no 
 weights), built from its own library's registry in its own default scope, and run forward once.
 The list of configs is globbed, so a new config is covered without touching this file.
 
-It also checks that the backbone is swappable by a one-line override::
+It also checks that the backbone is swappable by a one-line override within its family (the
+plain Vim family; VMamba is hierarchical and has no sibling yet)::
 
     cfg.model.backbone.type = 'AMVim'   # or 'Vim', 'LocalVim'
 
 and the file-name convention
 ``{backbone}_{neck}_{head}_{gpus}xb{batch}-{schedule}_{dataset}-{crop}[_tokenreduce].py``
-(classification configs have no neck: ``vim-t_linear_8xb128-300e_in1k-224.py``).
+(classification configs have no neck: ``vim-t_linear_8xb128-300e_in1k-224.py``; neither does
+UperNet on a hierarchical backbone: ``vmamba-t_upernet_4xb4-160k_ade20k-512x512.py``).
 """
 import glob
 import os.path as osp
@@ -32,7 +34,13 @@ CONFIGS = sorted(c for c in glob.glob(osp.join(CONFIG_DIR, '*', '*.py'))
                  if osp.basename(osp.dirname(c)) != '_base_')
 IDS = [osp.relpath(c, CONFIG_DIR) for c in CONFIGS]
 
-BACKBONES = ('Vim', 'AMVim', 'LocalVim')
+# backbone families: a config swaps its backbone by one line within its family only (a plain
+# backbone's configs add a feature pyramid neck; a hierarchical one feeds its four stages to the
+# head or FPN directly)
+PLAIN_BACKBONES = ('Vim', 'AMVim', 'LocalVim')
+HIERARCHICAL_BACKBONES = ('VMamba', )
+BACKBONES = PLAIN_BACKBONES + HIERARCHICAL_BACKBONES
+FAMILIES = (PLAIN_BACKBONES, HIERARCHICAL_BACKBONES)
 # constructor arguments that only one backbone type takes
 TYPE_SPECIFIC_KEYS = {
     'AMVim': ('window_size', 'windowed_path', 'inner', 'seed', 'shift_odd_blocks', 'paths'),
@@ -40,13 +48,16 @@ TYPE_SPECIFIC_KEYS = {
 }
 TINY_ARCH = dict(embed_dims=32, num_layers=4, d_state=8)
 TINY_DIMS = 32
+# the hierarchical backbones' test architecture: C = 16, depths (1, 1, 2, 1)
+TINY_HIER_DIMS = (16, 32, 64, 128)
+TINY_HIER_LAYERS = 5
 SEG_SIZE = 64
 DET_SIZE = 128
 CLS_SIZE = 64
 
 # {backbone}_{neck}_{head}_{gpus}xb{batch}-{schedule}_{dataset}-{crop}[_tokenreduce].py
 NAME_RE = re.compile(
-    r'^(?P<backbone>(?:vim|amvim|localvim)-[a-z0-9]+)'
+    r'^(?P<backbone>(?:vim|amvim|localvim|vmamba)-[a-z0-9]+)'
     r'(?:_(?P<neck>[a-z0-9]+(?:-[a-z0-9]+)*))?'
     r'_(?P<head>[a-z0-9]+(?:-[a-z0-9]+)*)'
     r'_(?P<gpus>\d+)xb(?P<batch>\d+)'
@@ -93,6 +104,8 @@ def _num_out(out_indices):
 
 def shrink(cfg, arch=TINY_ARCH):
     """CPU-sized copy of ``cfg.model`` by plain dict edits (the same ones a user would make)."""
+    if cfg.model.backbone.type in HIERARCHICAL_BACKBONES:
+        return shrink_hierarchical(cfg)
     scope = cfg.default_scope
     model = cfg.model
     bb = model.backbone
@@ -117,15 +130,49 @@ def shrink(cfg, arch=TINY_ARCH):
         for aug in model.data_preprocessor.get('batch_augments') or []:
             if aug.get('type') == 'BatchFixedSizePad':
                 aug.size = (DET_SIZE, DET_SIZE)
-        # fewer proposals/detections: the ROI heads dominate the CPU time otherwise
-        if 'rpn' in model.test_cfg:
-            model.test_cfg.rpn.update(nms_pre=100, max_per_img=50)
-            model.test_cfg.rcnn.max_per_img = 10
-        else:                                             # one-stage (the demo's RetinaNet)
-            model.test_cfg.update(nms_pre=100, max_per_img=10)
+        _shrink_det_test_cfg(model)
     elif scope == 'mmpretrain':
         bb.img_size = CLS_SIZE
         model.head.in_channels = TINY_DIMS
+    else:
+        raise AssertionError(f'unexpected default_scope {scope!r}')
+    _sync_bn_to_bn(model)
+    return cfg
+
+
+def _shrink_det_test_cfg(model):
+    # fewer proposals/detections: the ROI heads dominate the CPU time otherwise
+    if 'rpn' in model.test_cfg:
+        model.test_cfg.rpn.update(nms_pre=100, max_per_img=50)
+        model.test_cfg.rcnn.max_per_img = 10
+    else:                                             # one-stage (the demo's RetinaNet)
+        model.test_cfg.update(nms_pre=100, max_per_img=10)
+
+
+def shrink_hierarchical(cfg):
+    """``shrink`` for a hierarchical backbone (VMamba): the ``'test'`` architecture, whose
+    stages have ``TINY_HIER_DIMS`` channels, feeds the head (UperNet, FPN, linear) directly."""
+    scope = cfg.default_scope
+    model = cfg.model
+    bb = model.backbone
+    bb.arch = 'test'
+    bb.init_cfg = None
+    dims = [TINY_HIER_DIMS[i] for i in bb.get('out_indices', (0, 1, 2, 3))]
+    if scope == 'mmseg':
+        assert model.get('neck') is None, model.neck
+        model.data_preprocessor.size = (SEG_SIZE, SEG_SIZE)
+        model.decode_head.in_channels = dims
+        model.decode_head.channels = 16
+        if model.get('auxiliary_head') is not None:
+            model.auxiliary_head.in_channels = dims[model.auxiliary_head.in_index]
+            model.auxiliary_head.channels = 16
+        model.test_cfg = dict(mode='whole')
+    elif scope == 'mmdet':
+        model.neck.in_channels = dims
+        _shrink_det_test_cfg(model)
+    elif scope == 'mmpretrain':
+        assert bb.out_type == 'avg_featmap' and len(dims) == 1, bb
+        model.head.in_channels = dims[-1]
     else:
         raise AssertionError(f'unexpected default_scope {scope!r}')
     _sync_bn_to_bn(model)
@@ -192,13 +239,23 @@ def test_config_builds_and_runs(path, tmp_path):
     shrink(cfg)
     model = build_model(cfg)
     assert type(model.backbone).__name__ == cfg.model.backbone.type
-    assert model.backbone.embed_dims == TINY_DIMS and model.backbone.num_layers == 4
+    if cfg.model.backbone.type in HIERARCHICAL_BACKBONES:
+        assert list(model.backbone.dims) == list(TINY_HIER_DIMS)
+        assert model.backbone.num_layers == TINY_HIER_LAYERS
+    else:
+        assert model.backbone.embed_dims == TINY_DIMS and model.backbone.num_layers == 4
     run_forward(cfg, model)
 
 
-# every config x every other backbone type (the config's own type is the file-name prefix,
-# which test_config_builds_and_runs checks)
-SWAPS = [pytest.param(c, t, id=f'{i}->{t}') for c, i in zip(CONFIGS, IDS) for t in BACKBONES
+def _family(prefix):
+    """The backbone family whose type ``prefix`` (a file-name prefix) names."""
+    return next(f for f in FAMILIES if prefix in {t.lower() for t in f})
+
+
+# every config x every other backbone type of its family (the config's own type is the
+# file-name prefix, which test_config_builds_and_runs checks)
+SWAPS = [pytest.param(c, t, id=f'{i}->{t}') for c, i in zip(CONFIGS, IDS)
+         for t in _family(osp.basename(c).split('-')[0])
          if t.lower() != osp.basename(c).split('-')[0]]
 
 
@@ -233,10 +290,14 @@ def test_config_file_name_convention(path):
                                           (None, 'linear'))
     else:
         assert backbone == folder, f'{name} is in configs/{folder}/'
+    hierarchical = _family(backbone) == HIERARCHICAL_BACKBONES
     if m['dataset'] == 'ade20k':
-        assert (m['neck'], m['head']) == ('pyramid', 'upernet')
+        # a hierarchical backbone feeds UperNet directly; a plain one through PlainPyramidNeck
+        assert (m['neck'], m['head']) == ((None, 'upernet') if hierarchical
+                                          else ('pyramid', 'upernet'))
     elif m['dataset'] == 'coco':
-        assert m['neck'] == 'sfp' and m['head'] in ('mask-rcnn', 'cascade-mask-rcnn')
+        assert m['neck'] == ('fpn' if hierarchical else 'sfp')
+        assert m['head'] in ('mask-rcnn', 'cascade-mask-rcnn')
     elif m['dataset'] == 'in1k':
         assert m['neck'] is None and m['head'] == 'linear'
     assert int(m['gpus']) >= 1 and int(m['batch']) >= 1
@@ -246,6 +307,8 @@ def test_file_name_regex_rejects_bad_names():
     assert NAME_RE.match('vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512.py')
     assert NAME_RE.match('amvim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_tokenreduce.py')
     assert NAME_RE.match('vim-t_linear_8xb128-300e_in1k-224.py')
+    assert NAME_RE.match('vmamba-t_upernet_4xb4-160k_ade20k-512x512.py')
+    assert NAME_RE.match('vmamba-t_fpn_mask-rcnn_8xb2-ms-crop-3x_coco-1333x800.py')
     assert not NAME_RE.match('vim-t_pyramid_upernet_8x2-160k_ade20k-512x512.py')
     assert not NAME_RE.match('vim-t_pyramid_upernet_8xb2_ade20k-512x512.py')
     assert not NAME_RE.match('vim_pyramid_upernet_8xb2-160k_ade20k-512x512.py')

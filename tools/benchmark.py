@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 from amvim_mm.analysis import benchmark as B  # noqa: E402
 from amvim_mm.analysis import official_vim as OV  # noqa: E402
-from amvim_mm.analysis.flops import vim_family_flops  # noqa: E402
+from amvim_mm.analysis.flops import backbone_flops  # noqa: E402
 from amvim_mm import runtime  # noqa: E402
 from amvim_mm.apis.cli import run_cli  # noqa: E402
 
@@ -211,7 +211,7 @@ def gpu_reduction(args):
             m = B.build(name, 224, head=True, token_reduction=red)
             with variant_env(variant):
                 r = B.measure(m, 128, 224, 'bf16', mode)
-            fl = vim_family_flops(m.backbone, 224, 'model')
+            fl = backbone_flops(m.backbone, 224, 'model')
             r.update(model=name, method='ToMe', ratio=ratio, gflops=round(fl['gflops'], 3),
                      realised=round(fl['realised_ratio'], 3), variant=variant)
             if base is None:

@@ -17,11 +17,10 @@ from amvim_mm.errors import ConfigError
 
 def erf_map(backbone: nn.Module, input_size: Tuple[int, int] = (224, 224), num_samples: int = 8,
             batch_size: int = 4, seed: int = 0, device: str = 'cpu') -> torch.Tensor:
-    """(H, W) aggregated input-gradient magnitude of the centre output token."""
+    """(H, W) aggregated input-gradient magnitude of the centre output token of the
+    backbone's last feature map (``backbone.last_featmap``)."""
     if num_samples < 1:
         raise ConfigError(f'num_samples must be positive, got {num_samples}')
-    saved = backbone.out_type, backbone.out_indices
-    backbone.out_type, backbone.out_indices = 'featmap', [backbone.num_layers - 1]
     was_training = backbone.training
     backbone.eval()
     g = torch.Generator().manual_seed(seed)
@@ -31,14 +30,13 @@ def erf_map(backbone: nn.Module, input_size: Tuple[int, int] = (224, 224), num_s
         while done < num_samples:
             n = min(batch_size, num_samples - done)
             x = torch.randn(n, 3, *input_size, generator=g).to(device).requires_grad_(True)
-            feat = backbone(x)[-1]                                 # (n, D, h, w)
+            feat = backbone.last_featmap(x)                        # (n, D, h, w)
             h, w = feat.shape[-2:]
             centre = feat[:, :, h // 2, w // 2].sum()
             (grad, ) = torch.autograd.grad(centre, x)
             acc += grad.abs().sum(dim=(0, 1)).double().cpu()
             done += n
     finally:
-        backbone.out_type, backbone.out_indices = saved
         backbone.train(was_training)
     return (acc / num_samples).float()
 

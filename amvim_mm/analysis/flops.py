@@ -27,12 +27,16 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple, Union
 
 from amvim_mm.errors import ConfigError
+from amvim_mm.models.backbones.vmamba import VMamba
 from amvim_mm.models.reduction import ReductionSchedule, build_reducer
+from .mmengine_flops import mmengine_count
+from .vmamba_flops import CONVENTIONS as VMAMBA_CONVENTIONS
+from .vmamba_flops import vmamba_flops
 
 CONVENTION = ('MACs of linear/conv layers + selective scan 9*L*E*N per path (mamba-ssm '
               'convention), per-block token counts; norms, activations and reducer cost '
               'excluded')
-CONVENTIONS = {
+VIM_CONVENTIONS = {
     'mamba': CONVENTION,
     'localmamba': ("LocalMamba's flops(): projections + L*D norm, conv/x_proj/dt_proj once per "
                    'block, scan 5*L*E*N + 2*L*E per path, per-block token counts'),
@@ -40,6 +44,20 @@ CONVENTIONS = {
                  'backbone: one FLOP per multiply-accumulate of the ops it has handles for '
                  '(linear, conv, matmul); the selective scan and element-wise ops uncounted'),
 }
+#: every convention of some backbone (the tools' choices); each counter names what it takes
+CONVENTIONS = dict(VIM_CONVENTIONS, **{k: v for k, v in VMAMBA_CONVENTIONS.items()
+                                       if k not in VIM_CONVENTIONS})
+
+
+def backbone_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
+                   token_reduction: Optional[dict] = 'model', num_classes: int = 0,
+                   convention: str = 'mamba') -> Dict[str, object]:
+    """FLOPs of any of our backbones for one image: :func:`vmamba_flops` for VMamba,
+    :func:`vim_family_flops` for the Vim family (same arguments and result keys ``gflops``,
+    ``tokens``, ``realised_ratio``, ``removals``, ``convention``)."""
+    if isinstance(model, VMamba):
+        return vmamba_flops(model, input_shape, token_reduction, num_classes, convention)
+    return vim_family_flops(model, input_shape, token_reduction, num_classes, convention)
 
 
 def vim_family_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
@@ -62,9 +80,9 @@ def vim_family_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
         dict with ``gflops``, ``tokens`` (sequence length per block), ``realised_ratio``,
         ``removals`` and ``convention``.
     """
-    if convention not in CONVENTIONS:
-        raise ConfigError(f'unknown FLOPs convention {convention!r}; choose from '
-                          f'{", ".join(CONVENTIONS)}')
+    if convention not in VIM_CONVENTIONS:
+        raise ConfigError(f'FLOPs convention {convention!r} is not defined for '
+                          f'{type(model).__name__}; choose from {", ".join(VIM_CONVENTIONS)}')
     if isinstance(input_shape, int):
         input_shape = (input_shape, input_shape)
     gh, gw = model.patch_embed.grid_size(*input_shape)
@@ -83,10 +101,10 @@ def vim_family_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
             tokens = [t + (i >= first) for i, t in enumerate(tokens)]
     D = model.embed_dims
     if convention == 'mmengine':
-        total = _mmengine_count(model, input_shape, reducer) + D * num_classes
+        total = mmengine_count(model, input_shape, reducer) + D * num_classes
         return dict(gflops=total / 1e9, tokens=tokens, removals=removals,
                     realised_ratio=ReductionSchedule.realised_ratio(removals, M),
-                    per_block_gflops=None, convention=CONVENTIONS[convention])
+                    per_block_gflops=None, convention=VIM_CONVENTIONS[convention])
     p = model.patch_embed.patch_size
     cin = model.patch_embed.proj.in_channels
     total = M * cin * p * p * D
@@ -110,28 +128,4 @@ def vim_family_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
     return dict(gflops=total / 1e9, tokens=tokens, removals=removals,
                 realised_ratio=ReductionSchedule.realised_ratio(removals, M),
                 per_block_gflops=[f / 1e9 for f in per_block],
-                convention=CONVENTIONS[convention])
-
-
-def _mmengine_count(model, input_shape: Tuple[int, int], reducer) -> float:
-    """FLOPs that mmengine's ``FlopAnalyzer`` counts for one image with ``reducer`` on (the
-    unfused path: the trace needs PyTorch ops). The model's own reducer is put back."""
-    import torch
-    from mmengine.analysis import FlopAnalyzer
-
-    from amvim_mm import runtime
-    own = model.token_reducer
-    device = next(model.parameters()).device
-    was_training = model.training
-    x = torch.zeros(1, model.patch_embed.proj.in_channels, *input_shape, device=device)
-    try:
-        model.token_reducer = reducer
-        model.eval()
-        with runtime.override(fused_mixer=False), torch.no_grad():
-            fa = FlopAnalyzer(model, (x, ))
-            fa.unsupported_ops_warnings(False)
-            fa.uncalled_modules_warnings(False)
-            return float(fa.total())
-    finally:
-        model.token_reducer = own
-        model.train(was_training)
+                convention=VIM_CONVENTIONS[convention])

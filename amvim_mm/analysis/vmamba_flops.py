@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from amvim_mm.errors import ConfigError
 from amvim_mm.models.reduction import ReductionSchedule, build_reducer
+from .mmengine_flops import mmengine_count
 
 CONVENTIONS = {
     'official': ("the official VSSM.flops(): fvcore MACs of convs/linears, 5*numel per "
@@ -60,8 +61,8 @@ def vmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
         ``realised_ratio`` (of the reduced stage), ``reduction_stage`` and ``convention``.
     """
     if convention not in CONVENTIONS:
-        raise ConfigError(f'unknown FLOPs convention {convention!r}; choose from '
-                          f'{", ".join(CONVENTIONS)}')
+        raise ConfigError(f'FLOPs convention {convention!r} is not defined for VMamba; choose '
+                          f'from {", ".join(CONVENTIONS)}')
     H, W = (input_shape, input_shape) if isinstance(input_shape, int) else input_shape
     official = convention == 'official'
     ln = 5 if official else 0                 # fvcore: 5 * numel per affine LayerNorm
@@ -127,8 +128,7 @@ def vmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
         D = model.dims[-1]
         total += ln * D * h * w + (D * h * w if official else 0) + D * num_classes
     if convention == 'mmengine':
-        from .flops import _mmengine_count
-        total = _mmengine_count(model, (H, W), reducer)
+        total = mmengine_count(model, (H, W), reducer)
         if num_classes:
             total += model.dims[-1] * num_classes
         stage_flops = []

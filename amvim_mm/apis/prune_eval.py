@@ -419,7 +419,7 @@ class _Cell:
         import torch
 
         from amvim_mm.analysis import stats as S
-        from amvim_mm.analysis.flops import vim_family_flops
+        from amvim_mm.analysis.flops import backbone_flops
         from amvim_mm.engine.fileio import atomic_write_bytes
         bb = self.backbone
         if ratio == 0.0:
@@ -427,7 +427,7 @@ class _Cell:
             if zero is not None and (not self.measure_speed or zero.get('img_per_s')) and \
                     zero.get('gflops_convention') == self.flops_convention:
                 return dict(zero, method=method, protocol=proto)
-        M, depth = bb.patch_resolution[0] * bb.patch_resolution[1], bb.num_layers
+        M, depth = bb.reduction_domain()
         seeds = self.seeds if method in SEEDED_METHODS and ratio > 0 else [0]
         metrics, per_seed, red = [], [], None
         t0 = time.perf_counter()
@@ -458,7 +458,7 @@ class _Cell:
         stats_file = _stats_name(self.name, method, ratio, self.precision)
         os.makedirs(osp.dirname(osp.join(self.out_dir, stats_file)), exist_ok=True)
         atomic_write_bytes(S.dumps(per_seed, keys), osp.join(self.out_dir, stats_file))
-        flops = vim_family_flops(bb, bb.img_size, red, convention=self.flops_convention)
+        flops = backbone_flops(bb, bb.img_size, red, convention=self.flops_convention)
         row = dict(model=self.name, config=self.config, checkpoint=self.ckpt, method=method,
                    ratio=ratio, precision=self.precision, protocol=proto, reduction=red,
                    realised_ratio=round(flops['realised_ratio'], 4),

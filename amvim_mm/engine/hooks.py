@@ -14,15 +14,16 @@ PHASES = ('train', 'val', 'test')
 
 
 def find_reducible_backbone(model):
-    """The Vim-family backbone of a segmentor/detector/classifier (or the model itself)."""
+    """The reducible backbone (Vim family, VMamba) of a segmentor/detector/classifier (or the
+    model itself)."""
     if is_model_wrapper(model):
         model = model.module
     for m in (getattr(model, 'backbone', None), model):
         if m is not None and hasattr(m, 'set_token_reduction'):
             return m
-    raise ConfigError(f'{type(model).__name__} has no Vim-family backbone (a module with '
+    raise ConfigError(f'{type(model).__name__} has no reducible backbone (a module with '
                       '`set_token_reduction` at `model.backbone`); token reduction needs Vim, '
-                      'AMVim or LocalVim')
+                      'AMVim, LocalVim or VMamba')
 
 
 @HOOKS.register_module()

@@ -24,6 +24,7 @@ import hashlib
 import logging
 import os
 import pickle
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Union
 
@@ -59,10 +60,21 @@ def _history_buffer_getattr(obj: Any, name: str) -> Any:
     raise pickle.UnpicklingError(f'getattr({obj!r}, {name!r}) is not allowed in a checkpoint')
 
 
+class _YacsCfgNode:
+    """What an official VMamba training file's ``config`` (a ``yacs.config.CfgNode``, a dict
+    subclass with four bookkeeping attributes) is read as: an ``OrderedDict`` with those
+    attributes in its ``__dict__``. Nothing of yacs is imported or run; the unpickler may only
+    fill the dict with items it could read anyway."""
+
+    def __new__(cls, *args, **kwargs):
+        return OrderedDict()
+
+
 _np_multiarray = np._core.multiarray
 #: types a checkpoint may contain beyond torch's own tensors and containers
 SAFE_GLOBALS: List[Any] = [
     argparse.Namespace,                  # official Vim files: the training arguments
+    (_YacsCfgNode, 'yacs.config.CfgNode'),   # official VMamba files: the training config
     HistoryBuffer,                       # mmengine message hub
     ConfigDict,
     (_history_buffer_getattr, 'builtins.getattr'),

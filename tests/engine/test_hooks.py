@@ -56,7 +56,7 @@ def test_hook_errors():
         TokenReductionHook(reduction=None, phases=('eval', ))
     with pytest.raises(ValueError, match=r'ratio must be a number in \[0, 1\)'):
         TokenReductionHook(reduction=dict(type='ToMe', ratio=2))
-    with pytest.raises(TypeError, match='has no Vim-family backbone'):
+    with pytest.raises(TypeError, match='has no reducible backbone'):
         find_reducible_backbone(nn.Linear(2, 2))
 
 

@@ -112,7 +112,7 @@ def test_flops_localmamba_convention_vs_published():
         assert abs(ours / pub - 1) < 0.03
     # as our protocol applies them (before the even blocks) the strongest ratio is 6 % lower
     assert abs(g(False)[-1] / published[-1] - 1) > 0.05
-    with pytest.raises(ValueError, match="unknown FLOPs convention 'fvcore'"):
+    with pytest.raises(ValueError, match="FLOPs convention 'fvcore' is not defined"):
         vim_family_flops(m, 224, None, convention='fvcore')
 
 

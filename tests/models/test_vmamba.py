@@ -1,5 +1,4 @@
 """VMamba: structure, loading of official files, FLOPs, and token reduction in stage 3."""
-import math
 
 import pytest
 import torch

@@ -60,6 +60,40 @@ def test_official_style_file_loads_weights_only(tmp_path):
     assert ck['args'].lr == 1e-3
 
 
+YACS = """\
+class CfgNode(dict):
+    def __init__(self, init_dict=None):
+        init_dict = dict(init_dict or {})
+        for k, v in init_dict.items():
+            if type(v) is dict:
+                init_dict[k] = CfgNode(v)
+        super().__init__(init_dict)
+        self.__dict__['__immutable__'] = False
+        self.__dict__['__deprecated_keys__'] = set()
+        self.__dict__['__renamed_keys__'] = {}
+        self.__dict__['__new_allowed__'] = False
+"""
+
+
+def test_official_vmamba_file_with_a_yacs_config_loads_weights_only(tmp_path, monkeypatch):
+    """Official VMamba training files pickle their yacs ``CfgNode`` config: read as plain
+    ordered dicts, without yacs and without running anything."""
+    pkg = tmp_path / 'fake' / 'yacs'
+    pkg.mkdir(parents=True)
+    (pkg / '__init__.py').write_text('')
+    (pkg / 'config.py').write_text(YACS)
+    monkeypatch.syspath_prepend(str(tmp_path / 'fake'))
+    from yacs.config import CfgNode
+    p = tmp_path / 'vssm.pth'
+    torch.save({'model': {'w': torch.ones(2)}, 'epoch': 264, 'max_accuracy': 82.6,
+                'config': CfgNode({'MODEL': {'NAME': 'vssm1_tiny_0230s'}})}, p)
+    monkeypatch.delitem(__import__('sys').modules, 'yacs.config')
+    ck = load_checkpoint_file(p)
+    assert torch.equal(ck['model']['w'], torch.ones(2))
+    assert ck['config']['MODEL']['NAME'] == 'vssm1_tiny_0230s'
+    assert type(ck['config']).__module__ == 'collections'
+
+
 def test_code_in_a_pickle_never_runs(tmp_path):
     marker = tmp_path / 'pwned'
     p = evil_file(tmp_path, marker)

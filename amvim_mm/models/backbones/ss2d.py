@@ -160,23 +160,23 @@ class SS2D(nn.Module):
         dts = torch.einsum('bkrl,ker->bkel', dts, self.dt_projs_weight.to(dts.dtype))
         u = xs.reshape(B, K * E, L)
         delta = dts.reshape(B, K * E, L)
-        A = -torch.exp(self.A_logs.float())
-        D = self.Ds.float()
-        bias = self.dt_projs_bias.float().reshape(-1)
-        Bs, Cs = Bs.float().contiguous(), Cs.float().contiguous()
+        ct = torch.float64 if x.dtype == torch.float64 else torch.float32   # scan precision
+        A = -torch.exp(self.A_logs.to(ct))
+        D = self.Ds.to(ct)
+        bias = self.dt_projs_bias.to(ct).reshape(-1)
+        u, delta = u.to(ct), delta.to(ct)
+        Bs, Cs = Bs.to(ct).contiguous(), Cs.to(ct).contiguous()
         gaps = [ctx.path_gaps(p) for p in paths]
         if gaps[0] is None:
-            y = selective_scan_fn(u.float(), delta.float(), A, Bs, Cs, D, None,
-                                  delta_bias=bias, delta_softplus=True,
-                                  backend=self.scan_backend)
+            y = selective_scan_fn(u, delta, A, Bs, Cs, D, None, delta_bias=bias,
+                                  delta_softplus=True, backend=self.scan_backend)
         else:
             if ctx.align == 'bias':
                 step = F.softplus(bias).view(1, K, E, 1)
             else:   # the next kept token's own step size
-                step = F.softplus(delta.float() + bias[None, :, None]).view(B, K, E, L)
-            g = torch.stack(gaps, 1).to(torch.float32).unsqueeze(2)         # (B, K, 1, L)
-            y = aligned_selective_scan(u.float(), delta.float(), A, Bs, Cs, D, None,
-                                       delta_bias=bias,
+                step = F.softplus(delta + bias[None, :, None]).view(B, K, E, L)
+            g = torch.stack(gaps, 1).to(ct).unsqueeze(2)                    # (B, K, 1, L)
+            y = aligned_selective_scan(u, delta, A, Bs, Cs, D, None, delta_bias=bias,
                                        gap_delta=(g * step).reshape(B, K * E, L),
                                        backend=self.scan_backend)
         y = y.view(B, K, E, L)

@@ -23,15 +23,15 @@ import torch.nn as nn
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 
-from amvim_mm.errors import CheckpointMismatchError, ConfigError, LookupConfigError
+from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.ops.fused_embed import fused_patch_embed
 from amvim_mm.ops.fused_mixer import autocast_dtype
 from amvim_mm.token_layout import NO_CLS, cls_index_for, cls_slot
-from amvim_mm.utils.checkpoint import load_backbone_checkpoint
 from ..layout.scan_context import ScanContext
 from ..reduction import ReductionSession, build_reducer, restore_grid
 from .block import VimBlock
+from .checkpoint_guard import CheckpointGuard
 from .drop import DropPath
 from .embed import PatchEmbed, infer_square_grid, resize_pos_embed
 from .mixer import BiMambaMixer
@@ -105,7 +105,7 @@ def _rate(name: str, arg: str, v) -> float:
     return float(v)
 
 
-class VimFamilyBackbone(BaseModule):
+class VimFamilyBackbone(CheckpointGuard, BaseModule):
     """Base of Vim-family backbones: everything but the choice of scan paths per layer.
 
     Subclasses set ``arch_zoo`` and implement :meth:`layer_paths`.
@@ -186,6 +186,7 @@ class VimFamilyBackbone(BaseModule):
         patch_size = _positive_int(name, 'patch_size', patch_size)
         stride = _positive_int(name, 'stride', stride)
         in_channels = _positive_int(name, 'in_channels', in_channels)
+        self.in_channels = in_channels
         drop_rate = _rate(name, 'drop_rate', drop_rate)
         drop_path_rate = _rate(name, 'drop_path_rate', drop_path_rate)
         self.img_size = tuple(img_size)
@@ -199,8 +200,7 @@ class VimFamilyBackbone(BaseModule):
         self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, D))
         self.drop_after_pos = nn.Dropout(p=drop_rate)
         self._register_load_state_dict_pre_hook(self._prepare_pos_embed)
-        self._register_load_state_dict_pre_hook(self._record_load)
-        self.register_load_state_dict_post_hook(self._check_loaded)
+        self.guard_whole_model_loads()
 
         if _is_int(out_indices):
             out_indices = [out_indices]
@@ -285,56 +285,9 @@ class VimFamilyBackbone(BaseModule):
         therefore restores its own (Mamba) initialisation here; an ``init_cfg`` of the backbone
         itself (other than ``Pretrained``) is applied after it, as the user's explicit choice.
         """
-        cfg = self.init_cfg
         self.reset_weights()
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            unknown = set(cfg) - {'type', 'checkpoint', 'strict', 'prefix', 'map_location'}
-            if unknown:
-                raise ConfigError(f'{type(self).__name__}: init_cfg of type Pretrained does not '
-                                  f'take {sorted(unknown)}')
-            if not cfg.get('checkpoint'):
-                raise ConfigError(f'{type(self).__name__}: init_cfg of type Pretrained needs '
-                                  '"checkpoint" (a file path); use init_cfg=None to train from '
-                                  'scratch')
-            load_backbone_checkpoint(self, cfg['checkpoint'], strict=cfg.get('strict', True),
-                                     prefix=cfg.get('prefix'))
-            self._is_init = True
-            return
-        super().init_weights()
-
-    def _record_load(self, state_dict, prefix, *args, **kwargs) -> None:
-        """Remember where this backbone sits in a whole-model load and whether the checkpoint
-        has any of its weights (checked by :meth:`_check_loaded`)."""
-        self._load_prefix = prefix
-        self._load_found = any(k.startswith(prefix) for k in state_dict)
-
-    def _check_loaded(self, module, incompatible) -> None:
-        """Refuse a whole-model load that would leave this backbone on random weights.
-
-        mmengine's ``load_from`` (the libraries' own ``tools/test.py``) loads with
-        ``strict=False`` and only logs missing keys. Two cases are errors here:
-
-        - the checkpoint holds no weight of the backbone at all (e.g. a file of another model);
-        - a dense model (``out_type`` other than ``cls_token``) is given a classifier's
-          checkpoint (``backbone.*`` with ``head.fc.*``; official Vim ImageNet files arrive in
-          this layout, see :mod:`amvim_mm.utils.compat`): its heads would stay random.
-        """
-        prefix = getattr(self, '_load_prefix', '')
-        if not prefix:   # the backbone itself is loaded: load_state_dict's strict decides
-            return
-        parent = prefix[:-len('backbone.')] if prefix.endswith('backbone.') else None
-        if not self._load_found:
-            raise CheckpointMismatchError(
-                f'the checkpoint has no weights for the {type(self).__name__} backbone (no key '
-                f'starts with {prefix!r}); is it a checkpoint of this model? Backbone weights '
-                "alone load with init_cfg=dict(type='Pretrained', checkpoint=...)")
-        if parent is not None and self.out_type != 'cls_token' and \
-                parent + 'head.fc.weight' in incompatible.unexpected_keys:
-            raise CheckpointMismatchError(
-                'the checkpoint is a classifier\'s (backbone + head.fc, e.g. an official Vim '
-                'ImageNet file); this dense model\'s heads would stay random. Give it to the '
-                "backbone (init_cfg=dict(type='Pretrained', checkpoint=...)) and train, or test "
-                'a checkpoint of this model')
+        if not self.load_pretrained():
+            super().init_weights()
 
     def _prepare_pos_embed(self, state_dict, prefix, *args, **kwargs) -> None:
         """Resize a checkpoint's position embedding to this model's grid (middle class token)."""
@@ -489,13 +442,17 @@ class VimFamilyBackbone(BaseModule):
             ctx = ScanContext(grid, cls_index=NO_CLS, device=tokens.device)
         return self.drop_after_pos(tokens), ctx
 
+    def reduction_domain(self) -> Tuple[int, int]:
+        """(patch tokens, blocks) a token reducer's schedule acts on at ``img_size``."""
+        return self.patch_resolution[0] * self.patch_resolution[1], self.num_layers
+
     def set_token_reduction(self, cfg: Optional[dict]) -> None:
         """Switch token reduction on (a config dict or reducer) or off (``None``)."""
         reducer = build_reducer(cfg)
         if reducer is not None:  # fail early on a schedule the training grid cannot give
-            M = self.patch_resolution[0] * self.patch_resolution[1]
+            M, depth = self.reduction_domain()
             try:
-                reducer.removals(M, self.num_layers)
+                reducer.removals(M, depth)
             except ConfigError as e:
                 raise type(e)(f'{e} [{type(self).__name__} img_size={self.img_size}: {M} patch '
                               f'tokens, {self.num_layers} blocks]') from None
@@ -532,6 +489,16 @@ class VimFamilyBackbone(BaseModule):
             hidden, residual = hidden[:, c:c + 1], residual[:, c:c + 1]
         stream = residual + (self.drop_path(hidden) if last else hidden)
         return self.format_output(stream, ctx, last)
+
+    def last_featmap(self, x: torch.Tensor) -> torch.Tensor:
+        """The last block's output as a (B, D, h, w) map, whatever ``out_type`` and
+        ``out_indices`` say (for analyses such as the effective receptive field)."""
+        saved = self.out_type, self.out_indices
+        self.out_type, self.out_indices = 'featmap', [self.num_layers - 1]
+        try:
+            return self(x)[-1]
+        finally:
+            self.out_type, self.out_indices = saved
 
     def fused_path(self, x: torch.Tensor) -> bool:
         """Whether this forward takes the fused inference path (decided once per forward:

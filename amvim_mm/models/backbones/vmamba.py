@@ -28,15 +28,15 @@ import torch.nn.functional as F
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 
-from amvim_mm.errors import CheckpointMismatchError, ConfigError, LookupConfigError
+from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
-from amvim_mm.utils.checkpoint import load_backbone_checkpoint
 from ..layout.scan_context import ScanContext
 from ..reduction import ReductionSession, build_reducer, restore_grid
+from .checkpoint_guard import CheckpointGuard
 from .drop import DropPath
-from .ss2d import FORWARD_TYPES, SS2D, SS2D_DIRECTIONS
+from .ss2d import FORWARD_TYPES, SS2D
 
 _FINAL = dict(d_state=1, mlp_ratio=4.0, forward_type='v05_noz', patch_embed='v2',
               downsample='v3', conv_bias=False)
@@ -234,7 +234,7 @@ class VSSLayer(nn.Module):
 # the backbone
 # ---------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class VMamba(BaseModule):
+class VMamba(CheckpointGuard, BaseModule):
     """VMamba (SS2D, hierarchical) for classification, segmentation and detection.
 
     Args:
@@ -245,6 +245,9 @@ class VMamba(BaseModule):
             ``d_state``, ``dt_rank`` (None: ceil(dim / 16) per stage), ``mlp_ratio``,
             ``forward_type`` (``'v05_noz'`` / ``'v0'``), ``patch_embed`` (``'v2'``/``'v1'``),
             ``downsample`` (``'v3'``/``'v1'``), ``conv_bias``.
+        img_size: the nominal input size (int or (H, W)): token-reduction schedules are
+            validated for it at build time, and tools report FLOPs for it. Any input size
+            works (VMamba has no position embedding).
         in_channels: image channels.
         out_indices: stages whose outputs are returned (negatives count from the end).
         out_type: ``'featmap'`` (default; dense tasks): for each out index an NCHW map of
@@ -277,9 +280,11 @@ class VMamba(BaseModule):
     """
 
     arch_zoo = VMAMBA_ARCHS
+    classifier_out_types = ('avg_featmap', )
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
+                 img_size: Union[int, Tuple[int, int]] = 224,
                  in_channels: int = 3,
                  out_indices: Union[int, Sequence[int]] = (0, 1, 2, 3),
                  out_type: str = 'featmap',
@@ -323,6 +328,13 @@ class VMamba(BaseModule):
         self.reduction_stage = int(reduction_stage)
         check_backend_usable(scan_backend, name)
         self.in_channels = in_channels
+        if _is_int(img_size):
+            img_size = (img_size, img_size)
+        if not isinstance(img_size, (tuple, list)) or len(img_size) != 2 or \
+                not all(_is_int(v) and v >= 4 for v in img_size):
+            raise ConfigError(f'{name}: img_size must be an int or a pair (H, W) of ints >= 4, '
+                              f'got {img_size!r}')
+        self.img_size = (int(img_size[0]), int(img_size[1]))
 
         embed = patch_embed_v2 if cfg['patch_embed'] == 'v2' else patch_embed_v1
         self.patch_embed = embed(in_channels, C)
@@ -353,6 +365,7 @@ class VMamba(BaseModule):
             self.classifier.norm = nn.LayerNorm(self.dims[-1], eps=norm_eps)
         self.frozen_stages = frozen_stages
         self._register_load_state_dict_pre_hook(self._official_keys)
+        self.guard_whole_model_loads()
         self.reset_weights()
         self._freeze_stages()
         self.token_counts: List[int] = []
@@ -401,23 +414,9 @@ class VMamba(BaseModule):
         mmengine's stock ``Pretrained`` reads ``state_dict`` only; official VMamba files hold
         ``model``, which :func:`~amvim_mm.utils.checkpoint.load_backbone_checkpoint` reads.
         """
-        cfg = self.init_cfg
         self.reset_weights()
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            unknown = set(cfg) - {'type', 'checkpoint', 'strict', 'prefix', 'map_location'}
-            if unknown:
-                raise ConfigError(f'{type(self).__name__}: init_cfg of type Pretrained does not '
-                                  f'take {sorted(unknown)}')
-            ckpt = cfg.get('checkpoint')
-            if not isinstance(ckpt, str) or not ckpt.strip():
-                raise ConfigError(f'{type(self).__name__}: init_cfg of type Pretrained needs '
-                                  f'"checkpoint" (a file path), got {ckpt!r}; use '
-                                  'init_cfg=None to train from scratch')
-            load_backbone_checkpoint(self, ckpt, strict=cfg.get('strict', True),
-                                     prefix=cfg.get('prefix'))
-            self._is_init = True
-            return
-        super().init_weights()
+        if not self.load_pretrained():
+            super().init_weights()
 
     def _official_keys(self, state_dict, prefix, *args, **kwargs) -> None:
         """Load pre-hook: official files into this layout, exactly.
@@ -505,18 +504,37 @@ class VMamba(BaseModule):
         return num_layers - 1, num_layers
 
     # ----------------------------------------------------------------- token reduction
+    def stage_grid(self, stage: int, size: Optional[Tuple[int, int]] = None
+                   ) -> Tuple[int, int]:
+        """The token grid of ``stage`` for an input of ``size`` (default ``img_size``)."""
+        h, w = size or self.img_size
+        if self.arch_settings['patch_embed'] == 'v2':
+            h, w = (h + 1) // 2, (w + 1) // 2
+            h, w = (h + 1) // 2, (w + 1) // 2
+        else:
+            h, w = h // 4, w // 4
+        for _ in range(stage):
+            h, w = (h + 1) // 2, (w + 1) // 2
+        return h, w
+
+    def reduction_domain(self) -> Tuple[int, int]:
+        """(tokens, blocks) a token reducer's schedule acts on at ``img_size``: the grid and
+        the depth of stage ``reduction_stage``."""
+        h, w = self.stage_grid(self.reduction_stage)
+        return h * w, self.depths[self.reduction_stage]
+
     def set_token_reduction(self, cfg: Optional[dict]) -> None:
         """Switch token reduction in stage ``reduction_stage`` on (a config or reducer) or off
-        (``None``); the schedule is validated for a 224 x 224 input."""
+        (``None``); the schedule is validated for ``img_size``."""
         reducer = build_reducer(cfg)
         if reducer is not None:
-            s = self.reduction_stage
-            side = math.ceil(224 / 4 / 2 ** s)
+            M, depth = self.reduction_domain()
             try:
-                reducer.removals(side * side, self.depths[s])
+                reducer.removals(M, depth)
             except ConfigError as e:
-                raise type(e)(f'{e} [{type(self).__name__} stage {s}: {side * side} tokens at '
-                              f'224, {self.depths[s]} blocks]') from None
+                raise type(e)(f'{e} [{type(self).__name__} img_size={self.img_size}: stage '
+                              f'{self.reduction_stage} has {M} tokens, {depth} blocks]'
+                              ) from None
         self.token_reducer = reducer
 
     # ----------------------------------------------------------------- forward
@@ -547,6 +565,16 @@ class VMamba(BaseModule):
             tokens = restore_grid(session.ctx, tokens)
         self.last_context = session.ctx if reducer is not None else None
         return tokens.reshape(B, H, W, C)
+
+    def last_featmap(self, x: torch.Tensor) -> torch.Tensor:
+        """The last stage's output as a (B, 8C, h, w) map, before any output norm (for
+        analyses such as the effective receptive field)."""
+        self.check_images(x)
+        x = self.patch_embed(x)
+        counts: List[int] = []
+        for i, layer in enumerate(self.layers):
+            x = layer.downsample(self.run_stage(i, x, counts))
+        return x.permute(0, 3, 1, 2)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         self.check_images(x)

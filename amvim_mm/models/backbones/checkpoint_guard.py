@@ -1,0 +1,82 @@
+"""Loading rules every backbone of this project keeps: ``init_cfg=Pretrained`` is strict and
+never silently empty, and a whole-model load cannot leave the backbone on random weights."""
+from __future__ import annotations
+
+from typing import Tuple
+
+from amvim_mm.errors import CheckpointMismatchError, ConfigError
+from amvim_mm.utils.checkpoint import load_backbone_checkpoint
+
+PRETRAINED_KEYS = frozenset({'type', 'checkpoint', 'strict', 'prefix', 'map_location'})
+
+
+class CheckpointGuard:
+    """Mixin of a backbone (an ``nn.Module`` with ``init_cfg`` and ``out_type``).
+
+    Subclasses set :attr:`classifier_out_types` (the ``out_type`` values that feed a
+    classifier head) and call :meth:`guard_whole_model_loads` in ``__init__``.
+    """
+
+    #: ``out_type`` values of a classification backbone (its checkpoint may carry ``head.fc``)
+    classifier_out_types: Tuple[str, ...] = ('cls_token', )
+
+    def load_pretrained(self) -> bool:
+        """Load ``init_cfg=dict(type='Pretrained', checkpoint=PATH)`` strictly (see
+        :func:`~amvim_mm.utils.checkpoint.load_backbone_checkpoint`); False when the init_cfg
+        is something else. A missing, empty or blank ``checkpoint`` is a
+        :class:`~amvim_mm.errors.ConfigError`, never a silent random start."""
+        cfg = self.init_cfg
+        if not (isinstance(cfg, dict) and cfg.get('type') == 'Pretrained'):
+            return False
+        name = type(self).__name__
+        unknown = set(cfg) - PRETRAINED_KEYS
+        if unknown:
+            raise ConfigError(f'{name}: init_cfg of type Pretrained does not take '
+                              f'{sorted(unknown)}')
+        ckpt = cfg.get('checkpoint')
+        if not isinstance(ckpt, str) or not ckpt.strip():
+            raise ConfigError(f'{name}: init_cfg of type Pretrained needs "checkpoint" (a file '
+                              f'path), got {ckpt!r}; use init_cfg=None to train from scratch')
+        load_backbone_checkpoint(self, ckpt, strict=cfg.get('strict', True),
+                                 prefix=cfg.get('prefix'))
+        self._is_init = True
+        return True
+
+    def guard_whole_model_loads(self) -> None:
+        self._register_load_state_dict_pre_hook(self._record_load)
+        self.register_load_state_dict_post_hook(self._check_loaded)
+
+    def _record_load(self, state_dict, prefix, *args, **kwargs) -> None:
+        """Remember where this backbone sits in a whole-model load and whether the checkpoint
+        has any of its weights (checked by :meth:`_check_loaded`)."""
+        self._load_prefix = prefix
+        self._load_found = any(k.startswith(prefix) for k in state_dict)
+
+    def _check_loaded(self, module, incompatible) -> None:
+        """Refuse a whole-model load that would leave this backbone on random weights.
+
+        mmengine's ``load_from`` (the libraries' own ``tools/test.py``) loads with
+        ``strict=False`` and only logs missing keys. Two cases are errors here:
+
+        - the checkpoint holds no weight of the backbone at all (e.g. a file of another model);
+        - a dense model (an ``out_type`` not in :attr:`classifier_out_types`) is given a
+          classifier's checkpoint (``backbone.*`` with ``head.fc.*``; official ImageNet files
+          arrive in this layout, see :mod:`amvim_mm.utils.compat`): its heads would stay
+          random.
+        """
+        prefix = getattr(self, '_load_prefix', '')
+        if not prefix:   # the backbone itself is loaded: load_state_dict's strict decides
+            return
+        parent = prefix[:-len('backbone.')] if prefix.endswith('backbone.') else None
+        if not self._load_found:
+            raise CheckpointMismatchError(
+                f'the checkpoint has no weights for the {type(self).__name__} backbone (no key '
+                f'starts with {prefix!r}); is it a checkpoint of this model? Backbone weights '
+                "alone load with init_cfg=dict(type='Pretrained', checkpoint=...)")
+        if parent is not None and self.out_type not in self.classifier_out_types and \
+                parent + 'head.fc.weight' in incompatible.unexpected_keys:
+            raise CheckpointMismatchError(
+                'the checkpoint is a classifier\'s (backbone + head.fc, e.g. an official '
+                'ImageNet file); this dense model\'s heads would stay random. Give it to the '
+                "backbone (init_cfg=dict(type='Pretrained', checkpoint=...)) and train, or test "
+                'a checkpoint of this model')

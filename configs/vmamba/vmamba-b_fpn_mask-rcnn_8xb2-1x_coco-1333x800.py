@@ -1,0 +1,12 @@
+# VMamba-B (s2l15, C = 128) + FPN + Mask R-CNN on COCO, 1x schedule, total batch 16
+# (8 GPUs x 2; the official B config notes 16 GPUs x 1, the same total).
+# Recipe: ./vmamba-t_fpn_mask-rcnn_8xb2-1x_coco-1333x800.py; drop path 0.6 (official det
+# config). Published (VMamba): box AP 49.2 / mask AP 44.1; 108M params, 485G FLOPs.
+_base_ = ['./vmamba-t_fpn_mask-rcnn_8xb2-1x_coco-1333x800.py']
+model = dict(
+    backbone=dict(
+        arch='base',                              # s2l15: depths (2, 2, 15, 2), C = 128
+        drop_path_rate=0.6,
+        init_cfg=dict(type='Pretrained',
+                      checkpoint='pretrain/vssm_base_0229_ckpt_epoch_237.pth')),
+    neck=dict(in_channels=[128, 256, 512, 1024]))

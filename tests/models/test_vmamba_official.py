@@ -1,0 +1,103 @@
+"""VMamba equals the official model: our backbone against an independent re-statement of the
+official forward (``tests/reference/official_vmamba.py``, itself checked against the official
+code run on CPU to 3e-6), on official-format checkpoints with random weights."""
+import pytest
+import torch
+
+import amvim_mm  # noqa: F401
+from amvim_mm.models.backbones.ss2d import SS2D_DIRECTIONS
+from amvim_mm.models.layout.scan_context import ScanContext
+from amvim_mm.registry import MODELS
+from amvim_mm.token_layout import NO_CLS
+from tests.reference import official_vmamba as ref
+
+#: our arch name -> the reference's
+ARCHS = {'tiny': 'tiny_s1l8', 'small': 'small_s2l15', 'base': 'base_s2l15',
+         'vanilla-tiny': 'vanilla_tiny'}
+# a wider step-size range than the official init, so that the scan's contribution to the
+# outputs is large enough for a scan bug to show (see randomize_official_state_dict)
+DT_RANGE = (1e-2, 1.0)
+
+
+def _rel(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.fixture(scope='module')
+def official_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp('vssm')
+    files = {}
+    for ours, theirs in ARCHS.items():
+        sd = ref.random_official_state_dict(theirs, num_classes=1000, seed=0,
+                                            dt_range=DT_RANGE)
+        path = root / f'{theirs}.pth'
+        torch.save(dict(model=sd), path)   # plain tensors: loads with weights_only=True
+        files[ours] = (str(path), sd)
+    return files
+
+
+# every arch at a non-square input; 224 for tiny (CPU time)
+CASES = [(a, (128, 96)) for a in ARCHS] + [('tiny', (224, 224))]
+
+
+@pytest.mark.parametrize('arch,size', CASES, ids=[f'{a}-{h}x{w}' for a, (h, w) in CASES])
+def test_dense_maps_and_logits_equal_the_official_model(arch, size, official_files):
+    path, sd = official_files[arch]
+    torch.manual_seed(1)
+    x = torch.randn(2 if size == (128, 96) else 1, 3, *size)
+    # the contract: no key but arch, out_indices and init_cfg
+    dense = MODELS.build(dict(type='VMamba', arch=arch, out_indices=(0, 1, 2, 3),
+                              init_cfg=dict(type='Pretrained', checkpoint=path)))
+    dense.init_weights()
+    cls = MODELS.build(dict(type='VMamba', arch=arch, out_type='avg_featmap', out_indices=(3, ),
+                            init_cfg=dict(type='Pretrained', checkpoint=path)))
+    cls.init_weights()
+    with torch.no_grad():
+        logits_ref, maps_ref = ref.official_vmamba_forward(sd, x, return_dense=True)
+        maps = dense.eval()(x)
+        feat = cls.eval()(x)[0]
+        logits = torch.nn.functional.linear(feat, sd['classifier.head.weight'],
+                                            sd['classifier.head.bias'])
+    assert isinstance(maps, tuple) and len(maps) == 4
+    for i, (a, b) in enumerate(zip(maps, maps_ref)):
+        assert a.shape == b.shape, i
+        assert _rel(a, b) < 1e-5, (i, _rel(a, b))
+    assert _rel(logits, logits_ref) < 1e-5
+
+
+def test_contract_shapes_from_the_official_file(official_files):
+    path, _ = official_files['tiny']
+    m = MODELS.build(dict(type='VMamba', arch='tiny', out_indices=(0, 1, 2, 3),
+                          init_cfg=dict(type='Pretrained', checkpoint=path)))
+    m.init_weights()
+    with torch.no_grad():
+        out = m.eval()(torch.randn(2, 3, 128, 96))
+    assert [tuple(o.shape) for o in out] == [(2, 96, 32, 24), (2, 192, 16, 12), (2, 384, 8, 6),
+                                             (2, 768, 4, 3)]
+
+
+@pytest.mark.parametrize('arch', ['tiny', 'vanilla-tiny'])
+def test_ss2d_cross_merge_is_a_sum_in_float64(arch):
+    """Before ``out_norm`` (which hides the scale of the merge): the four directions mapped
+    back and summed, in float64, to 1e-12."""
+    theirs = ARCHS[arch]
+    sd = ref.random_official_state_dict(theirs, num_classes=10, seed=3, dt_range=DT_RANGE)
+    m = MODELS.build(dict(type='VMamba', arch=arch, out_type='avg_featmap', out_indices=(3, )))
+    m.load_state_dict({k: v for k, v in sd.items() if not k.startswith('classifier.head')})
+    op = m.layers[1].blocks[0].op.double()
+    p = 'layers.1.blocks.0.op.'
+    sd64 = {k: v.double() for k, v in sd.items()}
+    H, W = 5, 7
+    xi = torch.randn(2, op.d_inner, H, W, dtype=torch.float64)      # after the conv + SiLU
+    want = ref.ss2d_scan_merge(sd64, p, xi)                         # (B, E, H, W)
+    ctx = ScanContext((H, W), cls_index=NO_CLS)
+    with torch.no_grad():
+        ys = op.scan(xi.flatten(2).transpose(1, 2), ctx, SS2D_DIRECTIONS)
+    got = sum(ys).reshape(2, -1, H, W)                # (B, E, L) in raster order
+    assert float((got - want).abs().max()) < 1e-12 * float(want.abs().max())
+    # the whole mixer (in_proj, conv, out_norm, gate, out_proj) on a (d, H, W) map
+    x = torch.randn(2, op.d_model, H, W, dtype=torch.float64)
+    want = ref.ss2d(sd64, p, x, forward_type=op.forward_type)
+    with torch.no_grad():
+        got = op(x.flatten(2).transpose(1, 2), ctx).transpose(1, 2).reshape(want.shape)
+    assert float((got - want).abs().max()) < 1e-12 * float(want.abs().max())
