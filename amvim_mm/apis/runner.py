@@ -67,22 +67,22 @@ def make_runner(cfg: Config):
 def load_model_weights(model, filename: str, strict: bool = True) -> None:
     """Load a trained model's weights strictly (every missing/unexpected key is reported).
 
-    Accepts our/mmengine checkpoints (``state_dict``) and, for classifiers, official Vim files
-    (converted on the fly: ``backbone.*`` and ``head.fc.*``).
+    Accepts our/mmengine checkpoints (``state_dict``) and, for classifiers, official Vim and
+    VMamba files (converted on the fly: ``backbone.*`` and ``head.fc.*``).
     """
     import torch.nn as nn
     from mmengine.model import is_model_wrapper
 
-    from amvim_mm.utils.checkpoint import (CheckpointMismatchError, convert_vim_official,
-                                           extract_state_dict, is_official_vim)
+    from amvim_mm.utils.checkpoint import (CheckpointMismatchError, convert_official,
+                                           extract_state_dict, official_family)
     from amvim_mm.utils.safe_load import load_checkpoint_file
     if is_model_wrapper(model):
         model = model.module
     sd = extract_state_dict(load_checkpoint_file(filename))
-    if is_official_vim(sd) and not any(k.startswith('backbone.') for k in sd):
+    if official_family(sd) is not None:
         head = getattr(model, 'head', None)
         with_head = head is not None and isinstance(getattr(head, 'fc', None), nn.Linear)
-        sd = convert_vim_official(sd, with_head=with_head)
+        sd = convert_official(sd, with_head=with_head)
     try:
         missing, unexpected = model.load_state_dict(sd, strict=False)
     except RuntimeError as e:  # shape mismatches

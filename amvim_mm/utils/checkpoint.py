@@ -1,7 +1,10 @@
-"""Checkpoints of the Vim family: official files, conversion and strict loading.
+"""Checkpoints of our backbones: official files, conversion and strict loading.
 
 Official Vim files are DeiT-style dicts with the weights under ``"model"`` (plus ``"args"``, an
 ``argparse.Namespace``) and keys equal to our parameter names (``layers.{i}.mixer.A_b_log``...).
+Official VMamba files hold ``"model"`` (plus ``"model_ema"``, optimizer state and a yacs
+``"config"``) with the keys of the official classification ``VSSM`` (``layers.{i}.blocks.{j}.op
+.A_logs``..., ``classifier.norm/head``), equal to our ``VMamba``'s parameter names.
 Our files (written by mmengine or by ``tools/model_converters/vim2amvim_mm.py``) hold
 ``"state_dict"`` with mmpretrain-style keys: ``backbone.*`` and ``head.fc.*``.
 """
@@ -24,8 +27,12 @@ IGNORED_KEYS = ('rope.freqs_cos', 'rope.freqs_sin')
 
 
 __all__ = ['CheckpointMismatchError', 'as_model_checkpoint', 'backbone_state_dict',
-           'convert_vim_official', 'extract_state_dict', 'is_official_vim',
+           'convert_official', 'convert_vim_official', 'convert_vmamba_official',
+           'extract_state_dict', 'is_official_vim', 'is_official_vmamba', 'official_family',
            'load_backbone_checkpoint']
+VMAMBA_HEAD_KEYS = {'classifier.head.weight': 'head.fc.weight',
+                    'classifier.head.bias': 'head.fc.bias',
+                    'head.weight': 'head.fc.weight', 'head.bias': 'head.fc.bias'}   # old names
 
 
 def extract_state_dict(checkpoint: Mapping) -> Dict[str, torch.Tensor]:
@@ -53,6 +60,56 @@ def is_official_vim(sd: Mapping[str, torch.Tensor]) -> bool:
     return 'patch_embed.proj.weight' in sd and any(k.startswith('layers.') for k in sd)
 
 
+def is_official_vmamba(sd: Mapping[str, torch.Tensor]) -> bool:
+    """An official VMamba classification state dict (current or old key names)."""
+    return any(k.startswith('patch_embed.') for k in sd) and \
+        any(k.startswith('layers.') and k.endswith('.A_logs') for k in sd)
+
+
+def official_family(sd: Mapping[str, torch.Tensor]) -> Optional[str]:
+    """``'vmamba'`` or ``'vim'`` for an official file's weights (without ``backbone.``), else
+    None."""
+    if any(k.startswith('backbone.') for k in sd):
+        return None
+    if is_official_vmamba(sd):
+        return 'vmamba'
+    return 'vim' if is_official_vim(sd) else None
+
+
+def convert_vmamba_official(sd: Mapping[str, torch.Tensor],
+                            with_head: bool = True) -> 'OrderedDict[str, torch.Tensor]':
+    """Official VMamba weights -> an mmpretrain ``ImageClassifier`` state dict (pure function).
+
+    ``backbone.<key>`` for every other weight (old names are mapped by the backbone's load
+    hook; ``classifier.norm`` is the classifier input norm of ``out_type='avg_featmap'``);
+    ``classifier.head.*`` -> ``head.fc.*`` (``LinearClsHead``) when ``with_head``.
+    """
+    if not is_official_vmamba(sd):
+        raise ConfigError('not an official VMamba state dict: expected keys patch_embed.* and '
+                          'layers.*.A_logs')
+    out = OrderedDict()
+    for k, v in sd.items():
+        if k in VMAMBA_HEAD_KEYS:
+            if with_head:
+                out[VMAMBA_HEAD_KEYS[k]] = v
+            continue
+        out['backbone.' + k] = v
+    return out
+
+
+def convert_official(sd: Mapping[str, torch.Tensor],
+                     with_head: bool = True) -> 'OrderedDict[str, torch.Tensor]':
+    """An official Vim or VMamba file's weights -> an mmpretrain ``ImageClassifier`` state
+    dict (:func:`convert_vim_official` / :func:`convert_vmamba_official`)."""
+    family = official_family(sd)
+    if family == 'vmamba':
+        return convert_vmamba_official(sd, with_head)
+    if family == 'vim':
+        return convert_vim_official(sd, with_head)
+    raise ConfigError('not an official Vim or VMamba state dict (expected patch_embed.* and '
+                      'layers.* keys without a backbone. prefix)')
+
+
 def convert_vim_official(sd: Mapping[str, torch.Tensor],
                          with_head: bool = True) -> 'OrderedDict[str, torch.Tensor]':
     """Official Vim weights -> an mmpretrain ``ImageClassifier`` state dict (pure function).
@@ -76,22 +133,24 @@ def convert_vim_official(sd: Mapping[str, torch.Tensor],
 
 
 def as_model_checkpoint(checkpoint):
-    """A loaded official Vim file in the layout mmengine loads into a whole model.
+    """A loaded official Vim or VMamba file in the layout mmengine loads into a whole model.
 
-    Official files hold ``{"model": {<backbone keys>, head.weight, head.bias}, ...}`` (or the bare
-    state dict); mmengine would look for ``state_dict`` and load nothing. They are returned as
-    ``{"state_dict": convert_vim_official(...), "meta": {...}}``, the layout of an mmpretrain
+    Official files hold ``{"model": {<backbone keys>, <head keys>}, ...}`` (or the bare state
+    dict); mmengine would look for ``state_dict`` and load nothing. They are returned as
+    ``{"state_dict": convert_official(...), "meta": {...}}``, the layout of an mmpretrain
     ``ImageClassifier``; any other checkpoint is returned unchanged.
     """
     if not isinstance(checkpoint, Mapping) or 'state_dict' in checkpoint:
         return checkpoint
     sd = checkpoint.get('model', checkpoint)
-    if not isinstance(sd, Mapping) or not is_official_vim(sd) or \
-            any(k.startswith('backbone.') for k in sd) or \
-            not all(isinstance(v, torch.Tensor) for v in sd.values()):
+    if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         return checkpoint
-    return dict(state_dict=convert_vim_official(sd, with_head=True),
-                meta=dict(converted_from='official Vim checkpoint'))
+    family = official_family(sd)
+    if family is None:
+        return checkpoint
+    return dict(state_dict=convert_official(sd, with_head=True),
+                meta=dict(converted_from=f'official {"VMamba" if family == "vmamba" else "Vim"}'
+                          ' checkpoint'))
 
 
 def backbone_state_dict(sd: Mapping[str, torch.Tensor],

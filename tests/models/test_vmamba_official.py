@@ -101,3 +101,71 @@ def test_ss2d_cross_merge_is_a_sum_in_float64(arch):
     with torch.no_grad():
         got = op(x.flatten(2).transpose(1, 2), ctx).transpose(1, 2).reshape(want.shape)
     assert float((got - want).abs().max()) < 1e-12 * float(want.abs().max())
+
+
+# ------------------------------------------------------------------ the three tasks' configs
+TASK_CONFIGS = ['vmamba-t_upernet_4xb4-160k_ade20k-512x512.py',
+                'vmamba-t_fpn_mask-rcnn_8xb2-1x_coco-1333x800.py',
+                'vmamba-t_linear_8xb128-300e_in1k-224.py']
+
+
+def _config_model(name, checkpoint):
+    import importlib
+    import os.path as osp
+
+    from mmengine.registry import DefaultScope
+
+    from amvim_mm.apis.runner import load_config
+    root = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+    cfg = load_config(osp.join(root, 'configs', 'vmamba', name))
+    cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=checkpoint)
+    scope = cfg.default_scope
+    with DefaultScope.overwrite_default_scope(scope):
+        return importlib.import_module(f'{scope}.registry').MODELS.build(cfg.model), scope
+
+
+@pytest.mark.parametrize('name', TASK_CONFIGS)
+def test_official_file_loads_strictly_in_every_task_config(name, official_files):
+    """The shipped configs (VMamba-T) load an official file through their backbone's
+    ``init_cfg=dict(type='Pretrained', ...)``: every backbone tensor of the file arrives."""
+    path, sd = official_files['tiny']
+    model, scope = _config_model(name, path)
+    model.init_weights()
+    own = model.backbone.state_dict()
+    keys = [k for k in sd if not k.startswith('classifier.')]
+    assert keys and all(torch.equal(own[k], sd[k]) for k in keys)
+    if scope == 'mmpretrain':     # the classifier input norm comes from the file too
+        assert torch.equal(own['classifier.norm.weight'], sd['classifier.norm.weight'])
+    else:
+        assert not any(k.startswith('classifier') for k in own)
+        assert torch.equal(own['outnorm2.weight'], torch.ones(384))
+
+
+@pytest.mark.parametrize('bad', ['', 'pretrain/does-not-exist.pth'])
+def test_empty_or_missing_pretrained_in_a_config_fails_clearly(bad):
+    """The official configs' ``pretrained=""`` trains from random weights without a word;
+    here the same mistake stops the run with the reason."""
+    from amvim_mm.errors import AmvimError
+    model, _ = _config_model(TASK_CONFIGS[0], bad)
+    with pytest.raises((AmvimError, FileNotFoundError),
+                       match='needs "checkpoint"' if not bad else 'does-not-exist'):
+        model.init_weights()
+
+
+def test_whole_model_load_of_an_official_file(official_files, tmp_path):
+    """mmengine's load_from (the libraries' tools/test.py) gets an official file: the
+    classifier loads it completely, a segmentor refuses it (its heads would stay random)."""
+    from mmengine.runner.checkpoint import _load_checkpoint, load_state_dict
+
+    from amvim_mm.errors import CheckpointMismatchError
+    path, sd = official_files['tiny']
+    ck = _load_checkpoint(path, map_location='cpu')      # our registered loader converts it
+    assert set(ck['state_dict']) == {'backbone.' + k for k in sd
+                                     if not k.startswith('classifier.head')} | \
+        {'head.fc.weight', 'head.fc.bias'}
+    cls, _ = _config_model(TASK_CONFIGS[2], path)
+    load_state_dict(cls, ck['state_dict'], strict=True)
+    assert torch.equal(cls.head.fc.weight, sd['classifier.head.weight'])
+    seg, _ = _config_model(TASK_CONFIGS[0], path)
+    with pytest.raises(CheckpointMismatchError, match="classifier's"):
+        load_state_dict(seg, ck['state_dict'], strict=False)

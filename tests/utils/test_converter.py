@@ -81,3 +81,37 @@ def test_cli_output_records_the_weights_hash(tmp_path):
     assert r.returncode == 0, r.stderr
     ck = torch.load(dst, weights_only=True)
     assert ck['meta'][HASH_KEY] == state_dict_sha256(ck['state_dict'])
+
+
+VMAMBA_TOOL = ROOT / 'tools' / 'model_converters' / 'vmamba2amvim_mm.py'
+
+
+def test_vmamba_cli_round_trip(tmp_path):
+    from tests.reference.official_vmamba import random_official_state_dict as vmamba_sd
+    arch = dict(dims=16, depths=(1, 1, 2, 1), ssm_ratio=1.0, d_state=1, mlp_ratio=4.0,
+                forward_type='v05_noz', patch_embed='v2', downsample='v3')
+    sd = vmamba_sd(arch, num_classes=7, seed=0)
+    src = tmp_path / 'vssm_official.pth'
+    torch.save({'model': sd, 'epoch': 3}, src)
+    dst = tmp_path / 'clean.pth'
+    r = subprocess.run([sys.executable, str(VMAMBA_TOOL), str(src), str(dst)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    ck = torch.load(dst, weights_only=True)
+    assert ck['meta']['converter'] == 'vmamba2amvim_mm'
+    assert torch.equal(ck['state_dict']['head.fc.weight'], sd['classifier.head.weight'])
+    assert torch.equal(ck['state_dict']['backbone.classifier.norm.weight'],
+                       sd['classifier.norm.weight'])
+    b = MODELS.build(dict(type='VMamba', arch='test',
+                          init_cfg=dict(type='Pretrained', checkpoint=str(dst))))
+    b.init_weights()
+    for k, v in b.state_dict().items():
+        if not k.startswith('outnorm'):
+            assert torch.equal(v, sd[k]), k
+    # a Vim file is not a VMamba file
+    vim = tmp_path / 'vim.pth'
+    torch.save({'model': random_official_state_dict(MODELS.build(dict(type='Vim',
+                                                                      arch='test')))}, vim)
+    r = subprocess.run([sys.executable, str(VMAMBA_TOOL), str(vim), str(tmp_path / 'o.pth')],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and 'not an official VMamba state dict' in r.stderr
