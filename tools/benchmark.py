@@ -11,7 +11,11 @@ Suites:
        mixer (mamba-ssm kernels) and the fused Triton mixer side by side, next to the official
        code (``--official-vim PATH``: timed in the same process) or its earlier anchors;
        (reduction) ToMe at ratios 0/0.17/0.27/0.36/0.46: measured speed-up against the FLOPs
-       ratio; (resolution) 224 to 1024 with the batch scaled to keep pixels constant.
+       ratio; (resolution) 224 to 1024 with the batch scaled to keep pixels constant;
+       (vmamba) VMamba-T whole classifier, batch 128, 224: inference fp32/bf16 eager and
+       CUDA-graph and a bf16 training step, next to the official code
+       (``--official-vmamba PATH``: timed in the same process, same weights, batch, dtype and
+       mode), and stage-3 ToMe/ToP reduction: speed-up against the FLOPs ratio.
 Every row records the command, device and versions.
 """
 import argparse
@@ -26,7 +30,9 @@ import torch  # noqa: E402
 
 from amvim_mm.analysis import benchmark as B  # noqa: E402
 from amvim_mm.analysis import official_vim as OV  # noqa: E402
+from amvim_mm.analysis import official_vmamba as OVM  # noqa: E402
 from amvim_mm.analysis.flops import backbone_flops  # noqa: E402
+from amvim_mm.models.reduction import ReductionSchedule  # noqa: E402
 from amvim_mm import runtime  # noqa: E402
 from amvim_mm.apis.cli import run_cli  # noqa: E402
 
@@ -276,6 +282,89 @@ def gpu_profile(args):
 
 
 
+def _attempt(fn, *args, **kwargs):
+    """A measurement, or ``{'error': ...}`` (one failing case must not lose the run)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:   # noqa: BLE001  (recorded in the results, named in the log)
+        torch.cuda.empty_cache()
+        return dict(error=f'{type(e).__name__}: {str(e).splitlines()[0][:300]}')
+
+
+def gpu_vmamba(args):
+    """VMamba-T: ours and (``--official-vmamba``) the official code, same weights, batch 128,
+    224: inference (fp32/bf16, eager/graph; ``vs_official_run`` = ours / official in the same
+    mode), a bf16 training step (eager), and stage-3 reduction (bf16, graph and eager)."""
+    rows = []
+    name, arch = 'vmamba-t', 'tiny'
+    torch.manual_seed(0)
+    ours = B.build(name, 224, head=True)
+    official = None
+    if args.official_vmamba:
+        official = OVM.build_official(arch, args.official_vmamba, weights_from=ours)
+        x = torch.randn(8, 3, 224, 224, device='cuda')
+        diff = OVM.max_abs_diff(official, ours, x)
+        log(f'  official VMamba-T (scan backend {OVM.scan_backend(args.official_vmamba)}): '
+            f'max |logits difference| {diff:.3g} (fp32, batch 8)')
+        rows.append(dict(model=name, impl='official', check='max_abs_diff_fp32',
+                         value=float(f'{diff:.3g}')))
+    impls = [('ours', ours)] + ([('official', official)] if official is not None else [])
+    for dtype in ('fp32', 'bf16'):
+        for mode in ('eager', 'graph', 'train'):
+            if mode == 'train' and dtype == 'fp32':
+                continue
+            here = []
+            for impl, m in impls:
+                if mode == 'train':
+                    r = _attempt(B.measure_train, m, 128, 224, dtype)
+                else:
+                    r = _attempt(B.measure, m, 128, 224, dtype, mode)
+                r.update(model=name, impl=impl, dtype=dtype, mode=r.get('mode', mode))
+                here.append(r)
+                log(f'  {name} {dtype} {r["mode"]} {impl}: {r.get("img_per_s")} img/s, '
+                    f'{r.get("peak_mem_mib")} MiB {r.get("error", "")}')
+                torch.cuda.empty_cache()
+            ref = [r.get('img_per_s') for r in here if r['impl'] == 'official']
+            for r in here:
+                if ref and ref[0] and r.get('img_per_s'):
+                    r['vs_official_run'] = round(r['img_per_s'] / ref[0], 3)
+            rows += here
+    del official
+    torch.cuda.empty_cache()
+    # stage-3 reduction: measured speed-up against the FLOPs ratio (official convention)
+    M, depth = ours.backbone.reduction_domain()
+    locs = ReductionSchedule.importance_locations(depth)
+    for mode in ('graph', 'eager'):
+        base = None
+        for method, ratio in [('none', 0.0)] + [(m, r) for m in ('ToMe', 'ToP')
+                                                 for r in (0.27, 0.46)]:
+            if method == 'ToMe':
+                red = dict(type='ToMe', ratio=ratio)
+            elif method == 'ToP':
+                red = dict(type='ToP', locations=locs, keep_rate=ReductionSchedule
+                           .keep_rate_for_ratio(ratio, M, depth, locs))
+            else:
+                red = None
+            ours.backbone.set_token_reduction(red)
+            r = _attempt(B.measure, ours, 128, 224, 'bf16', mode)
+            fl = backbone_flops(ours.backbone, 224, 'model', num_classes=1000,
+                                convention='official')
+            r.update(model=name, part='reduction', method=method, ratio=ratio, reduction=red,
+                     realised=round(fl['realised_ratio'], 3), gflops=round(fl['gflops'], 3),
+                     stage3_tokens=fl['tokens'][4:4 + depth])
+            if base is None:
+                base = r
+            if r.get('img_per_s') and base.get('img_per_s'):
+                r['speedup'] = round(r['img_per_s'] / base['img_per_s'], 3)
+                r['flops_ratio'] = round(base['gflops'] / r['gflops'], 3)
+                r['speedup_over_ideal'] = round(r['speedup'] / r['flops_ratio'], 3)
+            rows.append(r)
+            log(f'  {name} bf16 {mode} {method} {ratio}: {r.get("img_per_s")} img/s, speed-up '
+                f'{r.get("speedup")} vs FLOPs ratio {r.get("flops_ratio")} {r.get("error", "")}')
+        ours.backbone.set_token_reduction(None)
+    return rows
+
+
 # the GPU suite's parts: (name, progress title, function)
 GPU_PARTS = [
     ('tune', 'fused scan kernel launch configuration (Vim-T bf16 graph)', gpu_tune),
@@ -285,6 +374,7 @@ GPU_PARTS = [
     ('main', 'whole classifiers, batch 128, 224', gpu_main),
     ('reduction', 'ToMe, bf16, batch 128, 224', gpu_reduction),
     ('resolution', 'bf16, CUDA graph, pixels per batch constant', gpu_resolution),
+    ('vmamba', 'VMamba-T whole classifier, batch 128, 224, ours and official', gpu_vmamba),
 ]
 
 def main(argv=None):
@@ -315,6 +405,10 @@ def main(argv=None):
                    help='main part: a checkout of hustvl/Vim; its Vim-T/S are timed in the same '
                         'process, same weights, batch, dtype and mode (see '
                         'amvim_mm/analysis/official_vim.py)')
+    p.add_argument('--official-vmamba', metavar='PATH',
+                   help='vmamba part: a checkout of MzeroMiko/VMamba (its root vmamba.py); '
+                        'its VMamba-T is timed in the same process, same weights, batch, dtype '
+                        'and mode (see amvim_mm/analysis/official_vmamba.py)')
     p.add_argument('--cpu-iters', type=int, default=5)
     p.add_argument('--out-dir', default='benchmarks')
     args = p.parse_args(argv)
@@ -323,6 +417,8 @@ def main(argv=None):
         return 2
     if args.official_vim:
         OV.official_module(args.official_vim)   # a wrong path fails now, not after the tunes
+    if args.official_vmamba:
+        OVM.official_module(args.official_vmamba)
     os.makedirs(args.out_dir, exist_ok=True)
     result = dict(command='python tools/benchmark.py ' + ' '.join(argv or sys.argv[1:]),
                   environment=B.environment())
@@ -365,6 +461,16 @@ def main(argv=None):
     if 'resolution' in result:
         md += ['## resolution (bf16, graph)', B.table(result['resolution'], [
             'model', 'res', 'batch', 'img_per_s', 'official', 'peak_mem_mib']), '']
+    if 'vmamba' in result:
+        inf = [r for r in result['vmamba'] if 'mode' in r and r.get('part') != 'reduction']
+        red = [r for r in result['vmamba'] if r.get('part') == 'reduction']
+        md += ['## vmamba (VMamba-T, batch 128, 224; vs_official_run: same mode, same run)',
+               B.table(inf, ['model', 'dtype', 'mode', 'impl', 'img_per_s', 'vs_official_run',
+                             'latency_ms', 'spread_pct', 'peak_mem_mib', 'error']), '',
+               '## vmamba stage-3 reduction (bf16)',
+               B.table(red, ['model', 'mode', 'method', 'ratio', 'realised', 'gflops',
+                             'img_per_s', 'speedup', 'flops_ratio', 'speedup_over_ideal',
+                             'error']), '']
     with open(osp.join(args.out_dir, f'benchmark_{args.suite}.md'), 'w') as f:
         f.write('\n'.join(md) + '\n')
     print('\n'.join(md))

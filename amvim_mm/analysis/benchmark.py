@@ -35,6 +35,9 @@ MODELS = {
     'localvim-t': dict(type='LocalVim', arch='tiny'),
     'vim-test': dict(type='Vim', arch='test'),
     'amvim-test': dict(type='AMVim', arch='test'),
+    # VMamba: the classifier input (the official classifier norm + average pool)
+    'vmamba-t': dict(type='VMamba', arch='tiny', out_type='avg_featmap', out_indices=(3, )),
+    'vmamba-test': dict(type='VMamba', arch='test', out_type='avg_featmap', out_indices=(3, )),
 }
 
 
@@ -44,7 +47,9 @@ class Classifier(nn.Module):
     def __init__(self, backbone: nn.Module, num_classes: int = 1000) -> None:
         super().__init__()
         self.backbone = backbone
-        self.head = nn.Linear(backbone.embed_dims, num_classes)
+        # the last stage's width of a hierarchical backbone (VMamba), else the embedding width
+        width = backbone.dims[-1] if hasattr(backbone, 'dims') else backbone.embed_dims
+        self.head = nn.Linear(width, num_classes)
 
     def forward(self, x):
         return self.head(self.backbone(x)[-1])
@@ -54,13 +59,17 @@ def build(name: str, img_size: int = 224, head: bool = True,
           token_reduction: Optional[dict] = None, scan_backend: Optional[str] = None,
           device: str = 'cuda', fused_mixer: Optional[bool] = None) -> nn.Module:
     """A benchmark model; ``fused_mixer`` as in :class:`~amvim_mm.models.backbones.Vim`
-    (``None``: the automatic choice, the fused Triton mixer for CUDA inference)."""
+    (``None``: the automatic choice, the fused Triton mixer for CUDA inference; VMamba has
+    none)."""
     from amvim_mm.registry import MODELS as REG
     if name not in MODELS:
         raise LookupConfigError(f'unknown model {name!r}; choose from {", ".join(MODELS)}')
-    cfg = dict(MODELS[name], img_size=img_size, out_type='cls_token',
-               token_reduction=token_reduction, scan_backend=scan_backend)
+    cfg = dict(MODELS[name], img_size=img_size, token_reduction=token_reduction,
+               scan_backend=scan_backend)
+    cfg.setdefault('out_type', 'cls_token')
     if fused_mixer is not None:
+        if cfg['type'] == 'VMamba':
+            raise ConfigError('VMamba has no fused mixer; leave fused_mixer at None')
         cfg['fused_mixer'] = fused_mixer
     backbone = REG.build(cfg)
     model = Classifier(backbone) if head else backbone
@@ -144,6 +153,42 @@ def measure(model: nn.Module, batch: int, res: int, dtype: str = 'fp32', mode: s
     med = statistics.median(times)
     out = dict(batch=batch, res=res, dtype=dtype, mode=mode, img_per_s=round(batch / med, 1),
                latency_ms=round(med * 1000, 3),
+               spread_pct=round(100 * (max(times) - min(times)) / med, 2))
+    if device == 'cuda':
+        out['peak_mem_mib'] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return out
+
+
+def measure_train(model: nn.Module, batch: int, res: int, dtype: str = 'bf16',
+                  warmup: int = 3, iters: int = 10, repeats: int = 3,
+                  num_classes: int = 1000) -> Dict[str, object]:
+    """Training images/s of ``model`` (a classifier): forward, cross-entropy, backward (no
+    optimizer step, gradients reset between steps), eager, under autocast to ``dtype``."""
+    device = next(model.parameters()).device.type
+    x = torch.randn(batch, 3, res, res, device=device)
+    y = torch.randint(0, num_classes, (batch, ), device=device)
+    amp = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}[dtype]
+    model.train()
+
+    def step():
+        with torch.autocast(device, dtype=amp or torch.float32, enabled=amp is not None):
+            loss = nn.functional.cross_entropy(model(x).float(), y)
+        loss.backward()
+        for p in model.parameters():
+            p.grad = None
+
+    if device == 'cuda':
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        for _ in range(warmup):
+            step()
+        times = [_timer(step, iters, device) for _ in range(repeats)]
+    finally:
+        model.eval()
+    med = statistics.median(times)
+    out = dict(batch=batch, res=res, dtype=dtype, mode='train-eager',
+               img_per_s=round(batch / med, 1), latency_ms=round(med * 1000, 3),
                spread_pct=round(100 * (max(times) - min(times)) / med, 2))
     if device == 'cuda':
         out['peak_mem_mib'] = round(torch.cuda.max_memory_allocated() / 2**20, 1)

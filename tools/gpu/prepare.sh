@@ -46,5 +46,14 @@ if [ -n "${OFFICIAL_VIM_GIT:-}" ]; then
     mamba-1p1p1/mamba_ssm | tar x -C .official/Vim
   git --git-dir "$OFFICIAL_VIM_GIT" rev-parse HEAD > .official/Vim/COMMIT
 fi
+# Optional: the official VMamba model file (the repository root's single-file vmamba.py; its
+# kernels are not built, the official automatic backend then uses mamba-ssm's kernel) from a
+# local git clone of MzeroMiko/VMamba, into the git-ignored .official/VMamba.
+if [ -n "${OFFICIAL_VMAMBA_GIT:-}" ]; then
+  grep -qx '/.official/' .git/info/exclude || echo '/.official/' >> .git/info/exclude
+  rm -rf .official/VMamba && mkdir -p .official/VMamba
+  git --git-dir "$OFFICIAL_VMAMBA_GIT" archive HEAD vmamba.py | tar x -C .official/VMamba
+  git --git-dir "$OFFICIAL_VMAMBA_GIT" rev-parse HEAD > .official/VMamba/COMMIT
+fi
 ls -laR .whl
 du -sh .whl

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool, with `.whl` carried; see tools/gpu/README.md):
 #   bash tools/gpu/run.sh [build] [tests] [bench] [bench-main] [bench-reduction] [bench-resolution]
+#                         [bench-vmamba]
 # Installs the carried wheels into .gpu_build/site, builds mamba-ssm for this GPU's architecture
 # only (about 140 s for sm_90; reused while the machine stays warm), then runs the GPU tests and
 # the benchmarks. Results and logs go to $OUT (default .gpu_build/out).
@@ -82,10 +83,13 @@ has bench-main && parts+=(main)
 has bench-reduction && parts+=(reduction)
 has bench-resolution && parts+=(resolution)
 has bench-profile && parts+=(profile)
+has bench-vmamba && parts+=(vmamba)
 extra=()
 # the official Vim code, timed beside ours in the main part when its files were carried
 # (tools/gpu/prepare.sh with OFFICIAL_VIM_GIT; amvim_mm/analysis/official_vim.py)
 official=(); [ -f .official/Vim/vim/models_mamba.py ] && official=(--official-vim .official/Vim)
+# the official VMamba code likewise (OFFICIAL_VMAMBA_GIT; amvim_mm/analysis/official_vmamba.py)
+[ -f .official/VMamba/vmamba.py ] && official+=(--official-vmamba .official/VMamba)
 has bench-reduction-compare && { parts+=(reduction); extra=(--reduction-variants default torch-match); }
 if [ ${#parts[@]} -gt 0 ]; then
   python3 tools/benchmark.py --suite gpu --parts "${parts[@]}" --out-dir "$OUT" \
