@@ -365,6 +365,33 @@ def gpu_vmamba(args):
     return rows
 
 
+def gpu_vmamba_profile(args):
+    """Top CUDA kernels of one bf16 forward of VMamba-T (batch 128, 224): ours and, with
+    ``--official-vmamba``, the official code."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.manual_seed(0)
+    ours = B.build('vmamba-t', 224, head=True)
+    models = [('ours', ours)]
+    if args.official_vmamba:
+        models.append(('official', OVM.build_official('tiny', args.official_vmamba,
+                                                      weights_from=ours)))
+    x = torch.randn(128, 3, 224, 224, device='cuda')
+    out = {}
+    for impl, m in models:
+        with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+            for _ in range(3):
+                m(x)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                m(x)
+                torch.cuda.synchronize()
+        t = prof.key_averages().table(sort_by='cuda_time_total', row_limit=30,
+                                      max_name_column_width=100)
+        out[impl] = t
+        log(f'vmamba profile, {impl}:\n{t}')
+    return out
+
+
 # the GPU suite's parts: (name, progress title, function)
 GPU_PARTS = [
     ('tune', 'fused scan kernel launch configuration (Vim-T bf16 graph)', gpu_tune),
@@ -375,6 +402,7 @@ GPU_PARTS = [
     ('reduction', 'ToMe, bf16, batch 128, 224', gpu_reduction),
     ('resolution', 'bf16, CUDA graph, pixels per batch constant', gpu_resolution),
     ('vmamba', 'VMamba-T whole classifier, batch 128, 224, ours and official', gpu_vmamba),
+    ('vmamba-profile', None, gpu_vmamba_profile),
 ]
 
 def main(argv=None):

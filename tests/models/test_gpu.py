@@ -134,14 +134,20 @@ def test_gpu_vmamba_kernel_matches_cpu(red):
 
 @needs_kernel
 def test_gpu_vmamba_bf16_training_step_and_graph():
-    _, gpu = vmamba_pair(token_reduction=dict(type='ToMe', ratio=0.4))
+    """bf16 close to fp32 (no reduction: a reducer's choices legitimately change with the
+    precision); with ToMe in stage 3: finite bf16 outputs, a training step with gradients
+    everywhere, and a CUDA-graph replay equal to the eager forward."""
+    _, plain = vmamba_pair()
     x = torch.randn(4, 3, 224, 224, device='cuda')
     with torch.no_grad():
-        ref = gpu(x)
+        ref = plain(x)
         with torch.autocast('cuda', dtype=torch.bfloat16):
-            out = gpu(x)
+            out = plain(x)
     for p, q in zip(ref, out):
         assert torch.isfinite(q).all() and rel(q, p) < 5e-2
+    _, gpu = vmamba_pair(token_reduction=dict(type='ToMe', ratio=0.4))
+    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+        assert all(torch.isfinite(o).all() for o in gpu(x))
     gpu.train()
     with torch.autocast('cuda', dtype=torch.bfloat16):
         loss = sum(o.float().square().mean() for o in gpu(x))

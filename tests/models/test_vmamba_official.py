@@ -95,6 +95,11 @@ def test_ss2d_cross_merge_is_a_sum_in_float64(arch):
         ys = op.scan(xi.flatten(2).transpose(1, 2), ctx, SS2D_DIRECTIONS)
     got = sum(ys).reshape(2, -1, H, W)                # (B, E, L) in raster order
     assert float((got - want).abs().max()) < 1e-12 * float(want.abs().max())
+    # the full-grid path (one-pass cross-scan / cross-merge)
+    with torch.no_grad():
+        got = op.scan_full_grid(xi.flatten(2).transpose(1, 2), (H, W))   # (B, L, E)
+    got = got.transpose(1, 2).reshape(want.shape)
+    assert float((got - want).abs().max()) < 1e-12 * float(want.abs().max())
     # the whole mixer (in_proj, conv, out_norm, gate, out_proj) on a (d, H, W) map
     x = torch.randn(2, op.d_model, H, W, dtype=torch.float64)
     want = ref.ss2d(sd64, p, x, forward_type=op.forward_type)

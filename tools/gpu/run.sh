@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool, with `.whl` carried; see tools/gpu/README.md):
 #   bash tools/gpu/run.sh [build] [tests] [bench] [bench-main] [bench-reduction] [bench-resolution]
-#                         [bench-vmamba]
+#                         [bench-vmamba] [bench-vmamba-profile]
 # Installs the carried wheels into .gpu_build/site, builds mamba-ssm for this GPU's architecture
 # only (about 140 s for sm_90; reused while the machine stays warm), then runs the GPU tests and
 # the benchmarks. Results and logs go to $OUT (default .gpu_build/out).
@@ -84,6 +84,7 @@ has bench-reduction && parts+=(reduction)
 has bench-resolution && parts+=(resolution)
 has bench-profile && parts+=(profile)
 has bench-vmamba && parts+=(vmamba)
+has bench-vmamba-profile && parts+=(vmamba-profile)
 extra=()
 # the official Vim code, timed beside ours in the main part when its files were carried
 # (tools/gpu/prepare.sh with OFFICIAL_VIM_GIT; amvim_mm/analysis/official_vim.py)

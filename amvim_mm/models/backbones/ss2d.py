@@ -42,6 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from amvim_mm.errors import ConfigError
+from amvim_mm.ops.cross_scan import cross_merge, cross_scan
 from amvim_mm.ops.fused_mixer import autocast_dtype
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from ..layout.scan_context import ScanContext
@@ -129,9 +130,10 @@ class SS2D(nn.Module):
         H, W = ctx.grid
         w, b = self.conv2d.weight, self.conv2d.bias
         if ctx.full_grid:
-            g = x.transpose(1, 2).reshape(B, E, H, W)
+            # an NCHW view of the channel-last tokens (channels-last memory): no transposes
+            g = x.reshape(B, H, W, E).permute(0, 3, 1, 2)
             out = F.conv2d(g, w, b, padding=self.conv2d.padding, groups=E)
-            return F.silu(out.flatten(2).transpose(1, 2))
+            return F.silu(out.permute(0, 2, 3, 1).reshape(B, L, E))
         pos = ctx.pos if ctx.pos.dim() == 2 else ctx.pos.expand(B, -1)
         cell = torch.where(pos >= 0, pos, torch.full_like(pos, H * W))   # extras -> a spare row
         buf = x.new_zeros(B, H * W + 1, E)
@@ -147,25 +149,54 @@ class SS2D(nn.Module):
         alone = x * w[:, 0, c, c].to(x.dtype) + (0 if b is None else b.to(x.dtype))
         return F.silu(torch.where((pos >= 0).unsqueeze(-1), out, alone))
 
-    def scan(self, x: torch.Tensor, ctx: ScanContext, paths: Sequence) -> List[torch.Tensor]:
-        """Cross-scan, per-direction projections, one grouped selective scan, and the outputs
-        of the directions back in token order: K tensors (B, E, L)."""
+    def project(self, xs: torch.Tensor):
+        """Per-direction projections of (B, K, E, L) sequences -> (u, delta) (B, K*E, L) and
+        grouped B, C (B, K, N, L), all in the sequences' dtype (the kernel's contract)."""
+        B, K, E, L = xs.shape
+        N, R = self.d_state, self.dt_rank
+        # batched over (B, K) with the weights broadcast over B: no copy of the sequences
+        x_dbl = torch.matmul(self.x_proj_weight.to(xs.dtype), xs)           # (B, K, R+2N, L)
+        dts, Bs, Cs = torch.split(x_dbl, [R, N, N], dim=2)
+        dts = torch.matmul(self.dt_projs_weight.to(dts.dtype), dts)         # (B, K, E, L)
+        return (xs.reshape(B, K * E, L), dts.reshape(B, K * E, L), Bs.contiguous(),
+                Cs.contiguous())
+
+    def ssm_params(self, dtype: torch.dtype):
+        """A = -exp(A_logs), D and the step bias in ``dtype`` (fp32, or fp64 for fp64)."""
+        return (-torch.exp(self.A_logs.to(dtype)), self.Ds.to(dtype),
+                self.dt_projs_bias.to(dtype).reshape(-1))
+
+    def scan_full_grid(self, x: torch.Tensor, grid) -> torch.Tensor:
+        """The official computation on the whole grid: (B, L, E) -> (B, L, E) merged.
+
+        Cross-scan and cross-merge are one pass each (:mod:`amvim_mm.ops.cross_scan`); the
+        selective scan gets the sequences in the compute dtype (bf16 under autocast, as the
+        official code and the mamba-ssm kernel take them) and accumulates in fp32.
+        """
+        H, W = grid
         B, L, E = x.shape
-        K, N, R = self.num_directions, self.d_state, self.dt_rank
+        xs = cross_scan(x, H, W)                                            # (B, K, E, L)
+        u, delta, Bs, Cs = self.project(xs)
+        A, D, bias = self.ssm_params(torch.float64 if x.dtype == torch.float64
+                                     else torch.float32)
+        y = selective_scan_fn(u, delta, A, Bs, Cs, D, None, delta_bias=bias,
+                              delta_softplus=True, backend=self.scan_backend)
+        return cross_merge(y.view(B, self.num_directions, E, L), H, W)
+
+    def scan(self, x: torch.Tensor, ctx: ScanContext, paths: Sequence) -> List[torch.Tensor]:
+        """Any set of present cells (token reduction): each direction orders them by its own
+        rank, per-direction projections, one grouped selective scan (with ToP's gap folding
+        when ``ctx.align``), and the directions' outputs back in token order: K tensors
+        (B, E, L)."""
+        B, L, E = x.shape
+        K = self.num_directions
         x_cf = x.transpose(1, 2)                                            # (B, E, L)
         indices = [ctx.path_index(p) for p in paths]
         xs = torch.stack([idx.to_path_cf(x_cf) for idx in indices], 1)      # (B, K, E, L)
-        x_dbl = torch.einsum('bkel,kce->bkcl', xs, self.x_proj_weight.to(xs.dtype))
-        dts, Bs, Cs = torch.split(x_dbl, [R, N, N], dim=2)
-        dts = torch.einsum('bkrl,ker->bkel', dts, self.dt_projs_weight.to(dts.dtype))
-        u = xs.reshape(B, K * E, L)
-        delta = dts.reshape(B, K * E, L)
+        u, delta, Bs, Cs = self.project(xs)
         ct = torch.float64 if x.dtype == torch.float64 else torch.float32   # scan precision
-        A = -torch.exp(self.A_logs.to(ct))
-        D = self.Ds.to(ct)
-        bias = self.dt_projs_bias.to(ct).reshape(-1)
-        u, delta = u.to(ct), delta.to(ct)
-        Bs, Cs = Bs.to(ct).contiguous(), Cs.to(ct).contiguous()
+        A, D, bias = self.ssm_params(ct)
+        u, delta, Bs, Cs = u.to(ct), delta.to(ct), Bs.to(ct), Cs.to(ct)
         gaps = [ctx.path_gaps(p) for p in paths]
         if gaps[0] is None:
             y = selective_scan_fn(u, delta, A, Bs, Cs, D, None, delta_bias=bias,
@@ -195,14 +226,17 @@ class SS2D(nn.Module):
             x, z = x.chunk(2, dim=-1)
             z = F.silu(z)
         x = self.grid_conv(x, ctx)
-        ys = self.scan(x, ctx, paths)
-        if ctx.want_importance:
-            # ToP importance: sum over channels of max(0, y), all directions, token order
-            ctx.importance = sum(y.clamp_min(0).sum(1) for y in ys).detach()
-        y = ys[0]
-        for t in ys[1:]:
-            y = y + t                                                       # cross-merge: sum
-        y = y.transpose(1, 2)
+        if ctx.full_grid and not ctx.want_importance and paths is SS2D_DIRECTIONS:
+            y = self.scan_full_grid(x, ctx.grid)                            # (B, L, E)
+        else:
+            ys = self.scan(x, ctx, paths)
+            if ctx.want_importance:
+                # ToP importance: sum over channels of max(0, y), all directions, token order
+                ctx.importance = sum(y.clamp_min(0).sum(1) for y in ys).detach()
+            y = ys[0]
+            for t in ys[1:]:
+                y = y + t                                                   # cross-merge: sum
+            y = y.transpose(1, 2)
         if autocast_dtype(y.device.type) is None:  # fp32 scan output, a 16-bit model's norm
             y = y.to(self.out_norm.weight.dtype)
         y = self.out_norm(y)

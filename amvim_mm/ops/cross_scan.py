@@ -1,0 +1,155 @@
+"""VMamba's cross-scan and cross-merge of a full grid: one pass each on CUDA.
+
+:func:`cross_scan` turns the (B, L, E) channel-last tokens of an H x W grid (raster order) into
+the four directions' sequences (B, 4, E, L): row-major, column-major, and both reversed (the
+official ``CrossScan``). :func:`cross_merge` maps four such sequences back to raster order and
+sums them into (B, L, E) channel-last (the official ``CrossMerge``; fp32 accumulation). Each is
+the other's adjoint, so each one's backward is the other.
+
+On CUDA tensors both are Triton kernels (:mod:`._cross_scan_kernels`) that read every element
+once and write it once per direction (a gather-and-stack in PyTorch ops makes several passes
+and copies); elsewhere, and as the reference the kernels are tested against,
+:func:`cross_scan_ref` / :func:`cross_merge_ref` (index gathers). ``TRITON_INTERPRET=1`` runs
+the kernels on CPU tensors (tests).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from amvim_mm.errors import ConfigError
+
+K = 4
+BLOCK_L, BLOCK_E = 64, 32
+
+
+@functools.lru_cache(maxsize=64)
+def direction_indices(H: int, W: int, device) -> Tensor:
+    """(4, L) long: the raster token at each path position of each direction."""
+    L = H * W
+    col = torch.arange(L).view(H, W).t().reshape(-1)            # column-major: token w*H+h
+    raster = torch.arange(L)
+    return torch.stack([raster, col, raster.flip(0), col.flip(0)]).to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _inverse_indices(H: int, W: int, device) -> Tensor:
+    """(4, L) long: the path position of each raster token in each direction."""
+    return torch.argsort(direction_indices(H, W, device), dim=1)
+
+
+def cross_scan_ref(x: Tensor, H: int, W: int) -> Tensor:
+    """(B, L, E) -> (B, 4, E, L) with PyTorch ops (reference; autograd)."""
+    B, L, E = x.shape
+    idx = direction_indices(H, W, x.device)
+    return x.transpose(1, 2)[:, None].expand(B, K, E, L).gather(
+        3, idx[None, :, None, :].expand(B, K, E, L))
+
+
+def cross_merge_ref(ys: Tensor, H: int, W: int) -> Tensor:
+    """(B, 4, E, L) -> (B, L, E) with PyTorch ops (reference; fp32 sum, output ``ys.dtype``)."""
+    B, _, E, L = ys.shape
+    inv = _inverse_indices(H, W, ys.device)
+    acc = torch.promote_types(ys.dtype, torch.float32)      # fp32 (fp64 stays fp64)
+    tok = ys.to(acc).gather(3, inv[None, :, None, :].expand(B, K, E, L))
+    return tok.sum(1).transpose(1, 2).to(ys.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(interpret: bool):
+    import triton
+
+    from . import _cross_scan_kernels as k
+    if interpret and not triton.knobs.runtime.interpret:
+        raise ConfigError('the cross-scan kernels run on CPU tensors in Triton\'s interpreter '
+                          'only: set TRITON_INTERPRET=1 before starting Python (tests)')
+    return triton.jit(k.cross_scan_kernel), triton.jit(k.cross_merge_kernel)
+
+
+def _launch(kernel: int, src: Tensor, dst: Tensor, H: int, W: int, E: int) -> Tensor:
+    import triton
+    B, L = dst.shape[0], H * W
+    n_lb = triton.cdiv(L, BLOCK_L)
+    _kernels(not src.is_cuda)[kernel][(B * n_lb, triton.cdiv(E, BLOCK_E))](
+        src, dst, H, W, L, E, n_lb, BLOCK_L=BLOCK_L, BLOCK_E=BLOCK_E)
+    return dst
+
+
+def _scan_kernel(x: Tensor, H: int, W: int) -> Tensor:
+    B, L, E = x.shape
+    xs = torch.empty(B, K, E, L, device=x.device, dtype=x.dtype)
+    return _launch(0, x.contiguous(), xs, H, W, E)
+
+
+def _merge_kernel(ys: Tensor, H: int, W: int) -> Tensor:
+    B, _, E, L = ys.shape
+    y = torch.empty(B, L, E, device=ys.device, dtype=ys.dtype)
+    return _launch(1, ys.contiguous(), y, H, W, E)
+
+
+class _CrossScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, H, W):
+        ctx.grid = (H, W)
+        return _scan_kernel(x, H, W)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _merge_kernel(g, *ctx.grid), None, None
+
+
+class _CrossMerge(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ys, H, W):
+        ctx.grid = (H, W)
+        return _merge_kernel(ys, H, W)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _scan_kernel(g, *ctx.grid), None, None
+
+
+def _use_kernels(t: Tensor, kernels: Optional[bool]) -> bool:
+    if kernels is not None:
+        return kernels
+    return t.is_cuda and _triton_ok()
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_ok() -> bool:
+    try:
+        _kernels(False)
+    except Exception:   # no triton: the PyTorch reference
+        return False
+    return True
+
+
+def _check(shape: Tuple[int, ...], L: int, H: int, W: int, name: str) -> None:
+    if L != H * W:
+        raise ConfigError(f'{name}: {L} tokens do not fill a {H} x {W} grid (shape {shape})')
+
+
+def cross_scan(x: Tensor, H: int, W: int, kernels: Optional[bool] = None) -> Tensor:
+    """(B, L, E) channel-last raster tokens -> (B, 4, E, L) in the four directions' orders.
+
+    ``kernels``: None (Triton on CUDA, else PyTorch), True (Triton; CPU tensors need
+    ``TRITON_INTERPRET=1``) or False (PyTorch).
+    """
+    _check(tuple(x.shape), x.shape[1], H, W, 'cross_scan')
+    if _use_kernels(x, kernels):
+        return _CrossScan.apply(x, H, W)
+    return cross_scan_ref(x, H, W)
+
+
+def cross_merge(ys: Tensor, H: int, W: int, kernels: Optional[bool] = None) -> Tensor:
+    """(B, 4, E, L) path-ordered -> (B, L, E) raster: the sum of the four directions (fp32
+    accumulation, output in ``ys.dtype``). ``kernels`` as in :func:`cross_scan`."""
+    if ys.dim() != 4 or ys.shape[1] != K:
+        raise ConfigError(f'cross_merge takes (B, 4, E, L), got {tuple(ys.shape)}')
+    _check(tuple(ys.shape), ys.shape[3], H, W, 'cross_merge')
+    if _use_kernels(ys, kernels):
+        return _CrossMerge.apply(ys, H, W)
+    return cross_merge_ref(ys, H, W)
