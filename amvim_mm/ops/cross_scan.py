@@ -1,10 +1,14 @@
-"""VMamba's cross-scan and cross-merge of a full grid: one pass each on CUDA.
+"""VMamba's cross-scan and cross-merge: one pass each on CUDA.
 
 :func:`cross_scan` turns the (B, L, E) channel-last tokens of an H x W grid (raster order) into
 the four directions' sequences (B, 4, E, L): row-major, column-major, and both reversed (the
 official ``CrossScan``). :func:`cross_merge` maps four such sequences back to raster order and
 sums them into (B, L, E) channel-last (the official ``CrossMerge``; fp32 accumulation). Each is
 the other's adjoint, so each one's backward is the other.
+
+A reduced sequence (token reduction: any present tokens, per-sample) passes its directions as
+a :class:`DirectionIndex`: ``perm[k, b, p]`` the token at position ``p`` of direction ``k`` and
+``inv`` its inverse (B may be 1: shared by the batch).
 
 On CUDA tensors both are Triton kernels (:mod:`._cross_scan_kernels`) that read every element
 once and write it once per direction (a gather-and-stack in PyTorch ops makes several passes
@@ -15,7 +19,7 @@ the kernels on CPU tensors (tests).
 from __future__ import annotations
 
 import functools
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -24,6 +28,22 @@ from amvim_mm.errors import ConfigError
 
 K = 4
 BLOCK_L, BLOCK_E = 64, 32
+
+
+class DirectionIndex(NamedTuple):
+    """The four directions of a reduced sequence: ``perm`` (4, B or 1, L) long, the token at
+    each path position, and ``inv`` (4, B or 1, L) int32, the path position of each token."""
+
+    perm: Tensor
+    inv: Tensor
+
+    @classmethod
+    def from_perm(cls, perm: Tensor) -> 'DirectionIndex':
+        perm = perm.long()
+        inv = torch.empty_like(perm)
+        ar = torch.arange(perm.shape[-1], device=perm.device).expand_as(perm)
+        inv.scatter_(2, perm, ar)
+        return cls(perm, inv.to(torch.int32).contiguous())
 
 
 @functools.lru_cache(maxsize=64)
@@ -41,20 +61,23 @@ def _inverse_indices(H: int, W: int, device) -> Tensor:
     return torch.argsort(direction_indices(H, W, device), dim=1)
 
 
-def cross_scan_ref(x: Tensor, H: int, W: int) -> Tensor:
+def cross_scan_ref(x: Tensor, H: int, W: int, index: Optional[DirectionIndex] = None
+                   ) -> Tensor:
     """(B, L, E) -> (B, 4, E, L) with PyTorch ops (reference; autograd)."""
     B, L, E = x.shape
-    idx = direction_indices(H, W, x.device)
-    return x.transpose(1, 2)[:, None].expand(B, K, E, L).gather(
-        3, idx[None, :, None, :].expand(B, K, E, L))
+    perm = direction_indices(H, W, x.device)[:, None] if index is None else index.perm
+    perm = perm.permute(1, 0, 2)[:, :, None, :].expand(B, K, E, L)        # (B, K, E, L)
+    return x.transpose(1, 2)[:, None].expand(B, K, E, L).gather(3, perm)
 
 
-def cross_merge_ref(ys: Tensor, H: int, W: int) -> Tensor:
+def cross_merge_ref(ys: Tensor, H: int, W: int, index: Optional[DirectionIndex] = None
+                    ) -> Tensor:
     """(B, 4, E, L) -> (B, L, E) with PyTorch ops (reference; fp32 sum, output ``ys.dtype``)."""
     B, _, E, L = ys.shape
-    inv = _inverse_indices(H, W, ys.device)
+    inv = _inverse_indices(H, W, ys.device)[:, None] if index is None else index.inv.long()
+    inv = inv.permute(1, 0, 2)[:, :, None, :].expand(B, K, E, L)
     acc = torch.promote_types(ys.dtype, torch.float32)      # fp32 (fp64 stays fp64)
-    tok = ys.to(acc).gather(3, inv[None, :, None, :].expand(B, K, E, L))
+    tok = ys.to(acc).gather(3, inv)
     return tok.sum(1).transpose(1, 2).to(ys.dtype)
 
 
@@ -69,47 +92,55 @@ def _kernels(interpret: bool):
     return triton.jit(k.cross_scan_kernel), triton.jit(k.cross_merge_kernel)
 
 
-def _launch(kernel: int, src: Tensor, dst: Tensor, H: int, W: int, E: int) -> Tensor:
+def _launch(kernel: int, src: Tensor, dst: Tensor, H: int, W: int, E: int,
+            index: Optional[DirectionIndex]) -> Tensor:
     import triton
-    B, L = dst.shape[0], H * W
+    B, L = dst.shape[0], (H * W if index is None else index.inv.shape[-1])
     n_lb = triton.cdiv(L, BLOCK_L)
+    if index is None:
+        inv, bstride, kstride = src, 0, 0               # unused (HAS_INDEX=False)
+    else:
+        inv = index.inv
+        bstride = L if inv.shape[1] > 1 else 0
+        kstride = inv.shape[1] * L
     _kernels(not src.is_cuda)[kernel][(B * n_lb, triton.cdiv(E, BLOCK_E))](
-        src, dst, H, W, L, E, n_lb, BLOCK_L=BLOCK_L, BLOCK_E=BLOCK_E)
+        src, dst, inv, H, W, L, E, n_lb, bstride, kstride, HAS_INDEX=index is not None,
+        BLOCK_L=BLOCK_L, BLOCK_E=BLOCK_E)
     return dst
 
 
-def _scan_kernel(x: Tensor, H: int, W: int) -> Tensor:
+def _scan_kernel(x: Tensor, H: int, W: int, index: Optional[DirectionIndex]) -> Tensor:
     B, L, E = x.shape
     xs = torch.empty(B, K, E, L, device=x.device, dtype=x.dtype)
-    return _launch(0, x.contiguous(), xs, H, W, E)
+    return _launch(0, x.contiguous(), xs, H, W, E, index)
 
 
-def _merge_kernel(ys: Tensor, H: int, W: int) -> Tensor:
+def _merge_kernel(ys: Tensor, H: int, W: int, index: Optional[DirectionIndex]) -> Tensor:
     B, _, E, L = ys.shape
     y = torch.empty(B, L, E, device=ys.device, dtype=ys.dtype)
-    return _launch(1, ys.contiguous(), y, H, W, E)
+    return _launch(1, ys.contiguous(), y, H, W, E, index)
 
 
 class _CrossScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, H, W):
-        ctx.grid = (H, W)
-        return _scan_kernel(x, H, W)
+    def forward(ctx, x, H, W, index):
+        ctx.args = (H, W, index)
+        return _scan_kernel(x, H, W, index)
 
     @staticmethod
     def backward(ctx, g):
-        return _merge_kernel(g, *ctx.grid), None, None
+        return _merge_kernel(g, *ctx.args), None, None, None
 
 
 class _CrossMerge(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ys, H, W):
-        ctx.grid = (H, W)
-        return _merge_kernel(ys, H, W)
+    def forward(ctx, ys, H, W, index):
+        ctx.args = (H, W, index)
+        return _merge_kernel(ys, H, W, index)
 
     @staticmethod
     def backward(ctx, g):
-        return _scan_kernel(g, *ctx.grid), None, None
+        return _scan_kernel(g, *ctx.args), None, None, None
 
 
 def _use_kernels(t: Tensor, kernels: Optional[bool]) -> bool:
@@ -127,29 +158,37 @@ def _triton_ok() -> bool:
     return True
 
 
-def _check(shape: Tuple[int, ...], L: int, H: int, W: int, name: str) -> None:
-    if L != H * W:
+def _check(shape: Tuple[int, ...], L: int, H: int, W: int, name: str,
+           index: Optional[DirectionIndex]) -> None:
+    if index is None and L != H * W:
         raise ConfigError(f'{name}: {L} tokens do not fill a {H} x {W} grid (shape {shape})')
+    if index is not None and (index.inv.shape[0] != K or index.inv.shape[-1] != L):
+        raise ConfigError(f'{name}: a direction index of shape {tuple(index.inv.shape)} does '
+                          f'not fit {L} tokens (shape {shape})')
 
 
-def cross_scan(x: Tensor, H: int, W: int, kernels: Optional[bool] = None) -> Tensor:
-    """(B, L, E) channel-last raster tokens -> (B, 4, E, L) in the four directions' orders.
+def cross_scan(x: Tensor, H: int, W: int, index: Optional[DirectionIndex] = None,
+               kernels: Optional[bool] = None) -> Tensor:
+    """(B, L, E) channel-last tokens -> (B, 4, E, L) in the four directions' orders.
 
-    ``kernels``: None (Triton on CUDA, else PyTorch), True (Triton; CPU tensors need
+    ``index``: None for the full H x W grid in raster order, else the directions of a reduced
+    sequence. ``kernels``: None (Triton on CUDA, else PyTorch), True (Triton; CPU tensors need
     ``TRITON_INTERPRET=1``) or False (PyTorch).
     """
-    _check(tuple(x.shape), x.shape[1], H, W, 'cross_scan')
+    _check(tuple(x.shape), x.shape[1], H, W, 'cross_scan', index)
     if _use_kernels(x, kernels):
-        return _CrossScan.apply(x, H, W)
-    return cross_scan_ref(x, H, W)
+        return _CrossScan.apply(x, H, W, index)
+    return cross_scan_ref(x, H, W, index)
 
 
-def cross_merge(ys: Tensor, H: int, W: int, kernels: Optional[bool] = None) -> Tensor:
-    """(B, 4, E, L) path-ordered -> (B, L, E) raster: the sum of the four directions (fp32
-    accumulation, output in ``ys.dtype``). ``kernels`` as in :func:`cross_scan`."""
+def cross_merge(ys: Tensor, H: int, W: int, index: Optional[DirectionIndex] = None,
+                kernels: Optional[bool] = None) -> Tensor:
+    """(B, 4, E, L) path-ordered -> (B, L, E) token order: the sum of the four directions
+    (fp32 accumulation, output in ``ys.dtype``). ``index``, ``kernels`` as in
+    :func:`cross_scan`."""
     if ys.dim() != 4 or ys.shape[1] != K:
         raise ConfigError(f'cross_merge takes (B, 4, E, L), got {tuple(ys.shape)}')
-    _check(tuple(ys.shape), ys.shape[3], H, W, 'cross_merge')
+    _check(tuple(ys.shape), ys.shape[3], H, W, 'cross_merge', index)
     if _use_kernels(ys, kernels):
-        return _CrossMerge.apply(ys, H, W)
-    return cross_merge_ref(ys, H, W)
+        return _CrossMerge.apply(ys, H, W, index)
+    return cross_merge_ref(ys, H, W, index)

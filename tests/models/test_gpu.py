@@ -158,4 +158,4 @@ def test_gpu_vmamba_bf16_training_step_and_graph():
     from amvim_mm.analysis.benchmark import eager_and_replayed
     with torch.no_grad():
         a, b = eager_and_replayed(lambda: gpu(x)[2])
-    assert torch.equal(a, b)
+    assert rel(b, a) < 1e-5      # the merge's scatter-add is atomic: not bit-reproducible

@@ -7,6 +7,7 @@ import torch
 import amvim_mm  # noqa: F401
 from amvim_mm.models.backbones.ss2d import SS2D_DIRECTIONS
 from amvim_mm.models.layout.scan_context import ScanContext
+from amvim_mm.ops.cross_scan import cross_merge
 from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
 from tests.reference import official_vmamba as ref
@@ -91,15 +92,15 @@ def test_ss2d_cross_merge_is_a_sum_in_float64(arch):
     xi = torch.randn(2, op.d_inner, H, W, dtype=torch.float64)      # after the conv + SiLU
     want = ref.ss2d_scan_merge(sd64, p, xi)                         # (B, E, H, W)
     ctx = ScanContext((H, W), cls_index=NO_CLS)
-    with torch.no_grad():
-        ys = op.scan(xi.flatten(2).transpose(1, 2), ctx, SS2D_DIRECTIONS)
-    got = sum(ys).reshape(2, -1, H, W)                # (B, E, L) in raster order
-    assert float((got - want).abs().max()) < 1e-12 * float(want.abs().max())
-    # the full-grid path (one-pass cross-scan / cross-merge)
-    with torch.no_grad():
-        got = op.scan_full_grid(xi.flatten(2).transpose(1, 2), (H, W))   # (B, L, E)
-    got = got.transpose(1, 2).reshape(want.shape)
-    assert float((got - want).abs().max()) < 1e-12 * float(want.abs().max())
+    tokens = xi.flatten(2).transpose(1, 2)
+    # the official directions computed in place, and given as an index (a reduced sequence's
+    # route, here with every cell present)
+    for paths in (SS2D_DIRECTIONS, list(SS2D_DIRECTIONS)):
+        with torch.no_grad():
+            ys, index = op.directions(tokens, ctx, paths)
+            got = cross_merge(ys, H, W, index)                              # (B, L, E)
+        got = got.transpose(1, 2).reshape(want.shape)
+        assert float((got - want).abs().max()) < 1e-12 * float(want.abs().max())
     # the whole mixer (in_proj, conv, out_norm, gate, out_proj) on a (d, H, W) map
     x = torch.randn(2, op.d_model, H, W, dtype=torch.float64)
     want = ref.ss2d(sd64, p, x, forward_type=op.forward_type)

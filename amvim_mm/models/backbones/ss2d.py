@@ -35,23 +35,35 @@ with ``full_grid=False``):
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from amvim_mm.errors import ConfigError
-from amvim_mm.ops.cross_scan import cross_merge, cross_scan
+from amvim_mm.ops.cross_scan import DirectionIndex, cross_merge, cross_scan, direction_indices
 from amvim_mm.ops.fused_mixer import autocast_dtype
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from ..layout.scan_context import ScanContext
+from ..layout.scan_orders import normalize_order
 
 #: the four cross-scan directions of the official ``CrossScan`` (k = 0..3), as scan orders
 SS2D_DIRECTIONS = (dict(order='raster'), dict(order='column'),
                    dict(order='raster', reverse=True), dict(order='column', reverse=True))
 #: forward types this module implements (the final models and Vanilla VMamba)
 FORWARD_TYPES = ('v05_noz', 'v0')
+
+
+def _whole_grid(ctx: ScanContext) -> bool:
+    """The sequence is the whole grid in raster order (no token removed yet, no extra
+    token): the official computation needs no index."""
+    return (ctx.full_grid or not ctx.reduced) and ctx.cls_index < 0 and not ctx.has_fused
+
+
+def _full_inverse(grid, device) -> torch.Tensor:
+    """(1, K, L) long: each raster token's position in each official direction."""
+    return torch.argsort(direction_indices(grid[0], grid[1], device), dim=1).unsqueeze(0)
 
 
 class SS2D(nn.Module):
@@ -129,7 +141,7 @@ class SS2D(nn.Module):
         B, L, E = x.shape
         H, W = ctx.grid
         w, b = self.conv2d.weight, self.conv2d.bias
-        if ctx.full_grid:
+        if _whole_grid(ctx):
             # an NCHW view of the channel-last tokens (channels-last memory): no transposes
             g = x.reshape(B, H, W, E).permute(0, 3, 1, 2)
             out = F.conv2d(g, w, b, padding=self.conv2d.padding, groups=E)
@@ -166,42 +178,50 @@ class SS2D(nn.Module):
         return (-torch.exp(self.A_logs.to(dtype)), self.Ds.to(dtype),
                 self.dt_projs_bias.to(dtype).reshape(-1))
 
-    def scan_full_grid(self, x: torch.Tensor, grid) -> torch.Tensor:
-        """The official computation on the whole grid: (B, L, E) -> (B, L, E) merged.
+    def direction_index(self, ctx: ScanContext, paths: Sequence) -> Optional[DirectionIndex]:
+        """The directions' token orders of the present sequence: None for the full grid in
+        the official directions (computed in the kernels), else a
+        :class:`~amvim_mm.ops.cross_scan.DirectionIndex` (cached on the context)."""
+        if _whole_grid(ctx) and paths is SS2D_DIRECTIONS:
+            return None
+        keys = tuple(normalize_order(p) for p in paths)
+        cache = ctx._perms
+        index = cache.get(('ss2d', ) + keys)
+        if index is None:
+            if ctx.pos.is_cuda:   # every path in one launch where the kernels exist
+                perm = ctx.path_perms(keys)
+            else:
+                pos = ctx.pos if ctx.pos.dim() == 2 else ctx.pos.unsqueeze(0)
+                perm = torch.stack([ctx.path_index(k).indices(pos) for k in keys])
+            index = DirectionIndex.from_perm(perm)
+            cache[('ss2d', ) + keys] = index
+        return index
 
-        Cross-scan and cross-merge are one pass each (:mod:`amvim_mm.ops.cross_scan`); the
-        selective scan gets the sequences in the compute dtype (bf16 under autocast, as the
-        official code and the mamba-ssm kernel take them) and accumulates in fp32.
+    def directions(self, x: torch.Tensor, ctx: ScanContext, paths: Sequence = SS2D_DIRECTIONS
+                   ) -> Tuple[torch.Tensor, Optional[DirectionIndex]]:
+        """Cross-scan, per-direction projections and one grouped selective scan of the
+        (B, L, E) conv output -> the outputs in path order (B, K, E, L) and the directions'
+        index (None: the full grid).
+
+        Without alignment the scan gets the sequences in the compute dtype (bf16 under
+        autocast, as the official code and the mamba-ssm kernel take them) and accumulates in
+        fp32. With ToP's alignment (``ctx.align``) each direction scans its present tokens as
+        if the absent cells were there with zero input (gap folding, in fp32).
         """
-        H, W = grid
-        B, L, E = x.shape
-        xs = cross_scan(x, H, W)                                            # (B, K, E, L)
-        u, delta, Bs, Cs = self.project(xs)
-        A, D, bias = self.ssm_params(torch.float64 if x.dtype == torch.float64
-                                     else torch.float32)
-        y = selective_scan_fn(u, delta, A, Bs, Cs, D, None, delta_bias=bias,
-                              delta_softplus=True, backend=self.scan_backend)
-        return cross_merge(y.view(B, self.num_directions, E, L), H, W)
-
-    def scan(self, x: torch.Tensor, ctx: ScanContext, paths: Sequence) -> List[torch.Tensor]:
-        """Any set of present cells (token reduction): each direction orders them by its own
-        rank, per-direction projections, one grouped selective scan (with ToP's gap folding
-        when ``ctx.align``), and the directions' outputs back in token order: K tensors
-        (B, E, L)."""
         B, L, E = x.shape
         K = self.num_directions
-        x_cf = x.transpose(1, 2)                                            # (B, E, L)
-        indices = [ctx.path_index(p) for p in paths]
-        xs = torch.stack([idx.to_path_cf(x_cf) for idx in indices], 1)      # (B, K, E, L)
+        H, W = ctx.grid
+        index = self.direction_index(ctx, paths)
+        xs = cross_scan(x, H, W, index)                                     # (B, K, E, L)
         u, delta, Bs, Cs = self.project(xs)
-        ct = torch.float64 if x.dtype == torch.float64 else torch.float32   # scan precision
+        ct = torch.float64 if x.dtype == torch.float64 else torch.float32
         A, D, bias = self.ssm_params(ct)
-        u, delta, Bs, Cs = u.to(ct), delta.to(ct), Bs.to(ct), Cs.to(ct)
         gaps = [ctx.path_gaps(p) for p in paths]
         if gaps[0] is None:
             y = selective_scan_fn(u, delta, A, Bs, Cs, D, None, delta_bias=bias,
                                   delta_softplus=True, backend=self.scan_backend)
         else:
+            u, delta, Bs, Cs = u.to(ct), delta.to(ct), Bs.to(ct), Cs.to(ct)
             if ctx.align == 'bias':
                 step = F.softplus(bias).view(1, K, E, 1)
             else:   # the next kept token's own step size
@@ -210,8 +230,7 @@ class SS2D(nn.Module):
             y = aligned_selective_scan(u, delta, A, Bs, Cs, D, None, delta_bias=bias,
                                        gap_delta=(g * step).reshape(B, K * E, L),
                                        backend=self.scan_backend)
-        y = y.view(B, K, E, L)
-        return [idx.to_tokens_cf(y[:, k]) for k, idx in enumerate(indices)]
+        return y.view(B, K, E, L), index
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor, ctx: ScanContext,
@@ -226,17 +245,14 @@ class SS2D(nn.Module):
             x, z = x.chunk(2, dim=-1)
             z = F.silu(z)
         x = self.grid_conv(x, ctx)
-        if ctx.full_grid and not ctx.want_importance and paths is SS2D_DIRECTIONS:
-            y = self.scan_full_grid(x, ctx.grid)                            # (B, L, E)
-        else:
-            ys = self.scan(x, ctx, paths)
-            if ctx.want_importance:
-                # ToP importance: sum over channels of max(0, y), all directions, token order
-                ctx.importance = sum(y.clamp_min(0).sum(1) for y in ys).detach()
-            y = ys[0]
-            for t in ys[1:]:
-                y = y + t                                                   # cross-merge: sum
-            y = y.transpose(1, 2)
+        ys, index = self.directions(x, ctx, paths)                          # (B, K, E, L)
+        if ctx.want_importance:
+            # ToP importance: sum over directions and channels of max(0, y), per token
+            r = ys.float().clamp_min(0).sum(2)                              # (B, K, L) path
+            inv = (_full_inverse(ctx.grid, ys.device) if index is None
+                   else index.inv.long().permute(1, 0, 2))                  # (B|1, K, L)
+            ctx.importance = r.gather(2, inv.expand_as(r)).sum(1).detach()
+        y = cross_merge(ys, *ctx.grid, index)                               # (B, L, E) sum
         if autocast_dtype(y.device.type) is None:  # fp32 scan output, a 16-bit model's norm
             y = y.to(self.out_norm.weight.dtype)
         y = self.out_norm(y)
