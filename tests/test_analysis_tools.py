@@ -29,6 +29,19 @@ def test_erf_map_shape_and_locality():
     assert m.out_type == 'cls_token'        # restored afterwards
 
 
+def test_erf_map_of_vmamba_is_local_and_runs_with_reduction():
+    """VMamba's last stage (stride 32; 128 px: a 4 x 4 grid, "centre" cell (2, 2) over
+    pixels 64-95): the centre output's gradient reaches the image, more of it under that cell
+    than in the far corner; also with stage-3 token reduction."""
+    torch.manual_seed(0)
+    for red in (None, dict(type='ToMe', ratio=0.3)):
+        m = MODELS.build(dict(type='VMamba', arch='test', out_indices=(1, ), token_reduction=red))
+        e = erf_map(m, (128, 128), num_samples=2, batch_size=2)
+        assert e.shape == (128, 128) and torch.isfinite(e).all() and e.sum() > 0
+        assert e[64:96, 64:96].mean() > e[:16, :16].mean()
+        assert m.out_indices == [1]
+
+
 def test_erf_tool_on_a_config_and_checkpoint(tmp_path):
     from mmengine.registry import DefaultScope
 
