@@ -54,7 +54,7 @@ def _main(argv=None) -> int:
     runner = make_runner(cfg)
     load_model_weights(runner.model, args.checkpoint, strict=True)
     bb = find_reducible_backbone(runner.model)
-    M, depth = bb.patch_resolution[0] * bb.patch_resolution[1], bb.num_layers
+    M, depth = bb.reduction_domain()
     key = PRIMARY_METRICS[cfg.default_scope]
     rows = []
     for method in args.methods:
