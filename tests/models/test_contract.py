@@ -18,6 +18,14 @@ SCHEDULES = {
 }
 BACKBONES = sorted(n for n, c in MODELS.module_dict.items()
                    if isinstance(c, type) and issubclass(c, VimFamilyBackbone))
+#: hierarchical backbones: reduction inside one stage (the schedules count that stage's blocks)
+HIERARCHICAL = {'VMamba': dict(arch='test', reduction_stage=2)}
+HIER_SCHEDULES = {
+    'ToMe': (dict(ratio=0.27), dict(ratio=0.0)),
+    'RandomPrune': (dict(ratio=0.27, seed=0), dict(ratio=0.0, seed=0)),
+    'ToP': (dict(keep_rate=0.7, locations=(0, )), dict(keep_rate=1.0, locations=(0, ))),
+    'EViT': (dict(keep_rate=0.7, locations=(0, )), dict(keep_rate=1.0, locations=(0, ))),
+}
 REDUCERS = sorted(TOKEN_REDUCERS.module_dict)
 
 
@@ -25,6 +33,12 @@ def test_registries_are_covered():
     assert {'Vim', 'AMVim', 'LocalVim'} <= set(BACKBONES)
     missing = set(REDUCERS) - set(SCHEDULES)
     assert not missing, f'add the protocol of {sorted(missing)} to SCHEDULES'
+    missing = set(REDUCERS) - set(HIER_SCHEDULES)
+    assert not missing, f'add the protocol of {sorted(missing)} to HIER_SCHEDULES'
+    # every backbone that takes a reducer is in one of the two parametrised tests below
+    reducible = {n for n, c in MODELS.module_dict.items()
+                 if isinstance(c, type) and hasattr(c, 'set_token_reduction')}
+    assert reducible == set(BACKBONES) | set(HIERARCHICAL), reducible
 
 
 def _build(typ, out_type, reduction=None):
@@ -54,3 +68,34 @@ def test_backbone_x_reducer(typ, reducer):
         # classification output: one vector per image
         cls = _build(typ, 'cls_token', dict(type=reducer, **on))(x)
         assert [o.shape for o in cls] == [(2, 32)] * 2
+
+
+@pytest.mark.parametrize('reducer', REDUCERS)
+@pytest.mark.parametrize('typ', sorted(HIERARCHICAL))
+def test_hierarchical_backbone_x_reducer(typ, reducer):
+    on, off = HIER_SCHEDULES[reducer]
+    x = torch.randn(2, 3, 128, 96, generator=torch.Generator().manual_seed(1))
+
+    def build(reduction=None, **kw):
+        torch.manual_seed(0)
+        return MODELS.build(dict(type=typ, **HIERARCHICAL[typ], token_reduction=reduction,
+                                 **kw)).eval()
+
+    with torch.no_grad():
+        plain = build()
+        ref = plain(x)
+        reduced = build(dict(type=reducer, **on))
+        out = reduced(x)
+        # dense: four full maps whatever was removed; the reduced stage saw fewer tokens
+        assert [o.shape for o in out] == [o.shape for o in ref]
+        assert all(torch.isfinite(o).all() for o in out)
+        stage = HIERARCHICAL[typ]['reduction_stage']
+        assert torch.equal(out[stage - 1], ref[stage - 1])
+        blocks = slice(2, 4)                # the 'test' arch: depths (1, 1, 2, 1)
+        assert min(reduced.token_counts[blocks]) < min(plain.token_counts[blocks]) == 48
+        assert reduced.token_counts[:2] == plain.token_counts[:2]
+        same = build(dict(type=reducer, **off))(x)
+        for a, b in zip(same, ref):
+            assert torch.equal(a, b)
+        cls = build(dict(type=reducer, **on), out_type='avg_featmap', out_indices=(3, ))(x)
+        assert [o.shape for o in cls] == [(2, 128)]
