@@ -8,7 +8,7 @@ from amvim_mm.registry import MODELS as ROOT_MODELS
 
 
 @pytest.mark.parametrize('scope', ['mmseg', 'mmdet', 'mmpretrain'])
-@pytest.mark.parametrize('name', ['Vim', 'AMVim', 'LocalVim', 'VMamba'])
+@pytest.mark.parametrize('name', ['Vim', 'AMVim', 'LocalVim', 'VMamba', 'PlainMamba'])
 def test_type_found_from_each_scope(scope, name):
     import importlib
     registry = importlib.import_module(f'{scope}.registry').MODELS

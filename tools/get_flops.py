@@ -7,8 +7,9 @@
 Default convention: MACs of the linear/conv layers + the selective scan as 9*L*E*N per path
 (mamba-ssm's convention) with the per-block token counts of the reduction schedule;
 ``--convention localmamba`` uses LocalMamba's flops() formula, the one behind the papers' tables
-(amvim_mm.analysis.flops). VMamba's default is ``official``, the official ``VSSM.flops()``
-(amvim_mm.analysis.vmamba_flops); its table adds the per-stage token grids.
+(amvim_mm.analysis.flops). VMamba's and PlainMamba's default is ``official``, the official
+code's fvcore count (amvim_mm.analysis.vmamba_flops, plainmamba_flops); VMamba's table adds
+the per-stage token grids.
 """
 import argparse
 import sys
@@ -24,7 +25,8 @@ from amvim_mm.registry import MODELS  # noqa: E402
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--model', default='Vim', choices=['Vim', 'AMVim', 'LocalVim', 'VMamba'])
+    p.add_argument('--model', default='Vim',
+                   choices=['Vim', 'AMVim', 'LocalVim', 'VMamba', 'PlainMamba'])
     p.add_argument('--arch', default='tiny')
     p.add_argument('--size', type=int, default=224)
     p.add_argument('--method', default='ToMe', choices=['ToMe', 'RandomPrune'])
@@ -32,7 +34,7 @@ def main(argv=None) -> int:
     p.add_argument('--num-classes', type=int, default=1000)
     p.add_argument('--convention', default=None, choices=list(CONVENTIONS),
                    help='FLOPs convention (amvim_mm.analysis.flops; default: mamba, for VMamba '
-                        'official)')
+                        'and PlainMamba official)')
     p.add_argument('--count-after-merge', action='store_true',
                    help='count each reduction from the block after it (compare with counters '
                         'that merge at the end of a block)')
@@ -42,9 +44,11 @@ def main(argv=None) -> int:
         rows = []
         for r in args.ratios:
             red = dict(type=args.method, ratio=r) if r else None
-            if args.model == 'VMamba':
+            if args.model in ('VMamba', 'PlainMamba'):
                 if args.count_after_merge:
                     raise ConfigError('--count-after-merge is for the Vim family')
+                if r and args.model == 'PlainMamba':
+                    raise ConfigError('PlainMamba has no token reduction yet; use --ratios 0')
                 f = backbone_flops(model, args.size, red, num_classes=args.num_classes,
                                    convention=args.convention or 'official')
             else:

@@ -38,6 +38,9 @@ MODELS = {
     # VMamba: the classifier input (the official classifier norm + average pool)
     'vmamba-t': dict(type='VMamba', arch='tiny', out_type='avg_featmap', out_indices=(3, )),
     'vmamba-test': dict(type='VMamba', arch='test', out_type='avg_featmap', out_indices=(3, )),
+    # PlainMamba: the official classifier input (ln1 + mean over tokens)
+    'plainmamba-l1': dict(type='PlainMamba', arch='l1', out_type='avg_featmap'),
+    'plainmamba-l3': dict(type='PlainMamba', arch='l3', out_type='avg_featmap'),
 }
 
 
@@ -64,8 +67,9 @@ def build(name: str, img_size: int = 224, head: bool = True,
     from amvim_mm.registry import MODELS as REG
     if name not in MODELS:
         raise LookupConfigError(f'unknown model {name!r}; choose from {", ".join(MODELS)}')
-    cfg = dict(MODELS[name], img_size=img_size, token_reduction=token_reduction,
-               scan_backend=scan_backend)
+    cfg = dict(MODELS[name], img_size=img_size, scan_backend=scan_backend)
+    if token_reduction is not None:
+        cfg['token_reduction'] = token_reduction
     cfg.setdefault('out_type', 'cls_token')
     if fused_mixer is not None:
         if cfg['type'] == 'VMamba':

@@ -27,9 +27,11 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple, Union
 
 from amvim_mm.errors import ConfigError
+from amvim_mm.models.backbones.plain_mamba import PlainMamba
 from amvim_mm.models.backbones.vmamba import VMamba
 from amvim_mm.models.reduction import ReductionSchedule, build_reducer
 from .mmengine_flops import mmengine_count
+from .plainmamba_flops import plainmamba_flops
 from .vmamba_flops import CONVENTIONS as VMAMBA_CONVENTIONS
 from .vmamba_flops import vmamba_flops
 
@@ -53,8 +55,11 @@ def backbone_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
                    token_reduction: Optional[dict] = 'model', num_classes: int = 0,
                    convention: str = 'mamba') -> Dict[str, object]:
     """FLOPs of any of our backbones for one image: :func:`vmamba_flops` for VMamba,
-    :func:`vim_family_flops` for the Vim family (same arguments and result keys ``gflops``,
-    ``tokens``, ``realised_ratio``, ``removals``, ``convention``)."""
+    :func:`~.plainmamba_flops.plainmamba_flops` for PlainMamba, :func:`vim_family_flops` for
+    the Vim family (same arguments and result keys ``gflops``, ``tokens``,
+    ``realised_ratio``, ``removals``, ``convention``)."""
+    if isinstance(model, PlainMamba):
+        return plainmamba_flops(model, input_shape, token_reduction, num_classes, convention)
     if isinstance(model, VMamba):
         return vmamba_flops(model, input_shape, token_reduction, num_classes, convention)
     return vim_family_flops(model, input_shape, token_reduction, num_classes, convention)

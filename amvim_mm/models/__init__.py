@@ -1,3 +1,3 @@
-from .backbones import AMVim, LocalVim, Vim, VMamba  # noqa: F401  (registers the backbones)
+from .backbones import AMVim, LocalVim, PlainMamba, Vim, VMamba  # noqa: F401  (registers the backbones)
 from .necks import PlainPyramidNeck, SimpleFeaturePyramid  # noqa: F401
 from .reduction import TOKEN_REDUCERS  # noqa: F401  (registers the token reducers)

@@ -124,7 +124,9 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Sequence[int], dst_shap
         grid = pos_embed
     D = grid.shape[-1]
     dtype = grid.dtype
-    grid = grid.reshape(1, src_h, src_w, D).permute(0, 3, 1, 2).float()
+    # at least fp32 (a 16-bit embedding is resized in fp32; fp64 stays fp64)
+    grid = grid.reshape(1, src_h, src_w, D).permute(0, 3, 1, 2).to(
+        torch.promote_types(dtype, torch.float32))
     grid = F.interpolate(grid, size=(dst_h, dst_w), mode=mode, align_corners=False)
     grid = grid.permute(0, 2, 3, 1).reshape(1, dst_h * dst_w, D).to(dtype)
     if not extra:

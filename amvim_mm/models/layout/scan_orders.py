@@ -26,6 +26,8 @@ Orders:
   multiple of ``size`` are partial (no padding tokens). ``shift`` moves the window grid
   cyclically by ``shift`` cells (Swin-style).
 * ``random``: a fixed random permutation of the grid (``seed``).
+* ``snake``: PlainMamba's continuous order, rows (``axis='row'``) or columns (``'col'``)
+  traversed alternately forwards and backwards.
 
 ``reverse=True`` runs the whole path backwards. Ranks are cached per grid size.
 
@@ -98,6 +100,28 @@ class Column(ScanOrder):
     def rank(self, H, W):
         pos = torch.arange(H * W)
         return (pos % W) * H + pos // W
+
+
+@register_scan_order
+class Snake(ScanOrder):
+    """Continuous ("snake", boustrophedon) order of PlainMamba: ``axis='row'`` runs row 0 left
+    to right, row 1 right to left, ...; ``axis='col'`` runs column 0 top to bottom, column 1
+    bottom to top, ... Every step moves to a neighbouring cell."""
+
+    name = 'snake'
+    params = dict(axis='row')
+
+    def check(self, v):
+        if v['axis'] not in ('row', 'col'):
+            raise ConfigError(f"snake axis must be 'row' or 'col', got {v['axis']!r}")
+        return v
+
+    def rank(self, H, W, axis):
+        pos = torch.arange(H * W)
+        i, j = pos // W, pos % W
+        if axis == 'row':
+            return i * W + torch.where(i % 2 == 0, j, W - 1 - j)
+        return j * H + torch.where(j % 2 == 0, i, H - 1 - i)
 
 
 @register_scan_order

@@ -1,0 +1,80 @@
+"""Analytic FLOPs of PlainMamba.
+
+Conventions, named in every result:
+
+* ``'official'``: what fvcore counts on the official model with the selective-scan handle of
+  the vision-Mamba papers (``9 * L * E * N + L * E`` per direction, the D skip included): one
+  FLOP per multiply-accumulate of every conv (stem, extra convs, projection, the depthwise 7x7,
+  L1's depthwise 3x3) and linear layer, ``5 * numel`` per LayerNorm and ``2 * numel`` per
+  BatchNorm in eval mode (fvcore's norm handles); activations, additions, the direction bias
+  and the gate count 0. L1 / L2 / L3 at 224 with a 1000-class head: 3.021 / 8.089 / 14.454 G.
+* ``'mamba'`` (the project's convention): MACs of the linear/conv layers and ``9 * L * E * N``
+  per direction; norms excluded.
+* ``'mmengine'``: mmengine's ``FlopAnalyzer`` traced on the backbone (no scan handle).
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple, Union
+
+from amvim_mm.errors import ConfigError
+from .mmengine_flops import mmengine_count
+
+CONVENTIONS = {
+    'official': ('fvcore MACs of convs/linears, 5*numel per LayerNorm, 2*numel per BatchNorm, '
+                 'scan 9*L*E*N + L*E per direction'),
+    'mamba': ('MACs of linear/conv layers + selective scan 9*L*E*N per direction (mamba-ssm '
+              'convention); norms and activations excluded'),
+    'mmengine': ("mmengine's FlopAnalyzer (the libraries' get_flops tools) traced on the "
+                 'backbone; the selective scan and element-wise ops uncounted'),
+}
+
+
+def plainmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
+                     token_reduction=None, num_classes: int = 0,
+                     convention: str = 'official') -> Dict[str, object]:
+    """FLOPs of ``model`` (a :class:`~amvim_mm.models.backbones.plain_mamba.PlainMamba`) for
+    one image; ``token_reduction`` must be None or ``'model'`` (PlainMamba has no reducer yet).
+
+    Returns a dict with ``gflops``, ``tokens`` (per layer), ``realised_ratio`` (0),
+    ``removals`` and ``convention``.
+    """
+    if convention not in CONVENTIONS:
+        raise ConfigError(f'FLOPs convention {convention!r} is not defined for PlainMamba; '
+                          f'choose from {", ".join(CONVENTIONS)}')
+    if token_reduction not in (None, 'model'):
+        raise ConfigError('PlainMamba has no token reduction yet')
+    H, W = (input_shape, input_shape) if isinstance(input_shape, int) else input_shape
+    depth, C = model.num_layers, model.embed_dims
+    removals = [0] * depth
+    if convention == 'mmengine':
+        total = mmengine_count(model, (H, W), None) + C * num_classes
+        return dict(gflops=total / 1e9, tokens=None, removals=removals, realised_ratio=0.0,
+                    convention=CONVENTIONS[convention])
+    official = convention == 'official'
+    ln, bn = (5, 2) if official else (0, 0)       # fvcore: eval BN with affine = 2 * numel
+    pe = model.patch_embed
+    cin = model.in_channels
+    c = pe.stem[0].out_channels
+    h, w = (H + 1) // 2, (W + 1) // 2                                  # 7x7 stride-2 stem
+    f = c * cin * 49 * h * w + bn * c * h * w
+    n_convs = len([m for m in pe.convs if hasattr(m, 'kernel_size')])
+    f += n_convs * (c * c * 9 * h * w + bn * c * h * w)
+    gh, gw = -(-h // 8), -(-w // 8)                                    # padded to 8, stride 8
+    L = gh * gw
+    f += C * c * 64 * L                                                # projection
+    for layer in model.layers:
+        m = layer.mamba
+        E, N, R = m.d_inner, m.d_state, m.dt_rank
+        k2 = m.conv2d.kernel_size[0] * m.conv2d.kernel_size[1]
+        f += ln * L * C                                                # norm
+        f += L * C * 2 * E + L * E * k2                                # in_proj, dw conv
+        f += L * E * (R + 2 * N) + L * R * E + L * E * C               # x_proj, dt_proj, out
+        scan = 9 * L * E * N + (L * E if official else 0)
+        f += m.num_directions * scan
+        if hasattr(layer, 'dw'):
+            f += C * 9 * L + bn * C * L
+    if model.final_norm:
+        f += ln * L * C
+    f += C * num_classes
+    return dict(gflops=f / 1e9, tokens=[L] * depth, removals=removals, realised_ratio=0.0,
+                convention=CONVENTIONS[convention])

@@ -1,0 +1,520 @@
+"""PlainMamba (Yang et al., BMVC 2024): a plain (non-hierarchical) Mamba with a convolutional
+stem and a continuous ("snake") 2D scan in four directions.
+
+Data flow::
+
+    image -> conv stem (7x7 s2 + BN + ReLU, extra 3x3 convs) -> 8x8 s8 projection (stride 16)
+          -> + position embedding (bicubic-resized to the input's grid)
+          -> layers: x = x + drop_path(PlainMamba2D(LN(x)))   [L1: then a dw3x3 + BN + GELU
+                     block after layer 0, no residual]
+          -> ln1 after the last layer; ``norm_layer{i}`` on the other outputs
+
+Parameter names equal the official keys (``patch_embed.stem/convs/projection``, ``pos_embed``,
+``layers.{i}.{norm,mamba,dw}``, ``ln1``), so the released files load 1:1 (``backbone.``
+stripped, ``head.*`` and EMA buffers dropped).
+
+The mixer computes exactly what the official one does, including its two quirks: only the
+input ``u`` is put into each direction's order (step sizes, B and C stay in raster order, the
+direction's learned bias ``direction_Bs[code]`` added to B by step), and the step-size bias is
+applied twice (inside ``dt_proj`` and again as the scan's ``delta_bias``). The four directions
+are snake orders (:class:`~amvim_mm.models.layout.scan_orders.Snake`) run as one grouped
+selective scan; their outputs (each with its own ``D * u``) are summed, gated by ``SiLU(z)``.
+
+Token reduction for PlainMamba is not available yet (the backbone has no
+``set_token_reduction``; the tools say so).
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import numbers
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.logging import MMLogger
+from mmengine.model import BaseModule
+
+from amvim_mm.errors import ConfigError, LookupConfigError
+from amvim_mm.ops.backends import check_backend_usable
+from amvim_mm.ops.cross_scan import DirectionIndex, cross_merge, cross_scan
+from amvim_mm.ops.selective_scan import selective_scan_fn
+from amvim_mm.registry import MODELS
+from ..layout.scan_orders import scan_rank
+from .checkpoint_guard import CheckpointGuard
+from .drop import DropPath
+from .embed import resize_pos_embed
+
+#: the official arch zoo (``PlainMamba.arch_zoo``); d_state 16, expand 2, dt_rank ceil(C/16)
+PLAIN_MAMBA_ARCHS = {
+    'l1': dict(aliases=('l1', 'L1'), embed_dims=192, num_layers=24, num_convs_patch_embed=1,
+               layers_with_dwconv=(0, )),
+    'l2': dict(aliases=('l2', 'L2'), embed_dims=384, num_layers=24, num_convs_patch_embed=2,
+               layers_with_dwconv=()),
+    'l3': dict(aliases=('l3', 'L3'), embed_dims=448, num_layers=36, num_convs_patch_embed=2,
+               layers_with_dwconv=()),
+    # a small architecture so that every code path runs on a CPU in well under a second
+    'test': dict(embed_dims=32, num_layers=4, num_convs_patch_embed=1, layers_with_dwconv=(0, ),
+                 d_state=8),
+}
+REQUIRED_ARCH_KEYS = frozenset({'embed_dims', 'num_layers'})
+ARCH_DEFAULTS = dict(num_convs_patch_embed=2, layers_with_dwconv=(), d_state=16, expand=2,
+                     dt_rank=None, d_conv=7)
+OUT_TYPES = ('featmap', 'avg_featmap')
+#: the four directions: row snake, its reverse, column snake, its reverse (official order)
+SNAKE_DIRECTIONS = (dict(order='snake', axis='row'), dict(order='snake', axis='row', reverse=True),
+                    dict(order='snake', axis='col'), dict(order='snake', axis='col', reverse=True))
+STEM_CHANNELS = 64
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _arch_settings(arch: Union[str, dict]) -> Dict[str, object]:
+    if isinstance(arch, str):
+        aliases = {a: k for k, v in PLAIN_MAMBA_ARCHS.items() for a in v.get('aliases', (k, ))}
+        key = aliases.get(arch)
+        if key is None:
+            raise LookupConfigError(f'unknown PlainMamba arch {arch!r}; choose one of '
+                                    f'{sorted(aliases)} or pass a dict with the keys '
+                                    f'{sorted(REQUIRED_ARCH_KEYS)}')
+        cfg = dict(ARCH_DEFAULTS)
+        cfg.update({k: v for k, v in PLAIN_MAMBA_ARCHS[key].items() if k != 'aliases'})
+    else:
+        if not isinstance(arch, dict):
+            raise ConfigError(f'PlainMamba arch must be a name or a dict, got '
+                              f'{type(arch).__name__}')
+        missing = REQUIRED_ARCH_KEYS - set(arch)
+        unknown = set(arch) - REQUIRED_ARCH_KEYS - set(ARCH_DEFAULTS)
+        if missing or unknown:
+            raise ConfigError(
+                f'custom PlainMamba arch {arch!r}: '
+                + (f'missing keys {sorted(missing)}; ' if missing else '')
+                + (f'unknown keys {sorted(unknown)}; ' if unknown else '')
+                + f'required {sorted(REQUIRED_ARCH_KEYS)}, optional {sorted(ARCH_DEFAULTS)}')
+        cfg = dict(ARCH_DEFAULTS)
+        cfg.update(arch)
+    for k in ('embed_dims', 'num_layers', 'd_state', 'expand', 'd_conv'):
+        if not _is_int(cfg[k]) or cfg[k] < 1:
+            raise ConfigError(f'PlainMamba arch: {k} must be a positive int, got {cfg[k]!r}')
+    if cfg['d_conv'] % 2 == 0:
+        raise ConfigError(f'PlainMamba arch: d_conv must be odd, got {cfg["d_conv"]!r}')
+    if not _is_int(cfg['num_convs_patch_embed']) or cfg['num_convs_patch_embed'] < 0:
+        raise ConfigError('PlainMamba arch: num_convs_patch_embed must be an int >= 0, got '
+                          f'{cfg["num_convs_patch_embed"]!r}')
+    dw = cfg['layers_with_dwconv']
+    if not isinstance(dw, (list, tuple)) or not all(
+            _is_int(i) and 0 <= i < cfg['num_layers'] for i in dw):
+        raise ConfigError(f'PlainMamba arch: layers_with_dwconv must be layer indices, got '
+                          f'{dw!r}')
+    cfg['layers_with_dwconv'] = tuple(int(i) for i in dw)
+    if cfg['dt_rank'] is None:
+        cfg['dt_rank'] = math.ceil(cfg['embed_dims'] / 16)
+    elif not _is_int(cfg['dt_rank']) or cfg['dt_rank'] < 1:
+        raise ConfigError(f'PlainMamba arch: dt_rank must be a positive int, got '
+                          f'{cfg["dt_rank"]!r}')
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# the snake directions
+# ---------------------------------------------------------------------------------------------
+#: direction codes (index of ``direction_Bs``): 0 start, 1 right, 2 left, 3 up, 4 down
+MOVE_CODES = {(0, 1): 1, (0, -1): 2, (-1, 0): 3, (1, 0): 4}
+
+
+def move_codes(order: torch.Tensor, W: int) -> torch.Tensor:
+    """(L,) raster positions in visiting order -> (L,) code of the move arriving at each step
+    (0 at the first step; a non-neighbouring jump is refused)."""
+    i, j = order // W, order % W
+    di, dj = (i[1:] - i[:-1]).tolist(), (j[1:] - j[:-1]).tolist()
+    codes = [0]
+    for a, b in zip(di, dj):
+        if (a, b) not in MOVE_CODES:
+            raise ConfigError(f'a snake order jumps by ({a}, {b}): not a neighbouring cell')
+        codes.append(MOVE_CODES[(a, b)])
+    return torch.tensor(codes, dtype=torch.long)
+
+
+@functools.lru_cache(maxsize=64)
+def snake_directions(H: int, W: int, device) -> Tuple[DirectionIndex, torch.Tensor]:
+    """The four directions of an H x W grid: their :class:`DirectionIndex` (perm (4, 1, L))
+    and the direction codes of each step (4, L), cached per grid and device."""
+    orders = []
+    for spec in SNAKE_DIRECTIONS:
+        order = torch.argsort(scan_rank(H, W, {k: v for k, v in spec.items()
+                                               if k != 'reverse'}))
+        orders.append(order.flip(0) if spec.get('reverse') else order)
+    perm = torch.stack(orders)
+    codes = torch.stack([move_codes(o, W) for o in orders])
+    return DirectionIndex.from_perm(perm[:, None].to(device)), codes.to(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# layers
+# ---------------------------------------------------------------------------------------------
+class ConvPatchEmbed(nn.Module):
+    """The official convolutional patch embedding: a 7x7 stride-2 stem conv + BN + ReLU,
+    ``num_convs`` 3x3 convs + BN + ReLU, and an 8x8 stride-8 projection (stride 16 in all);
+    inputs are zero-padded bottom/right to a multiple of 8 before the projection (mmcv's
+    ``AdaptivePadding('corner')``)."""
+
+    def __init__(self, in_channels: int, embed_dims: int, num_convs: int) -> None:
+        super().__init__()
+        c = STEM_CHANNELS
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, c, 7, 2, 3, bias=False),
+                                  nn.BatchNorm2d(c), nn.ReLU(inplace=True))
+        convs = []
+        for _ in range(num_convs):
+            convs += [nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c),
+                      nn.ReLU(inplace=True)]
+        self.convs = nn.Sequential(*convs)
+        self.projection = nn.Conv2d(c, embed_dims, 8, 8)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        x = self.convs(self.stem(x))
+        h, w = x.shape[-2:]
+        ph, pw = -h % 8, -w % 8
+        if ph or pw:
+            x = F.pad(x, (0, pw, 0, ph))
+        x = self.projection(x)
+        return x.flatten(2).transpose(1, 2), tuple(x.shape[-2:])
+
+
+class PlainMamba2D(nn.Module):
+    """The official PlainMamba mixer on (B, L, C) raster tokens of an H x W grid.
+
+    Args:
+        embed_dims: C; ``expand``: E = expand * C; ``d_state``: N; ``dt_rank``: R;
+        ``d_conv``: the depthwise conv size (7); ``scan_backend``: selective-scan backend.
+    """
+
+    num_directions = len(SNAKE_DIRECTIONS)
+
+    def __init__(self, embed_dims: int, d_state: int = 16, expand: int = 2, dt_rank: int = 12,
+                 d_conv: int = 7, scan_backend: Optional[str] = None, dt_min: float = 0.001,
+                 dt_max: float = 0.1, dt_init_floor: float = 1e-4) -> None:
+        super().__init__()
+        self.d_model, self.d_state, self.dt_rank = embed_dims, d_state, dt_rank
+        self.d_inner = E = expand * embed_dims
+        self.scan_backend = scan_backend
+        self.dt_init_range = (dt_min, dt_max, dt_init_floor)
+        self.in_proj = nn.Linear(embed_dims, 2 * E, bias=True)
+        self.conv2d = nn.Conv2d(E, E, d_conv, padding=d_conv // 2, groups=E, bias=True)
+        self.x_proj = nn.Linear(E, dt_rank + 2 * d_state, bias=False)
+        self.dt_proj = nn.Linear(dt_rank, E, bias=True)
+        self.out_proj = nn.Linear(E, embed_dims, bias=True)
+        self.A_log = nn.Parameter(torch.empty(E, d_state))
+        self.D = nn.Parameter(torch.empty(E))
+        self.direction_Bs = nn.Parameter(torch.empty(5, d_state))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The official initialisation: PyTorch defaults for the linear layers and convs,
+        dt_proj U(-R^-0.5, R^-0.5) with the inverse-softplus bias of a log-uniform step in
+        [dt_min, dt_max], S4D-real ``A_log``, ``D = 1``, ``direction_Bs`` trunc-normal 0.02."""
+        for m in (self.in_proj, self.conv2d, self.x_proj, self.out_proj):
+            m.reset_parameters()
+        dt_min, dt_max, floor = self.dt_init_range
+        R, E = self.dt_rank, self.d_inner
+        with torch.no_grad():
+            self.dt_proj.weight.uniform_(-R**-0.5, R**-0.5)
+            dt = torch.exp(torch.rand(E) * (math.log(dt_max) - math.log(dt_min))
+                           + math.log(dt_min)).clamp(min=floor)
+            self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+            self.A_log.copy_(torch.log(torch.arange(1, self.d_state + 1, dtype=torch.float32))
+                             .repeat(E, 1))
+            self.D.fill_(1.0)
+        nn.init.trunc_normal_(self.direction_Bs, std=.02)
+
+    def forward(self, x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        B, L, _ = x.shape
+        H, W = grid
+        K, E, N, R = self.num_directions, self.d_inner, self.d_state, self.dt_rank
+        xi, z = self.in_proj(x).chunk(2, dim=-1)
+        g = xi.reshape(B, H, W, E).permute(0, 3, 1, 2)       # NCHW view, channels-last memory
+        xc = F.silu(self.conv2d(g).permute(0, 2, 3, 1).reshape(B, L, E))
+        x_dbl = F.linear(xc, self.x_proj.weight)                            # raster order
+        dt_low, Bm, Cm = torch.split(x_dbl, [R, N, N], dim=-1)
+        dt = self.dt_proj(dt_low)                       # first application of the dt bias
+        index, codes = snake_directions(H, W, x.device)
+        xs = cross_scan(xc, H, W, index)                # only u goes into each order (Q1)
+        dtype = xs.dtype
+        delta = dt.transpose(1, 2).unsqueeze(1).expand(B, K, E, L).reshape(B, K * E, L)
+        Bk = (Bm.transpose(1, 2).unsqueeze(1)
+              + self.direction_Bs[codes].transpose(1, 2).unsqueeze(0))     # (B, K, N, L)
+        Ck = Cm.transpose(1, 2).unsqueeze(1).expand(B, K, N, L)
+        ct = torch.float64 if dtype == torch.float64 else torch.float32
+        A = -torch.exp(self.A_log.to(ct)).repeat(K, 1)
+        y = selective_scan_fn(xs.reshape(B, K * E, L), delta.to(dtype), A,
+                              Bk.to(dtype).contiguous(), Ck.to(dtype).contiguous(),
+                              self.D.to(ct).repeat(K), None,
+                              delta_bias=self.dt_proj.bias.to(ct).repeat(K),   # again (Q2)
+                              delta_softplus=True, backend=self.scan_backend)
+        y = cross_merge(y.view(B, K, E, L), H, W, index)                    # (B, L, E) sum
+        return self.out_proj(y.to(z.dtype) * F.silu(z))
+
+
+class PlainMambaLayer(nn.Module):
+    """``x = x + drop_path(mamba(norm(x)))``, then (L1's layer 0) ``x = dw(x)`` on the grid:
+    dw3x3 (no bias) + BN + GELU, no residual."""
+
+    def __init__(self, embed_dims: int, drop_path: float, with_dwconv: bool,
+                 norm_eps: float = 1e-5, **mixer_kwargs) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(embed_dims, eps=norm_eps)
+        self.mamba = PlainMamba2D(embed_dims, **mixer_kwargs)
+        self.drop_path = DropPath(drop_path)
+        if with_dwconv:
+            self.dw = nn.Sequential(
+                nn.Conv2d(embed_dims, embed_dims, 3, 1, 1, groups=embed_dims, bias=False),
+                nn.BatchNorm2d(embed_dims), nn.GELU())
+
+    def forward(self, x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        x = x + self.drop_path(self.mamba(self.norm(x), grid))
+        if hasattr(self, 'dw'):
+            B, L, C = x.shape
+            g = x.transpose(1, 2).reshape(B, C, *grid)
+            x = self.dw(g).flatten(2).transpose(1, 2)
+        return x
+
+
+# ---------------------------------------------------------------------------------------------
+# the backbone
+# ---------------------------------------------------------------------------------------------
+@MODELS.register_module()
+class PlainMamba(CheckpointGuard, BaseModule):
+    """PlainMamba L1 / L2 / L3 for classification, segmentation and detection.
+
+    Args:
+        arch: ``'l1'``, ``'l2'``, ``'l3'`` (or ``'L1'``...), ``'test'``, or a dict with
+            ``embed_dims`` and ``num_layers`` (optional ``num_convs_patch_embed``,
+            ``layers_with_dwconv``, ``d_state``, ``expand``, ``dt_rank``, ``d_conv``).
+        img_size: the position embedding's image size (its grid: ``img_size / 16``); any input
+            size works (the embedding is resized bicubically, as the official code does).
+        in_channels: image channels.
+        out_indices: layers whose outputs are returned (negatives count from the end; default
+            the last).
+        out_type: ``'featmap'`` (B, C, H/16, W/16): layer ``i``'s output through its own
+            ``norm_layer{i}`` (LayerNorm eps 1e-6), the last layer's through ``ln1`` when
+            ``final_norm`` (the official ``PlainMamba.forward(x)[1]`` / mmseg backbone);
+            ``'avg_featmap'`` (B, C): ``ln1`` and the mean over tokens (the official
+            classifier's pooling), with ``out_indices=-1`` only.
+        final_norm: ``ln1`` (eps 1e-6) after the last layer.
+        drop_rate: dropout after the position embedding; ``drop_path_rate``: stochastic depth,
+            ``linspace(0, rate, num_layers)``.
+        frozen_stages: -1 none; ``k >= 0`` freezes the patch and position embeddings and the
+            first ``k`` layers.
+        norm_eps: the layers' LayerNorm epsilon (1e-5 as the official code).
+        scan_backend: selective-scan backend (``None``: automatic).
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads a released file (mmcls
+            layout: ``state_dict`` with ``backbone.*``, ``head.*``) or a bare backbone state
+            dict strictly; ``head.*`` and EMA buffers (``ema_*``) are dropped; output norms
+            absent from the file keep weight 1 / bias 0 (logged).
+    """
+
+    arch_zoo = PLAIN_MAMBA_ARCHS
+    classifier_out_types = ('avg_featmap', )
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'l1',
+                 img_size: Union[int, Tuple[int, int]] = 224,
+                 in_channels: int = 3,
+                 out_indices: Union[int, Sequence[int]] = -1,
+                 out_type: str = 'featmap',
+                 final_norm: bool = True,
+                 drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 frozen_stages: int = -1,
+                 norm_eps: float = 1e-5,
+                 scan_backend: Optional[str] = None,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=copy.deepcopy(init_cfg))
+        name = type(self).__name__
+        self.arch_settings = cfg = _arch_settings(arch)
+        self.embed_dims = C = cfg['embed_dims']
+        self.num_layers = depth = cfg['num_layers']
+        if out_type not in OUT_TYPES:
+            raise ConfigError(f'{name}: out_type must be one of {OUT_TYPES}, got {out_type!r}')
+        self.out_type = out_type
+        if _is_int(img_size):
+            img_size = (img_size, img_size)
+        if not isinstance(img_size, (tuple, list)) or len(img_size) != 2 or \
+                not all(_is_int(v) and v >= 16 for v in img_size):
+            raise ConfigError(f'{name}: img_size must be an int or a pair (H, W) of ints >= 16, '
+                              f'got {img_size!r}')
+        self.img_size = (int(img_size[0]), int(img_size[1]))
+        if not _is_int(in_channels) or in_channels < 1:
+            raise ConfigError(f'{name}: in_channels must be a positive int, got '
+                              f'{in_channels!r}')
+        self.in_channels = int(in_channels)
+        for arg, v in (('drop_rate', drop_rate), ('drop_path_rate', drop_path_rate)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
+                raise ConfigError(f'{name}: {arg} must be a number in [0, 1), got {v!r}')
+        if not _is_int(frozen_stages) or frozen_stages < -1:
+            raise ConfigError(f'{name}: frozen_stages must be an int >= -1, got '
+                              f'{frozen_stages!r}')
+        if not isinstance(final_norm, bool):
+            raise ConfigError(f'{name}: final_norm must be a bool, got {final_norm!r}')
+        self.final_norm = final_norm
+        self.out_indices = self._resolve_out_indices(out_indices)
+        if out_type == 'avg_featmap' and self.out_indices != [depth - 1]:
+            raise ConfigError(f'{name}: out_type="avg_featmap" is the classifier input and needs '
+                              f'out_indices=-1, got {out_indices!r}')
+        check_backend_usable(scan_backend, name)
+
+        self.patch_embed = ConvPatchEmbed(in_channels, C, cfg['num_convs_patch_embed'])
+        self.patch_resolution = (math.ceil(self.img_size[0] / 16),
+                                 math.ceil(self.img_size[1] / 16))
+        self.pos_embed = nn.Parameter(
+            torch.zeros(1, self.patch_resolution[0] * self.patch_resolution[1], C))
+        self.drop_after_pos = nn.Dropout(p=float(drop_rate))
+        dpr = [x.item() for x in torch.linspace(0, float(drop_path_rate), depth)]
+        self.layers = nn.ModuleList(
+            PlainMambaLayer(C, dpr[i], i in cfg['layers_with_dwconv'], norm_eps,
+                            d_state=cfg['d_state'], expand=cfg['expand'],
+                            dt_rank=cfg['dt_rank'], d_conv=cfg['d_conv'],
+                            scan_backend=scan_backend)
+            for i in range(depth))
+        if final_norm:
+            self.ln1 = nn.LayerNorm(C, eps=1e-6)
+        if out_type == 'featmap':
+            for i in self.out_indices:
+                if i != depth - 1:
+                    self.add_module(f'norm_layer{i}', nn.LayerNorm(C, eps=1e-6))
+        self.frozen_stages = frozen_stages
+        self._register_load_state_dict_pre_hook(self._official_keys)
+        self.guard_whole_model_loads()
+        self.reset_weights()
+        self._freeze_stages()
+
+    def _resolve_out_indices(self, out_indices) -> List[int]:
+        name, depth = type(self).__name__, self.num_layers
+        if _is_int(out_indices):
+            out_indices = [out_indices]
+        if not isinstance(out_indices, Sequence) or isinstance(out_indices, (str, bytes)) \
+                or len(out_indices) == 0 or not all(_is_int(i) for i in out_indices):
+            raise ConfigError(f'{name}: out_indices must be an int or a non-empty sequence of '
+                              f'ints, got {out_indices!r}')
+        resolved = []
+        for i in map(int, out_indices):
+            j = depth + i if i < 0 else i
+            if not 0 <= j < depth:
+                raise ConfigError(f'{name}: out_indices {i} is out of range for {depth} layers')
+            resolved.append(j)
+        return sorted(set(resolved))
+
+    # ----------------------------------------------------------------- init and loading
+    def reset_weights(self) -> None:
+        """The official initialisation (mixers as :meth:`PlainMamba2D.reset_parameters`,
+        norms 1 / 0, position embedding trunc-normal 0.02, convs PyTorch's default)."""
+        for m in self.modules():
+            if isinstance(m, (nn.LayerNorm, nn.BatchNorm2d)):
+                m.reset_parameters()
+            elif isinstance(m, nn.Conv2d):
+                m.reset_parameters()
+            elif isinstance(m, PlainMamba2D):
+                m.reset_parameters()
+        nn.init.trunc_normal_(self.pos_embed, std=.02)
+
+    def init_weights(self) -> None:
+        """Load ``init_cfg=dict(type='Pretrained', checkpoint=...)`` strictly, or initialise
+        (a parent's generic ``init_cfg`` has run before: the own initialisation first)."""
+        self.reset_weights()
+        if not self.load_pretrained():
+            super().init_weights()
+
+    def _official_keys(self, state_dict, prefix, *args, **kwargs) -> None:
+        """Load pre-hook: drop a classifier head (``head.*``) and EMA buffers (``ema_*``);
+        resize a position embedding of another grid (bicubic, as the official code); give
+        output norms absent from an official file this model's values (weight 1, bias 0)."""
+        for k in [k for k in state_dict if k.startswith(prefix)]:
+            rest = k[len(prefix):]
+            if rest.startswith('head.') or rest.startswith('ema_'):
+                del state_dict[k]
+        name = prefix + 'pos_embed'
+        if name in state_dict and state_dict[name].shape != self.pos_embed.shape:
+            ckpt = state_dict[name]
+            side = math.isqrt(ckpt.shape[1])
+            if ckpt.dim() == 3 and side * side == ckpt.shape[1] and \
+                    ckpt.shape[-1] == self.embed_dims:
+                MMLogger.get_current_instance().info(
+                    f'Resize the pos_embed shape from {tuple(ckpt.shape)} to '
+                    f'{tuple(self.pos_embed.shape)}.')
+                state_dict[name] = resize_pos_embed(ckpt, (side, side), self.patch_resolution,
+                                                    with_cls_token=False)
+        own = [n for n, _ in self.named_parameters() if n.startswith('norm_layer')]
+        if own and prefix + 'patch_embed.projection.weight' in state_dict and \
+                not any(prefix + n in state_dict for n in own):
+            for n in own:
+                state_dict[prefix + n] = self.get_parameter(n).detach().clone()
+            MMLogger.get_current_instance().info(
+                f'{type(self).__name__}: the checkpoint has no output norms; '
+                f'{sorted({n.rsplit(".", 1)[0] for n in own})} keep weight 1, bias 0')
+
+    # ----------------------------------------------------------------- training helpers
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages < 0:
+            return
+        self.pos_embed.requires_grad = False
+        frozen = [self.patch_embed] + [self.layers[i] for i in
+                                       range(min(self.frozen_stages, self.num_layers))]
+        for m in frozen:
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
+        """``(layer_depth, num_layers + 2)``: embeddings 0, layer ``i`` ``i + 1``, the norms
+        after the layers the last."""
+        num_layers = self.num_layers + 2
+        if not param_name.startswith(prefix):
+            return num_layers - 1, num_layers
+        name = param_name[len(prefix):]
+        if name.startswith(('patch_embed', 'pos_embed')):
+            return 0, num_layers
+        if name.startswith('layers.'):
+            return int(name.split('.')[1]) + 1, num_layers
+        return num_layers - 1, num_layers
+
+    # ----------------------------------------------------------------- forward
+    def check_images(self, x: torch.Tensor) -> None:
+        name = type(self).__name__
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[0] == 0 \
+                or x.shape[1] != self.in_channels:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ConfigError(f'{name}: expected images (B >= 1, {self.in_channels}, H, W), '
+                              f'got {shape}')
+        if x.shape[2] < 16 or x.shape[3] < 16:
+            raise ConfigError(f'{name}: the input {tuple(x.shape[2:])} is smaller than one '
+                              '16 x 16 patch')
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        self.check_images(x)
+        x, grid = self.patch_embed(x)
+        pos = self.pos_embed
+        if tuple(grid) != tuple(self.patch_resolution):
+            pos = resize_pos_embed(pos, self.patch_resolution, grid, with_cls_token=False)
+        x = self.drop_after_pos(x + pos)
+        outs = []
+        last = self.num_layers - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x, grid)
+            if i == last and self.final_norm:
+                x = self.ln1(x)
+            if i in self.out_indices:
+                if self.out_type == 'avg_featmap':
+                    outs.append(x.mean(1))
+                    continue
+                out = getattr(self, f'norm_layer{i}')(x) if i != last else x
+                B, L, C = out.shape
+                outs.append(out.transpose(1, 2).reshape(B, C, *grid).contiguous())
+        return tuple(outs)
