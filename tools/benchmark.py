@@ -392,6 +392,27 @@ def gpu_vmamba_profile(args):
     return out
 
 
+def gpu_plainmamba(args):
+    """PlainMamba-L1 / L3 whole classifiers on our path, batch 128, 224, bf16 and fp32, eager
+    and CUDA graph (no official code: it needs mmcv 1.x / mmcls 0.x)."""
+    rows = []
+    for name in ('plainmamba-l1', 'plainmamba-l3'):
+        torch.manual_seed(0)
+        m = B.build(name, 224, head=True)
+        fl = backbone_flops(m.backbone, 224, None, num_classes=1000, convention='official')
+        for dtype in ('bf16', 'fp32'):
+            for mode in ('eager', 'graph'):
+                r = _attempt(B.measure, m, 128, 224, dtype, mode, warmup=3, iters=10,
+                             repeats=3)
+                r.update(model=name, dtype=dtype, mode=mode, gflops=round(fl['gflops'], 3))
+                rows.append(r)
+                log(f'  {name} {dtype} {mode}: {r.get("img_per_s")} img/s, '
+                    f'{r.get("peak_mem_mib")} MiB {r.get("error", "")}')
+        del m
+        torch.cuda.empty_cache()
+    return rows
+
+
 # the GPU suite's parts: (name, progress title, function)
 GPU_PARTS = [
     ('tune', 'fused scan kernel launch configuration (Vim-T bf16 graph)', gpu_tune),
@@ -403,6 +424,7 @@ GPU_PARTS = [
     ('resolution', 'bf16, CUDA graph, pixels per batch constant', gpu_resolution),
     ('vmamba', 'VMamba-T whole classifier, batch 128, 224, ours and official', gpu_vmamba),
     ('vmamba-profile', None, gpu_vmamba_profile),
+    ('plainmamba', 'PlainMamba-L1/L3 whole classifiers, batch 128, 224', gpu_plainmamba),
 ]
 
 def main(argv=None):
@@ -499,6 +521,10 @@ def main(argv=None):
                B.table(red, ['model', 'mode', 'method', 'ratio', 'realised', 'gflops',
                              'img_per_s', 'speedup', 'flops_ratio', 'speedup_over_ideal',
                              'error']), '']
+    if 'plainmamba' in result:
+        md += ['## plainmamba (batch 128, 224, our path)', B.table(result['plainmamba'], [
+            'model', 'dtype', 'mode', 'gflops', 'img_per_s', 'latency_ms', 'spread_pct',
+            'peak_mem_mib', 'error']), '']
     with open(osp.join(args.out_dir, f'benchmark_{args.suite}.md'), 'w') as f:
         f.write('\n'.join(md) + '\n')
     print('\n'.join(md))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool, with `.whl` carried; see tools/gpu/README.md):
 #   bash tools/gpu/run.sh [build] [tests] [bench] [bench-main] [bench-reduction] [bench-resolution]
-#                         [bench-vmamba] [bench-vmamba-profile]
+#                         [bench-vmamba] [bench-vmamba-profile] [build-scan] [bench-plainmamba]
+# (build-scan: mamba-ssm only, without causal-conv1d, which VMamba and PlainMamba do not use)
 # Installs the carried wheels into .gpu_build/site, builds mamba-ssm for this GPU's architecture
 # only (about 140 s for sm_90; reused while the machine stays warm), then runs the GPU tests and
 # the benchmarks. Results and logs go to $OUT (default .gpu_build/out).
@@ -65,6 +66,9 @@ if has build; then
   wait $conv_pid || echo "causal-conv1d build failed: the conv runs on F.conv1d"
   # mamba_ssm's package __init__ imports optional model code (transformers...): keep the ops only
   : > "$SITE/mamba_ssm/__init__.py"
+elif has build-scan; then
+  build_ext mamba_ssm MAMBA selective_scan_cuda || exit 1
+  : > "$SITE/mamba_ssm/__init__.py"
 fi
 python3 -c 'from amvim_mm.utils.env import collect_env; i, _ = collect_env(); print(i)' | tee "$OUT/env.txt"
 
@@ -85,6 +89,7 @@ has bench-resolution && parts+=(resolution)
 has bench-profile && parts+=(profile)
 has bench-vmamba && parts+=(vmamba)
 has bench-vmamba-profile && parts+=(vmamba-profile)
+has bench-plainmamba && parts+=(plainmamba)
 extra=()
 # the official Vim code, timed beside ours in the main part when its files were carried
 # (tools/gpu/prepare.sh with OFFICIAL_VIM_GIT; amvim_mm/analysis/official_vim.py)
