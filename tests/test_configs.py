@@ -7,14 +7,16 @@ weights), built from its own library's registry in its own default scope, and ru
 The list of configs is globbed, so a new config is covered without touching this file.
 
 It also checks that the backbone is swappable by a one-line override within its family (the
-plain Vim family; VMamba is hierarchical and has no sibling yet)::
+plain Vim family; VMamba is hierarchical and PlainMamba plain with its own arguments, neither
+has a sibling yet)::
 
     cfg.model.backbone.type = 'AMVim'   # or 'Vim', 'LocalVim'
 
 and the file-name convention
 ``{backbone}_{neck}_{head}_{gpus}xb{batch}-{schedule}_{dataset}-{crop}[_tokenreduce].py``
 (classification configs have no neck: ``vim-t_linear_8xb128-300e_in1k-224.py``; neither does
-UperNet on a hierarchical backbone: ``vmamba-t_upernet_4xb4-160k_ade20k-512x512.py``).
+UperNet on a hierarchical backbone: ``vmamba-t_upernet_4xb4-160k_ade20k-512x512.py``, nor the
+official PlainMamba UperNet: ``plainmamba-l1_upernet_8xb2-160k_ade20k-512x512.py``).
 """
 import glob
 import os.path as osp
@@ -39,8 +41,12 @@ IDS = [osp.relpath(c, CONFIG_DIR) for c in CONFIGS]
 # head or FPN directly)
 PLAIN_BACKBONES = ('Vim', 'AMVim', 'LocalVim')
 HIERARCHICAL_BACKBONES = ('VMamba', )
-BACKBONES = PLAIN_BACKBONES + HIERARCHICAL_BACKBONES
-FAMILIES = (PLAIN_BACKBONES, HIERARCHICAL_BACKBONES)
+# plain (one stride-16 map per output) but with its own arguments (arch 'l1'..'l3', no class
+# token), so not swappable with the Vim family; its official UperNet takes four maps without a
+# neck, our option adds PlainPyramidNeck
+PLAIN_MAMBA_BACKBONES = ('PlainMamba', )
+BACKBONES = PLAIN_BACKBONES + HIERARCHICAL_BACKBONES + PLAIN_MAMBA_BACKBONES
+FAMILIES = (PLAIN_BACKBONES, HIERARCHICAL_BACKBONES, PLAIN_MAMBA_BACKBONES)
 # constructor arguments that only one backbone type takes
 TYPE_SPECIFIC_KEYS = {
     'AMVim': ('window_size', 'windowed_path', 'inner', 'seed', 'shift_odd_blocks', 'paths'),
@@ -57,7 +63,7 @@ CLS_SIZE = 64
 
 # {backbone}_{neck}_{head}_{gpus}xb{batch}-{schedule}_{dataset}-{crop}[_tokenreduce].py
 NAME_RE = re.compile(
-    r'^(?P<backbone>(?:vim|amvim|localvim|vmamba)-[a-z0-9]+)'
+    r'^(?P<backbone>(?:vim|amvim|localvim|vmamba|plainmamba)-[a-z0-9]+)'
     r'(?:_(?P<neck>[a-z0-9]+(?:-[a-z0-9]+)*))?'
     r'_(?P<head>[a-z0-9]+(?:-[a-z0-9]+)*)'
     r'_(?P<gpus>\d+)xb(?P<batch>\d+)'
@@ -106,6 +112,8 @@ def shrink(cfg, arch=TINY_ARCH):
     """CPU-sized copy of ``cfg.model`` by plain dict edits (the same ones a user would make)."""
     if cfg.model.backbone.type in HIERARCHICAL_BACKBONES:
         return shrink_hierarchical(cfg)
+    if cfg.model.backbone.type in PLAIN_MAMBA_BACKBONES:
+        return shrink_plain_mamba(cfg)
     scope = cfg.default_scope
     model = cfg.model
     bb = model.backbone
@@ -173,6 +181,46 @@ def shrink_hierarchical(cfg):
     elif scope == 'mmpretrain':
         assert bb.out_type == 'avg_featmap' and len(dims) == 1, bb
         model.head.in_channels = dims[-1]
+    else:
+        raise AssertionError(f'unexpected default_scope {scope!r}')
+    _sync_bn_to_bn(model)
+    return cfg
+
+
+def shrink_plain_mamba(cfg):
+    """``shrink`` for PlainMamba: its ``'test'`` architecture (C = ``TINY_DIMS``, 4 layers);
+    ``out_indices`` keep their count, moved to the last layers ((5, 11, 17, 23) -> (0, 1, 2, 3),
+    (-1, ) or -1 -> (3, )); the heads (and the neck, where there is one: the official UperNet has
+    none) take ``TINY_DIMS`` channels."""
+    scope = cfg.default_scope
+    model = cfg.model
+    bb = model.backbone
+    n_out = _num_out(bb.get('out_indices', -1))
+    assert 1 <= n_out <= 4, bb.get('out_indices')
+    bb.arch = 'test'
+    bb.init_cfg = None
+    bb.out_indices = tuple(range(4 - n_out, 4))
+    if model.get('neck') is not None:
+        model.neck.in_channels = TINY_DIMS
+    if scope == 'mmseg':
+        bb.img_size = SEG_SIZE
+        model.data_preprocessor.size = (SEG_SIZE, SEG_SIZE)
+        model.decode_head.in_channels = [TINY_DIMS] * 4
+        model.decode_head.channels = 16
+        if model.get('auxiliary_head') is not None:
+            model.auxiliary_head.in_channels = TINY_DIMS
+            model.auxiliary_head.channels = 16
+        model.test_cfg = dict(mode='whole')
+    elif scope == 'mmdet':
+        bb.img_size = DET_SIZE
+        for aug in model.data_preprocessor.get('batch_augments') or []:
+            if aug.get('type') == 'BatchFixedSizePad':
+                aug.size = (DET_SIZE, DET_SIZE)
+        _shrink_det_test_cfg(model)
+    elif scope == 'mmpretrain':
+        assert bb.out_type == 'avg_featmap' and n_out == 1, bb
+        bb.img_size = CLS_SIZE
+        model.head.in_channels = TINY_DIMS
     else:
         raise AssertionError(f'unexpected default_scope {scope!r}')
     _sync_bn_to_bn(model)
@@ -292,9 +340,15 @@ def test_config_file_name_convention(path):
         assert backbone == folder, f'{name} is in configs/{folder}/'
     hierarchical = _family(backbone) == HIERARCHICAL_BACKBONES
     if m['dataset'] == 'ade20k':
-        # a hierarchical backbone feeds UperNet directly; a plain one through PlainPyramidNeck
-        assert (m['neck'], m['head']) == ((None, 'upernet') if hierarchical
-                                          else ('pyramid', 'upernet'))
+        # a hierarchical backbone feeds UperNet directly; a plain one through PlainPyramidNeck;
+        # PlainMamba either way (official: its four stride-16 maps directly; ours: the pyramid)
+        if hierarchical:
+            allowed = {(None, 'upernet')}
+        elif _family(backbone) == PLAIN_MAMBA_BACKBONES:
+            allowed = {(None, 'upernet'), ('pyramid', 'upernet')}
+        else:
+            allowed = {('pyramid', 'upernet')}
+        assert (m['neck'], m['head']) in allowed, (m['neck'], m['head'])
     elif m['dataset'] == 'coco':
         assert m['neck'] == ('fpn' if hierarchical else 'sfp')
         assert m['head'] in ('mask-rcnn', 'cascade-mask-rcnn')
@@ -309,6 +363,10 @@ def test_file_name_regex_rejects_bad_names():
     assert NAME_RE.match('vim-t_linear_8xb128-300e_in1k-224.py')
     assert NAME_RE.match('vmamba-t_upernet_4xb4-160k_ade20k-512x512.py')
     assert NAME_RE.match('vmamba-t_fpn_mask-rcnn_8xb2-ms-crop-3x_coco-1333x800.py')
+    assert NAME_RE.match('plainmamba-l1_upernet_8xb2-160k_ade20k-512x512.py')
+    assert NAME_RE.match('plainmamba-l1_sfp_mask-rcnn_8xb2-1x_coco-1333x800.py')
+    assert NAME_RE.match('plainmamba-l3_linear_4xb256-300e_in1k-224.py')
+    assert not NAME_RE.match('plainmamba_upernet_8xb2-160k_ade20k-512x512.py')
     assert not NAME_RE.match('vim-t_pyramid_upernet_8x2-160k_ade20k-512x512.py')
     assert not NAME_RE.match('vim-t_pyramid_upernet_8xb2_ade20k-512x512.py')
     assert not NAME_RE.match('vim_pyramid_upernet_8xb2-160k_ade20k-512x512.py')
@@ -363,3 +421,35 @@ def test_tools_named_in_config_comments_exist(path):
     missing = sorted(t for t in named if not osp.isfile(osp.join(ROOT, t)))
     assert not missing, f'{osp.relpath(path, ROOT)} names {missing}, which do not exist'
 
+
+
+PLAIN_MAMBA_CONFIGS = [c for c in CONFIGS if osp.basename(c).startswith('plainmamba-')]
+
+
+@pytest.mark.parametrize('path', PLAIN_MAMBA_CONFIGS,
+                         ids=[osp.relpath(c, CONFIG_DIR) for c in PLAIN_MAMBA_CONFIGS])
+def test_plain_mamba_configs_match_their_arch(path, tmp_path):
+    """At full size (which ``shrink`` overwrites): the neck / head widths are the arch's C, the
+    outputs lie in its depth (UperNet: the official evenly spaced layers, (5, 11, 17, 23) of 24,
+    (8, 17, 26, 35) of 36), and the dense configs start from that arch's released file."""
+    from amvim_mm.models.backbones.plain_mamba import PLAIN_MAMBA_ARCHS
+    cfg = _load(path, tmp_path)
+    model, bb = cfg.model, cfg.model.backbone
+    arch = bb.arch.lower()
+    C, depth = PLAIN_MAMBA_ARCHS[arch]['embed_dims'], PLAIN_MAMBA_ARCHS[arch]['num_layers']
+    assert osp.basename(path).startswith(f'plainmamba-{arch}_')
+    out = bb.get('out_indices', -1)
+    out = [out] if isinstance(out, int) else list(out)
+    assert all(-depth <= i < depth for i in out), out
+    if cfg.default_scope == 'mmpretrain':
+        assert model.head.in_channels == C and bb.out_type == 'avg_featmap'
+        return
+    assert bb.init_cfg == dict(type='Pretrained', checkpoint=f'pretrain/{arch}.pth')
+    if cfg.default_scope == 'mmseg':
+        assert out == [depth // 4 * k - 1 for k in (1, 2, 3, 4)], out
+        if model.get('neck') is not None:
+            assert model.neck.in_channels == C
+        assert model.decode_head.in_channels == [C] * 4
+        assert model.auxiliary_head.in_channels == C
+    else:
+        assert model.neck.in_channels == C and out in ([-1], [depth - 1])

@@ -79,6 +79,13 @@ def load_model_weights(model, filename: str, strict: bool = True) -> None:
     if is_model_wrapper(model):
         model = model.module
     sd = extract_state_dict(load_checkpoint_file(filename))
+    own = set(model.state_dict())
+    ema = [k for k in sd if k.startswith('ema_') and k not in own]
+    if ema:   # mmcls's EMA hook keeps buffers ema_* on the model: not this model's weights
+        from mmengine.logging import MMLogger
+        MMLogger.get_current_instance().info(f'{filename}: {len(ema)} EMA buffers (ema_*) '
+                                             'not loaded')
+        sd = {k: v for k, v in sd.items() if k not in ema}
     if official_family(sd) is not None:
         head = getattr(model, 'head', None)
         with_head = head is not None and isinstance(getattr(head, 'fc', None), nn.Linear)

@@ -170,3 +170,18 @@ def test_not_reducible_yet():
     from amvim_mm.engine.hooks import find_reducible_backbone
     with pytest.raises(ConfigError, match='no reducible backbone'):
         find_reducible_backbone(_build())
+
+
+def test_whole_model_load_skips_ema_buffers(tmp_path):
+    """Released training files may carry mmcls's EMA buffers (``ema_*``) next to the weights:
+    our tools' strict whole-model load skips them, and loads every weight."""
+    from amvim_mm.analysis.benchmark import Classifier
+    from amvim_mm.apis.runner import load_model_weights
+    src = Classifier(_build(out_type='avg_featmap'), num_classes=5)
+    sd = {k: v.clone() for k, v in src.state_dict().items()}
+    path = tmp_path / 'l1.pth'
+    torch.save(dict(state_dict=dict(sd, ema_backbone_ln1_weight=torch.ones(32))), path)
+    dst = Classifier(MODELS.build(dict(type='PlainMamba', arch='test', out_type='avg_featmap')),
+                     num_classes=5)
+    load_model_weights(dst, str(path), strict=True)
+    assert all(torch.equal(dst.state_dict()[k], v) for k, v in sd.items())
