@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Tuple
 
+from mmengine.logging import MMLogger
+
 from amvim_mm.errors import CheckpointMismatchError, ConfigError
 from amvim_mm.utils.checkpoint import load_backbone_checkpoint
 
@@ -41,6 +43,22 @@ class CheckpointGuard:
                                  prefix=cfg.get('prefix'))
         self._is_init = True
         return True
+
+    def keep_missing_output_norms(self, state_dict, prefix: str, norm_prefix: str,
+                                  anchor: str) -> None:
+        """For a load pre-hook: output norms this port adds on top of the official model
+        (parameters named ``norm_prefix*``) that a file with this backbone's weights (``anchor``
+        present) lacks altogether keep this model's values (weight 1, bias 0 after
+        initialisation, as the official dense backbones start them); logged by name."""
+        own = [n for n, _ in self.named_parameters() if n.startswith(norm_prefix)]
+        if own and prefix + anchor in state_dict and \
+                not any(prefix + n in state_dict for n in own):
+            for n in own:
+                state_dict[prefix + n] = self.get_parameter(n).detach().clone()
+            MMLogger.get_current_instance().info(
+                f'{type(self).__name__}: the checkpoint has no output norms; '
+                f'{sorted({n.rsplit(".", 1)[0] for n in own})} keep their initial values '
+                '(weight 1, bias 0)')
 
     def guard_whole_model_loads(self) -> None:
         self._register_load_state_dict_pre_hook(self._record_load)

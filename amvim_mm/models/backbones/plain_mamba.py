@@ -28,8 +28,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import numbers
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -43,6 +42,7 @@ from amvim_mm.ops.cross_scan import DirectionIndex, cross_merge, cross_scan
 from amvim_mm.ops.selective_scan import selective_scan_fn
 from amvim_mm.registry import MODELS
 from ..layout.scan_orders import scan_rank
+from .args import check_image_batch, is_int, positive_int, rate, resolve_out_indices
 from .checkpoint_guard import CheckpointGuard
 from .drop import DropPath
 from .embed import resize_pos_embed
@@ -67,10 +67,6 @@ OUT_TYPES = ('featmap', 'avg_featmap')
 SNAKE_DIRECTIONS = (dict(order='snake', axis='row'), dict(order='snake', axis='row', reverse=True),
                     dict(order='snake', axis='col'), dict(order='snake', axis='col', reverse=True))
 STEM_CHANNELS = 64
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def _arch_settings(arch: Union[str, dict]) -> Dict[str, object]:
@@ -98,22 +94,22 @@ def _arch_settings(arch: Union[str, dict]) -> Dict[str, object]:
         cfg = dict(ARCH_DEFAULTS)
         cfg.update(arch)
     for k in ('embed_dims', 'num_layers', 'd_state', 'expand', 'd_conv'):
-        if not _is_int(cfg[k]) or cfg[k] < 1:
+        if not is_int(cfg[k]) or cfg[k] < 1:
             raise ConfigError(f'PlainMamba arch: {k} must be a positive int, got {cfg[k]!r}')
     if cfg['d_conv'] % 2 == 0:
         raise ConfigError(f'PlainMamba arch: d_conv must be odd, got {cfg["d_conv"]!r}')
-    if not _is_int(cfg['num_convs_patch_embed']) or cfg['num_convs_patch_embed'] < 0:
+    if not is_int(cfg['num_convs_patch_embed']) or cfg['num_convs_patch_embed'] < 0:
         raise ConfigError('PlainMamba arch: num_convs_patch_embed must be an int >= 0, got '
                           f'{cfg["num_convs_patch_embed"]!r}')
     dw = cfg['layers_with_dwconv']
     if not isinstance(dw, (list, tuple)) or not all(
-            _is_int(i) and 0 <= i < cfg['num_layers'] for i in dw):
+            is_int(i) and 0 <= i < cfg['num_layers'] for i in dw):
         raise ConfigError(f'PlainMamba arch: layers_with_dwconv must be layer indices, got '
                           f'{dw!r}')
     cfg['layers_with_dwconv'] = tuple(int(i) for i in dw)
     if cfg['dt_rank'] is None:
         cfg['dt_rank'] = math.ceil(cfg['embed_dims'] / 16)
-    elif not _is_int(cfg['dt_rank']) or cfg['dt_rank'] < 1:
+    elif not is_int(cfg['dt_rank']) or cfg['dt_rank'] < 1:
         raise ConfigError(f'PlainMamba arch: dt_rank must be a positive int, got '
                           f'{cfg["dt_rank"]!r}')
     return cfg
@@ -340,27 +336,24 @@ class PlainMamba(CheckpointGuard, BaseModule):
         if out_type not in OUT_TYPES:
             raise ConfigError(f'{name}: out_type must be one of {OUT_TYPES}, got {out_type!r}')
         self.out_type = out_type
-        if _is_int(img_size):
+        if is_int(img_size):
             img_size = (img_size, img_size)
         if not isinstance(img_size, (tuple, list)) or len(img_size) != 2 or \
-                not all(_is_int(v) and v >= 16 for v in img_size):
+                not all(is_int(v) and v >= 16 for v in img_size):
             raise ConfigError(f'{name}: img_size must be an int or a pair (H, W) of ints >= 16, '
                               f'got {img_size!r}')
         self.img_size = (int(img_size[0]), int(img_size[1]))
-        if not _is_int(in_channels) or in_channels < 1:
-            raise ConfigError(f'{name}: in_channels must be a positive int, got '
-                              f'{in_channels!r}')
+        in_channels = positive_int(name, 'in_channels', in_channels)
         self.in_channels = int(in_channels)
-        for arg, v in (('drop_rate', drop_rate), ('drop_path_rate', drop_path_rate)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
-                raise ConfigError(f'{name}: {arg} must be a number in [0, 1), got {v!r}')
-        if not _is_int(frozen_stages) or frozen_stages < -1:
+        drop_rate = rate(name, 'drop_rate', drop_rate)
+        drop_path_rate = rate(name, 'drop_path_rate', drop_path_rate)
+        if not is_int(frozen_stages) or frozen_stages < -1:
             raise ConfigError(f'{name}: frozen_stages must be an int >= -1, got '
                               f'{frozen_stages!r}')
         if not isinstance(final_norm, bool):
             raise ConfigError(f'{name}: final_norm must be a bool, got {final_norm!r}')
         self.final_norm = final_norm
-        self.out_indices = self._resolve_out_indices(out_indices)
+        self.out_indices = resolve_out_indices(name, out_indices, depth, 'layers')
         if out_type == 'avg_featmap' and self.out_indices != [depth - 1]:
             raise ConfigError(f'{name}: out_type="avg_featmap" is the classifier input and needs '
                               f'out_indices=-1, got {out_indices!r}')
@@ -390,22 +383,6 @@ class PlainMamba(CheckpointGuard, BaseModule):
         self.guard_whole_model_loads()
         self.reset_weights()
         self._freeze_stages()
-
-    def _resolve_out_indices(self, out_indices) -> List[int]:
-        name, depth = type(self).__name__, self.num_layers
-        if _is_int(out_indices):
-            out_indices = [out_indices]
-        if not isinstance(out_indices, Sequence) or isinstance(out_indices, (str, bytes)) \
-                or len(out_indices) == 0 or not all(_is_int(i) for i in out_indices):
-            raise ConfigError(f'{name}: out_indices must be an int or a non-empty sequence of '
-                              f'ints, got {out_indices!r}')
-        resolved = []
-        for i in map(int, out_indices):
-            j = depth + i if i < 0 else i
-            if not 0 <= j < depth:
-                raise ConfigError(f'{name}: out_indices {i} is out of range for {depth} layers')
-            resolved.append(j)
-        return sorted(set(resolved))
 
     # ----------------------------------------------------------------- init and loading
     def reset_weights(self) -> None:
@@ -446,14 +423,8 @@ class PlainMamba(CheckpointGuard, BaseModule):
                     f'{tuple(self.pos_embed.shape)}.')
                 state_dict[name] = resize_pos_embed(ckpt, (side, side), self.patch_resolution,
                                                     with_cls_token=False)
-        own = [n for n, _ in self.named_parameters() if n.startswith('norm_layer')]
-        if own and prefix + 'patch_embed.projection.weight' in state_dict and \
-                not any(prefix + n in state_dict for n in own):
-            for n in own:
-                state_dict[prefix + n] = self.get_parameter(n).detach().clone()
-            MMLogger.get_current_instance().info(
-                f'{type(self).__name__}: the checkpoint has no output norms; '
-                f'{sorted({n.rsplit(".", 1)[0] for n in own})} keep weight 1, bias 0')
+        self.keep_missing_output_norms(state_dict, prefix, 'norm_layer',
+                                       'patch_embed.projection.weight')
 
     # ----------------------------------------------------------------- training helpers
     def _freeze_stages(self) -> None:
@@ -487,15 +458,7 @@ class PlainMamba(CheckpointGuard, BaseModule):
 
     # ----------------------------------------------------------------- forward
     def check_images(self, x: torch.Tensor) -> None:
-        name = type(self).__name__
-        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[0] == 0 \
-                or x.shape[1] != self.in_channels:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ConfigError(f'{name}: expected images (B >= 1, {self.in_channels}, H, W), '
-                              f'got {shape}')
-        if x.shape[2] < 16 or x.shape[3] < 16:
-            raise ConfigError(f'{name}: the input {tuple(x.shape[2:])} is smaller than one '
-                              '16 x 16 patch')
+        check_image_batch(type(self).__name__, x, self.in_channels, 16)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         self.check_images(x)

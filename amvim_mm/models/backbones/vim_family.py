@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -30,6 +29,7 @@ from amvim_mm.ops.fused_mixer import autocast_dtype
 from amvim_mm.token_layout import NO_CLS, cls_index_for, cls_slot
 from ..layout.scan_context import ScanContext
 from ..reduction import ReductionSession, build_reducer, restore_grid
+from .args import positive_int, rate, resolve_out_indices, size_pair
 from .block import VimBlock
 from .checkpoint_guard import CheckpointGuard
 from .drop import DropPath
@@ -75,34 +75,6 @@ def _canonical_arch(arch_zoo: Dict[str, dict], arch: Union[str, dict],
 
 REQUIRED_ARCH_KEYS = frozenset({'embed_dims', 'num_layers'})
 OPTIONAL_ARCH_KEYS = frozenset({'d_state', 'd_conv', 'expand', 'dt_rank'})
-
-
-def _is_int(v) -> bool:
-    """An int-like value (Python or NumPy integer), not a bool."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _positive_int(name: str, arg: str, v) -> int:
-    if not _is_int(v) or v < 1:
-        raise ConfigError(f'{name}: {arg} must be a positive int, got {v!r}')
-    return int(v)
-
-
-def _size_pair(name: str, arg: str, v) -> Tuple[int, int]:
-    """An int or a pair of ints, all positive -> (H, W)."""
-    pair = (v, v) if _is_int(v) else v
-    if not isinstance(pair, (tuple, list)) or len(pair) != 2 or \
-            not all(_is_int(x) and x >= 1 for x in pair):
-        raise ConfigError(f'{name}: {arg} must be a positive int or a pair (H, W) of positive '
-                          f'ints, got {v!r}')
-    return int(pair[0]), int(pair[1])
-
-
-def _rate(name: str, arg: str, v) -> float:
-    """A probability in [0, 1) (dropout, stochastic depth)."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
-        raise ConfigError(f'{name}: {arg} must be a number in [0, 1), got {v!r}')
-    return float(v)
 
 
 class VimFamilyBackbone(CheckpointGuard, BaseModule):
@@ -182,13 +154,13 @@ class VimFamilyBackbone(CheckpointGuard, BaseModule):
         self.out_type = out_type
         self.with_cls_token = with_cls_token
         self.final_norm = final_norm
-        img_size = _size_pair(name, 'img_size', img_size)
-        patch_size = _positive_int(name, 'patch_size', patch_size)
-        stride = _positive_int(name, 'stride', stride)
-        in_channels = _positive_int(name, 'in_channels', in_channels)
+        img_size = size_pair(name, 'img_size', img_size)
+        patch_size = positive_int(name, 'patch_size', patch_size)
+        stride = positive_int(name, 'stride', stride)
+        in_channels = positive_int(name, 'in_channels', in_channels)
         self.in_channels = in_channels
-        drop_rate = _rate(name, 'drop_rate', drop_rate)
-        drop_path_rate = _rate(name, 'drop_path_rate', drop_path_rate)
+        drop_rate = rate(name, 'drop_rate', drop_rate)
+        drop_path_rate = rate(name, 'drop_path_rate', drop_path_rate)
         self.img_size = tuple(img_size)
         self.interpolate_mode = interpolate_mode
 
@@ -202,21 +174,7 @@ class VimFamilyBackbone(CheckpointGuard, BaseModule):
         self._register_load_state_dict_pre_hook(self._prepare_pos_embed)
         self.guard_whole_model_loads()
 
-        if _is_int(out_indices):
-            out_indices = [out_indices]
-        # a string is a Sequence too: '3' must not be read as block 3 (nor '10' as 1 and 0)
-        if not isinstance(out_indices, Sequence) or isinstance(out_indices, (str, bytes)) \
-                or len(out_indices) == 0 or not all(_is_int(i) for i in out_indices):
-            raise ConfigError(f'{name}: out_indices must be an int or a non-empty sequence of '
-                              f'ints, got {out_indices!r}')
-        resolved = []
-        for i in map(int, out_indices):
-            j = depth + i if i < 0 else i
-            if not 0 <= j < depth:
-                raise ConfigError(f'{name}: out_indices {i} is out of range for '
-                                  f'{depth} layers')
-            resolved.append(j)
-        self.out_indices = sorted(set(resolved))
+        self.out_indices = resolve_out_indices(name, out_indices, depth, 'layers')
 
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
         inter_dpr = [0.0] + dpr

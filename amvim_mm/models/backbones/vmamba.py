@@ -25,7 +25,6 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 
 from amvim_mm.errors import ConfigError, LookupConfigError
@@ -34,6 +33,7 @@ from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
 from ..layout.scan_context import ScanContext
 from ..reduction import ReductionSession, build_reducer, restore_grid
+from .args import check_image_batch, is_int, positive_int, rate, resolve_out_indices
 from .checkpoint_guard import CheckpointGuard
 from .drop import DropPath
 from .ss2d import FORWARD_TYPES, SS2D
@@ -96,21 +96,21 @@ def _arch_settings(arch: Union[str, dict]) -> Dict[str, object]:
     def bad(k, what):
         return ConfigError(f'custom VMamba arch: {k} must be {what}, got {cfg[k]!r}')
 
-    if not _is_int(cfg['embed_dims']) or cfg['embed_dims'] < 1:
+    if not is_int(cfg['embed_dims']) or cfg['embed_dims'] < 1:
         raise bad('embed_dims', 'a positive int')
     d = cfg['depths']
     if not isinstance(d, (list, tuple)) or len(d) != 4 or \
-            not all(_is_int(x) and x >= 1 for x in d):
+            not all(is_int(x) and x >= 1 for x in d):
         raise bad('depths', 'four positive ints (blocks per stage)')
     cfg['depths'] = tuple(int(x) for x in d)
-    if not _is_int(cfg['d_state']) or cfg['d_state'] < 1:
+    if not is_int(cfg['d_state']) or cfg['d_state'] < 1:
         raise bad('d_state', 'a positive int')
     for k in ('ssm_ratio', 'mlp_ratio'):
         if isinstance(cfg[k], bool) or not isinstance(cfg[k], numbers.Real) or cfg[k] < 0:
             raise bad(k, 'a non-negative number')
     if cfg['ssm_ratio'] * cfg['embed_dims'] < 1:
         raise bad('ssm_ratio', 'large enough for at least one inner channel')
-    if cfg['dt_rank'] is not None and (not _is_int(cfg['dt_rank']) or cfg['dt_rank'] < 1):
+    if cfg['dt_rank'] is not None and (not is_int(cfg['dt_rank']) or cfg['dt_rank'] < 1):
         raise bad('dt_rank', 'a positive int or None (ceil(dim / 16) per stage)')
     if cfg['forward_type'] not in FORWARD_TYPES:
         raise bad('forward_type', f'one of {FORWARD_TYPES}')
@@ -121,10 +121,6 @@ def _arch_settings(arch: Union[str, dict]) -> Dict[str, object]:
     if not isinstance(cfg['conv_bias'], bool):
         raise bad('conv_bias', 'a bool')
     return cfg
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,31 +303,26 @@ class VMamba(CheckpointGuard, BaseModule):
         if out_type not in OUT_TYPES:
             raise ConfigError(f'{name}: out_type must be one of {OUT_TYPES}, got {out_type!r}')
         self.out_type = out_type
-        if not _is_int(in_channels) or in_channels < 1:
-            raise ConfigError(f'{name}: in_channels must be a positive int, got '
-                              f'{in_channels!r}')
-        if isinstance(drop_path_rate, bool) or not isinstance(drop_path_rate, numbers.Real) \
-                or not 0 <= drop_path_rate < 1:
-            raise ConfigError(f'{name}: drop_path_rate must be a number in [0, 1), got '
-                              f'{drop_path_rate!r}')
-        if not _is_int(frozen_stages) or frozen_stages < -1:
+        in_channels = positive_int(name, 'in_channels', in_channels)
+        drop_path_rate = rate(name, 'drop_path_rate', drop_path_rate)
+        if not is_int(frozen_stages) or frozen_stages < -1:
             raise ConfigError(f'{name}: frozen_stages must be an int >= -1, got '
                               f'{frozen_stages!r}')
-        self.out_indices = self._resolve_out_indices(out_indices)
+        self.out_indices = resolve_out_indices(name, out_indices, self.num_stages, 'stages')
         if out_type == 'avg_featmap' and self.out_indices != [self.num_stages - 1]:
             raise ConfigError(f'{name}: out_type="avg_featmap" is the classifier input and '
                               f'needs out_indices=({self.num_stages - 1},), got '
                               f'{out_indices!r}')
-        if not _is_int(reduction_stage) or not 0 <= reduction_stage < self.num_stages:
+        if not is_int(reduction_stage) or not 0 <= reduction_stage < self.num_stages:
             raise ConfigError(f'{name}: reduction_stage must be a stage index 0..'
                               f'{self.num_stages - 1}, got {reduction_stage!r}')
         self.reduction_stage = int(reduction_stage)
         check_backend_usable(scan_backend, name)
         self.in_channels = in_channels
-        if _is_int(img_size):
+        if is_int(img_size):
             img_size = (img_size, img_size)
         if not isinstance(img_size, (tuple, list)) or len(img_size) != 2 or \
-                not all(_is_int(v) and v >= 4 for v in img_size):
+                not all(is_int(v) and v >= 4 for v in img_size):
             raise ConfigError(f'{name}: img_size must be an int or a pair (H, W) of ints >= 4, '
                               f'got {img_size!r}')
         self.img_size = (int(img_size[0]), int(img_size[1]))
@@ -370,23 +361,6 @@ class VMamba(CheckpointGuard, BaseModule):
         self._freeze_stages()
         self.token_counts: List[int] = []
         self.set_token_reduction(token_reduction)
-
-    def _resolve_out_indices(self, out_indices) -> List[int]:
-        name = type(self).__name__
-        if _is_int(out_indices):
-            out_indices = [out_indices]
-        if not isinstance(out_indices, Sequence) or isinstance(out_indices, (str, bytes)) \
-                or len(out_indices) == 0 or not all(_is_int(i) for i in out_indices):
-            raise ConfigError(f'{name}: out_indices must be an int or a non-empty sequence of '
-                              f'ints, got {out_indices!r}')
-        resolved = []
-        for i in map(int, out_indices):
-            j = self.num_stages + i if i < 0 else i
-            if not 0 <= j < self.num_stages:
-                raise ConfigError(f'{name}: out_indices {i} is out of range for '
-                                  f'{self.num_stages} stages')
-            resolved.append(j)
-        return sorted(set(resolved))
 
     # ----------------------------------------------------------------- init and loading
     def reset_weights(self) -> None:
@@ -454,14 +428,7 @@ class VMamba(CheckpointGuard, BaseModule):
                     (new.startswith('classifier.norm.') and self.out_type != 'avg_featmap'):
                 continue
             state_dict[prefix + new] = v
-        own = [n for n in dict(self.named_parameters()) if n.startswith('outnorm')]
-        if own and not any(prefix + n in state_dict for n in own) and \
-                any(prefix + k in state_dict for k in ('patch_embed.0.weight', )):
-            for n in own:
-                state_dict[prefix + n] = self.get_parameter(n).detach().clone()
-            MMLogger.get_current_instance().info(
-                f'{type(self).__name__}: the checkpoint has no output norms; {own} keep their '
-                'initial values (weight 1, bias 0) as in the official Backbone_VSSM')
+        self.keep_missing_output_norms(state_dict, prefix, 'outnorm', 'patch_embed.0.weight')
 
     # ----------------------------------------------------------------- training helpers
     def _freeze_stages(self) -> None:
@@ -539,15 +506,7 @@ class VMamba(CheckpointGuard, BaseModule):
 
     # ----------------------------------------------------------------- forward
     def check_images(self, x: torch.Tensor) -> None:
-        name = type(self).__name__
-        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[0] == 0 \
-                or x.shape[1] != self.in_channels:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ConfigError(f'{name}: expected images (B >= 1, {self.in_channels}, H, W), '
-                              f'got {shape}')
-        if x.shape[2] < 4 or x.shape[3] < 4:
-            raise ConfigError(f'{name}: the input {tuple(x.shape[2:])} is smaller than one '
-                              '4 x 4 patch')
+        check_image_batch(type(self).__name__, x, self.in_channels, 4)
 
     def run_stage(self, i: int, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
         """Stage ``i``'s blocks on (B, H, W, C) -> (B, H, W, C) (full grid, restored after a
