@@ -248,11 +248,24 @@ def gpu_resolution(args):
     return rows
 
 
+def _bf16_profile(m, x, rows: int, width: int) -> str:
+    """The top CUDA kernels of one bf16 forward of ``m`` on ``x`` (after 3 warm-up calls)."""
+    from torch.profiler import ProfilerActivity, profile
+    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+        for _ in range(3):
+            m(x)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            m(x)
+            torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by='cuda_time_total', row_limit=rows,
+                                     max_name_column_width=width)
+
+
 def gpu_profile(args):
     """Top CUDA kernels of one bf16 forward (batch 128, 224): Vim-T unfused (when mamba-ssm is
     there) and fused, and Vim-T/AMVim-T fused with ToMe 0.46 with the matching kernels
     (default) and without (AMVIM_FUSED_REDUCTION_KERNELS=0)."""
-    from torch.profiler import ProfilerActivity, profile
 
     from amvim_mm.ops.backends import mamba_selective_scan
     tome = dict(type='ToMe', ratio=0.46)
@@ -264,15 +277,8 @@ def gpu_profile(args):
     for name, mixer, red, variant in cases:
         m = B.build(name, 224, head=True, fused_mixer=MIXERS[mixer], token_reduction=red)
         x = torch.randn(128, 3, 224, 224, device='cuda')
-        with variant_env(variant), torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
-            for _ in range(3):
-                m(x)
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                m(x)
-                torch.cuda.synchronize()
-        t = prof.key_averages().table(sort_by='cuda_time_total', row_limit=25,
-                                      max_name_column_width=140)
+        with variant_env(variant):
+            t = _bf16_profile(m, x, rows=25, width=140)
         key = f'{name}_{mixer}' + (f'_tome0.46_{variant}' if red else '')
         out[key] = t
         log(f'profile, {key}:\n{t}')
@@ -368,7 +374,6 @@ def gpu_vmamba(args):
 def gpu_vmamba_profile(args):
     """Top CUDA kernels of one bf16 forward of VMamba-T (batch 128, 224): ours and, with
     ``--official-vmamba``, the official code."""
-    from torch.profiler import ProfilerActivity, profile
     torch.manual_seed(0)
     ours = B.build('vmamba-t', 224, head=True)
     models = [('ours', ours)]
@@ -378,15 +383,7 @@ def gpu_vmamba_profile(args):
     x = torch.randn(128, 3, 224, 224, device='cuda')
     out = {}
     for impl, m in models:
-        with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
-            for _ in range(3):
-                m(x)
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                m(x)
-                torch.cuda.synchronize()
-        t = prof.key_averages().table(sort_by='cuda_time_total', row_limit=30,
-                                      max_name_column_width=100)
+        t = _bf16_profile(m, x, rows=30, width=100)
         out[impl] = t
         log(f'vmamba profile, {impl}:\n{t}')
     return out
