@@ -47,8 +47,6 @@ def main(argv=None) -> int:
             if args.model in ('VMamba', 'PlainMamba'):
                 if args.count_after_merge:
                     raise ConfigError('--count-after-merge is for the Vim family')
-                if r and args.model == 'PlainMamba':
-                    raise ConfigError('PlainMamba has no token reduction yet; use --ratios 0')
                 f = backbone_flops(model, args.size, red, num_classes=args.num_classes,
                                    convention=args.convention or 'official')
             else:

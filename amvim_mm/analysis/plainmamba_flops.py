@@ -14,9 +14,10 @@ Conventions, named in every result:
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 from amvim_mm.errors import ConfigError
+from amvim_mm.models.reduction import build_reducer
 from .mmengine_flops import mmengine_count
 
 CONVENTIONS = {
@@ -30,26 +31,29 @@ CONVENTIONS = {
 
 
 def plainmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
-                     token_reduction=None, num_classes: int = 0,
+                     token_reduction: Optional[dict] = 'model', num_classes: int = 0,
                      convention: str = 'official') -> Dict[str, object]:
     """FLOPs of ``model`` (a :class:`~amvim_mm.models.backbones.plain_mamba.PlainMamba`) for
-    one image; ``token_reduction`` must be None or ``'model'`` (PlainMamba has no reducer yet).
+    one image.
 
-    Returns a dict with ``gflops``, ``tokens`` (per layer), ``realised_ratio`` (0),
-    ``removals`` and ``convention``.
+    Args:
+        input_shape: image size (int or (H, W)).
+        token_reduction: ``'model'`` (the model's reducer), ``None`` or a reducer config; the
+            layers are counted with the tokens they see (EViT's fused token included).
+        num_classes: add the classifier (ln1 is in the backbone; the pooling counts 0, a
+            linear head of this size).
+        convention: ``'official'``, ``'mamba'`` or ``'mmengine'`` (module docstring).
+
+    Returns a dict with ``gflops``, ``tokens`` (per layer), ``removals``, ``realised_ratio``
+    and ``convention``.
     """
     if convention not in CONVENTIONS:
         raise ConfigError(f'FLOPs convention {convention!r} is not defined for PlainMamba; '
                           f'choose from {", ".join(CONVENTIONS)}')
-    if token_reduction not in (None, 'model'):
-        raise ConfigError('PlainMamba has no token reduction yet')
     H, W = (input_shape, input_shape) if isinstance(input_shape, int) else input_shape
     depth, C = model.num_layers, model.embed_dims
-    removals = [0] * depth
-    if convention == 'mmengine':
-        total = mmengine_count(model, (H, W), None) + C * num_classes
-        return dict(gflops=total / 1e9, tokens=None, removals=removals, realised_ratio=0.0,
-                    convention=CONVENTIONS[convention])
+    reducer = model.token_reducer if token_reduction == 'model' else build_reducer(
+        token_reduction)
     official = convention == 'official'
     ln, bn = (5, 2) if official else (0, 0)       # fvcore: eval BN with affine = 2 * numel
     pe = model.patch_embed
@@ -60,9 +64,16 @@ def plainmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
     n_convs = len([m for m in pe.convs if hasattr(m, 'kernel_size')])
     f += n_convs * (c * c * 9 * h * w + bn * c * h * w)
     gh, gw = -(-h // 8), -(-w // 8)                                    # padded to 8, stride 8
-    L = gh * gw
-    f += C * c * 64 * L                                                # projection
-    for layer in model.layers:
+    M = gh * gw
+    f += C * c * 64 * M                                                # projection
+    removals, counts, realised = [0] * depth, [M] * depth, 0.0
+    if reducer is not None:
+        removals, counts, realised = reducer.token_plan(M, depth)
+    if convention == 'mmengine':
+        total = mmengine_count(model, (H, W), reducer) + C * num_classes
+        return dict(gflops=total / 1e9, tokens=counts, removals=removals,
+                    realised_ratio=realised, convention=CONVENTIONS[convention])
+    for layer, L in zip(model.layers, counts):
         m = layer.mamba
         E, N, R = m.d_inner, m.d_state, m.dt_rank
         k2 = m.conv2d.kernel_size[0] * m.conv2d.kernel_size[1]
@@ -74,7 +85,7 @@ def plainmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
         if hasattr(layer, 'dw'):
             f += C * 9 * L + bn * C * L
     if model.final_norm:
-        f += ln * L * C
+        f += ln * counts[-1] * C
     f += C * num_classes
-    return dict(gflops=f / 1e9, tokens=[L] * depth, removals=removals, realised_ratio=0.0,
+    return dict(gflops=f / 1e9, tokens=counts, removals=removals, realised_ratio=realised,
                 convention=CONVENTIONS[convention])

@@ -26,7 +26,7 @@ import math
 from typing import Dict, List, Optional, Tuple, Union
 
 from amvim_mm.errors import ConfigError
-from amvim_mm.models.reduction import ReductionSchedule, build_reducer
+from amvim_mm.models.reduction import build_reducer
 from .mmengine_flops import mmengine_count
 
 CONVENTIONS = {
@@ -92,13 +92,7 @@ def vmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
         stage_tokens.append(M)
         counts = [M] * depth
         if i == s and reducer is not None:
-            removals = list(reducer.removals(M, depth))
-            counts = ReductionSchedule.token_counts(removals, M, cls_token=False)
-            realised = ReductionSchedule.realised_ratio(removals, M)
-            if getattr(reducer, 'freeze_sources', False):   # EViT's fused token
-                first = next((j for j, k in enumerate(removals) if k), None)
-                if first is not None:
-                    counts = [t + (j >= first) for j, t in enumerate(counts)]
+            removals, counts, realised = reducer.token_plan(M, depth)
         tokens.extend(counts)
         f = 0.0
         for blk, L in zip(model.layers[i].blocks, counts):

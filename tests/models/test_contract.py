@@ -26,6 +26,8 @@ HIER_SCHEDULES = {
     'ToP': (dict(keep_rate=0.7, locations=(0, )), dict(keep_rate=1.0, locations=(0, ))),
     'EViT': (dict(keep_rate=0.7, locations=(0, )), dict(keep_rate=1.0, locations=(0, ))),
 }
+#: plain backbones without a class token (one stream, the Vim schedules over their layers)
+PLAIN = {'PlainMamba': dict(arch='test')}
 REDUCERS = sorted(TOKEN_REDUCERS.module_dict)
 
 
@@ -38,7 +40,7 @@ def test_registries_are_covered():
     # every backbone that takes a reducer is in one of the two parametrised tests below
     reducible = {n for n, c in MODELS.module_dict.items()
                  if isinstance(c, type) and hasattr(c, 'set_token_reduction')}
-    assert reducible == set(BACKBONES) | set(HIERARCHICAL), reducible
+    assert reducible == set(BACKBONES) | set(HIERARCHICAL) | set(PLAIN), reducible
 
 
 def _build(typ, out_type, reduction=None):
@@ -99,3 +101,29 @@ def test_hierarchical_backbone_x_reducer(typ, reducer):
             assert torch.equal(a, b)
         cls = build(dict(type=reducer, **on), out_type='avg_featmap', out_indices=(3, ))(x)
         assert [o.shape for o in cls] == [(2, 128)]
+
+
+@pytest.mark.parametrize('reducer', REDUCERS)
+@pytest.mark.parametrize('typ', sorted(PLAIN))
+def test_plain_backbone_x_reducer(typ, reducer):
+    on, off = SCHEDULES[reducer]
+    x = torch.randn(2, 3, 64, 48, generator=torch.Generator().manual_seed(1))
+
+    def build(reduction=None, **kw):
+        torch.manual_seed(0)
+        return MODELS.build(dict(type=typ, **PLAIN[typ], token_reduction=reduction,
+                                 **dict(dict(out_indices=(1, 3)), **kw))).eval()
+
+    with torch.no_grad():
+        ref = build()(x)
+        reduced = build(dict(type=reducer, **on))
+        out = reduced(x)
+        assert [o.shape for o in out] == [(2, 32, 4, 3)] * 2
+        assert all(torch.isfinite(o).all() for o in out)
+        assert reduced.token_counts[-1] < reduced.token_counts[0]
+        assert not torch.equal(out[1], ref[1])
+        same = build(dict(type=reducer, **off))(x)
+        for a, b in zip(same, ref):
+            assert torch.equal(a, b)
+        cls = build(dict(type=reducer, **on), out_type='avg_featmap', out_indices=-1)(x)
+        assert [o.shape for o in cls] == [(2, 32)]

@@ -165,13 +165,6 @@ def test_wrong_arch_file_names_the_mismatch(tmp_path):
         m.init_weights()
 
 
-def test_not_reducible_yet():
-    """Token reduction for PlainMamba is not implemented: the tools refuse it by name."""
-    from amvim_mm.engine.hooks import find_reducible_backbone
-    with pytest.raises(ConfigError, match='no reducible backbone'):
-        find_reducible_backbone(_build())
-
-
 def test_whole_model_load_skips_ema_buffers(tmp_path):
     """Released training files may carry mmcls's EMA buffers (``ema_*``) next to the weights:
     our tools' strict whole-model load skips them, and loads every weight."""

@@ -186,18 +186,27 @@ def resize_pos_embed(pos, src_hw, dst_hw):
     return grid.flatten(2).transpose(1, 2)
 
 
-def plain_mamba_2d(sd, p, x, hw, orders=None):
-    """PlainMamba2D on tokens x (B, L, C); p = 'layers.i.mamba.'."""
+def plain_mamba_2d(sd, p, x, hw, orders=None, present=None):
+    """PlainMamba2D on tokens x (B, L, C); p = 'layers.i.mamba.'.
+
+    ``present`` (B, L) bool (not in the official code): the "zero-input full-length pass" of
+    token pruning -- the conv input and the conv output (after SiLU) are zero at the absent
+    cells, everything else is the official computation over the full length.
+    """
     Bn, L, _ = x.shape
     H, W = hw
     xz = F.linear(x, sd[p + 'in_proj.weight'], sd.get(p + 'in_proj.bias'))
     E = xz.shape[-1] // 2
     xi, z = xz[..., :E], xz[..., E:]
+    if present is not None:
+        xi = xi * present[..., None].to(xi.dtype)
     cw = sd[p + 'conv2d.weight']
     grid = xi.transpose(1, 2).reshape(Bn, E, H, W)
     grid = F.silu(F.conv2d(grid, cw, sd.get(p + 'conv2d.bias'), padding=cw.shape[-1] // 2,
                            groups=E))
     xc = grid.reshape(Bn, E, L)                                   # (B, E, L) raster order
+    if present is not None:
+        xc = xc * present[:, None, :].to(xc.dtype)
     A = -torch.exp(sd[p + 'A_log'])
     N = A.shape[1]
     dt_w = sd[p + 'dt_proj.weight']

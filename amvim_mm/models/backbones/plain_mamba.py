@@ -20,8 +20,24 @@ applied twice (inside ``dt_proj`` and again as the scan's ``delta_bias``). The f
 are snake orders (:class:`~amvim_mm.models.layout.scan_orders.Snake`) run as one grouped
 selective scan; their outputs (each with its own ``D * u``) are summed, gated by ``SiLU(z)``.
 
-Token reduction for PlainMamba is not available yet (the backbone has no
-``set_token_reduction``; the tools say so).
+Token reduction (``token_reduction=dict(type='ToMe' | 'RandomPrune' | 'EViT' | 'ToP', ...)``)
+acts on the layers' single stream, as in Vim (no class token to protect):
+
+* survivors stay in raster order in storage; each direction visits them in its own snake rank
+  order. **decision (the first quirk on a reduced sequence)**: without alignment, step ``j`` of
+  every direction takes delta, B and C of the survivor stored at index ``j`` (the official
+  index pairing, applied to the survivors), and the direction code of the survivor it visits
+  (``reduced_direction_codes='positional'``, default: the survivor's code in the full grid;
+  ``'displacement'``: the move from the previous survivor). A token without a cell (EViT's
+  fused token, last in every direction) gets code 0.
+* with ToP's alignment the reduced scan equals the full-length official pass with zero input
+  at the absent cells (``PlainMamba2D._aligned_scan``), to float rounding.
+* the depthwise 7x7 conv and L1's layer-0 3x3 block run on the grid with the absent cells at
+  zero (:mod:`~amvim_mm.models.layout.grid_conv`); the 3x3 block's BN normalises the present
+  tokens.
+* ToP's importance: the clipped channel sum of the summed four-direction output.
+* dense outputs get the full grid back before their norm (merged tokens copied to their cells,
+  pruned cells keep their last feature); ``avg_featmap`` is the size-weighted token mean.
 """
 from __future__ import annotations
 
@@ -39,9 +55,13 @@ from mmengine.model import BaseModule
 from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.ops.cross_scan import DirectionIndex, cross_merge, cross_scan
-from amvim_mm.ops.selective_scan import selective_scan_fn
+from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from amvim_mm.registry import MODELS
+from amvim_mm.token_layout import NO_CLS
+from ..layout.grid_conv import grid_depthwise_conv, whole_grid
+from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import scan_rank
+from ..reduction import ReductionSession, build_reducer, restore_grid
 from .args import check_image_batch, is_int, positive_int, rate, resolve_out_indices
 from .checkpoint_guard import CheckpointGuard
 from .drop import DropPath
@@ -67,6 +87,8 @@ OUT_TYPES = ('featmap', 'avg_featmap')
 SNAKE_DIRECTIONS = (dict(order='snake', axis='row'), dict(order='snake', axis='row', reverse=True),
                     dict(order='snake', axis='col'), dict(order='snake', axis='col', reverse=True))
 STEM_CHANNELS = 64
+#: how the steps of a reduced sequence get their direction codes (see :class:`PlainMamba2D`)
+REDUCED_DIRECTION_CODES = ('positional', 'displacement')
 
 
 def _arch_settings(arch: Union[str, dict]) -> Dict[str, object]:
@@ -149,6 +171,36 @@ def snake_directions(H: int, W: int, device) -> Tuple[DirectionIndex, torch.Tens
     return DirectionIndex.from_perm(perm[:, None].to(device)), codes.to(device)
 
 
+@functools.lru_cache(maxsize=64)
+def snake_cell_tables(H: int, W: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per direction and grid cell (both (4, H * W + 1) long, the extra column for a token
+    without a cell): the cell's step in the direction's full-grid order (its rank; ``H * W``
+    for the extra column) and the code of the move arriving at it (0 for the extra column)."""
+    index, codes = snake_directions(H, W, device)
+    perm = index.perm[:, 0]                                            # (4, L): cell at step
+    M = H * W
+    steps = torch.full((4, M + 1), M, dtype=torch.long, device=device)
+    steps[:, :M] = index.inv[:, 0].long()
+    cell_codes = torch.zeros(4, M + 1, dtype=torch.long, device=device)
+    cell_codes[:, :M].scatter_(1, perm, codes)
+    return steps, cell_codes
+
+
+def displacement_codes(cells: torch.Tensor, W: int) -> torch.Tensor:
+    """(..., L) grid cells in a direction's visiting order -> the code of each step recomputed
+    from the displacement to the previous present cell (the ``'displacement'`` option for
+    reduced sequences): the larger of the row and column moves decides (the column move on a
+    tie), its sign the code; 0 at the first step and for a token without a cell (< 0)."""
+    i, j = torch.div(cells, W, rounding_mode='floor'), cells % W
+    di, dj = i[..., 1:] - i[..., :-1], j[..., 1:] - j[..., :-1]
+    horiz = dj.abs() >= di.abs()
+    code = torch.where(horiz, torch.where(dj > 0, 1, 2), torch.where(di > 0, 4, 3))
+    code = torch.cat([torch.zeros_like(code[..., :1]), code], -1)
+    valid = cells >= 0
+    prev_valid = torch.cat([torch.zeros_like(valid[..., :1]), valid[..., :-1]], -1)
+    return torch.where(valid & prev_valid, code, torch.zeros_like(code))
+
+
 # ---------------------------------------------------------------------------------------------
 # layers
 # ---------------------------------------------------------------------------------------------
@@ -186,14 +238,23 @@ class PlainMamba2D(nn.Module):
     Args:
         embed_dims: C; ``expand``: E = expand * C; ``d_state``: N; ``dt_rank``: R;
         ``d_conv``: the depthwise conv size (7); ``scan_backend``: selective-scan backend.
+        reduced_direction_codes: the direction codes of a reduced sequence's steps without
+            alignment: ``'positional'`` (each survivor keeps the code of its cell in the full
+            grid, default) or ``'displacement'`` (recomputed from the move from the previous
+            survivor). Aligned scans use the full-grid codes (they equal the full pass).
     """
 
     num_directions = len(SNAKE_DIRECTIONS)
 
     def __init__(self, embed_dims: int, d_state: int = 16, expand: int = 2, dt_rank: int = 12,
-                 d_conv: int = 7, scan_backend: Optional[str] = None, dt_min: float = 0.001,
+                 d_conv: int = 7, scan_backend: Optional[str] = None,
+                 reduced_direction_codes: str = 'positional', dt_min: float = 0.001,
                  dt_max: float = 0.1, dt_init_floor: float = 1e-4) -> None:
         super().__init__()
+        if reduced_direction_codes not in REDUCED_DIRECTION_CODES:
+            raise ConfigError(f'PlainMamba: reduced_direction_codes must be one of '
+                              f'{REDUCED_DIRECTION_CODES}, got {reduced_direction_codes!r}')
+        self.reduced_direction_codes = reduced_direction_codes
         self.d_model, self.d_state, self.dt_rank = embed_dims, d_state, dt_rank
         self.d_inner = E = expand * embed_dims
         self.scan_backend = scan_backend
@@ -226,32 +287,126 @@ class PlainMamba2D(nn.Module):
             self.D.fill_(1.0)
         nn.init.trunc_normal_(self.direction_Bs, std=.02)
 
-    def forward(self, x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
+        """(B, L, C) tokens of the grid cells in ``ctx`` (the whole grid, or the survivors of
+        a token reduction) -> (B, L, C)."""
         B, L, _ = x.shape
-        H, W = grid
-        K, E, N, R = self.num_directions, self.d_inner, self.d_state, self.dt_rank
+        H, W = ctx.grid
+        K, E = self.num_directions, self.d_inner
         xi, z = self.in_proj(x).chunk(2, dim=-1)
-        g = xi.reshape(B, H, W, E).permute(0, 3, 1, 2)       # NCHW view, channels-last memory
-        xc = F.silu(self.conv2d(g).permute(0, 2, 3, 1).reshape(B, L, E))
-        x_dbl = F.linear(xc, self.x_proj.weight)                            # raster order
+        xc = F.silu(grid_depthwise_conv(xi, ctx, self.conv2d))
+        x_dbl = F.linear(xc, self.x_proj.weight)                   # storage (raster) order
+        if whole_grid(ctx):
+            index, codes = snake_directions(H, W, x.device)
+            index_cells = None
+        else:
+            index = ctx.direction_index(SNAKE_DIRECTIONS)
+            pos = ctx.pos if ctx.pos.dim() == 2 else ctx.pos.expand(B, -1)
+            cell = torch.where(pos >= 0, pos, torch.full_like(pos, H * W))  # no cell -> H*W
+            # (B, K, L): the cell each direction visits at each of its steps
+            index_cells = torch.gather(cell.unsqueeze(0).expand(K, -1, -1), 2,
+                                       index.perm).permute(1, 0, 2)
+        xs = cross_scan(xc, H, W, index)                # only u goes into each order (Q1)
+        ct = torch.float64 if xs.dtype == torch.float64 else torch.float32
+        A = -torch.exp(self.A_log.to(ct)).repeat(K, 1)
+        bias = self.dt_proj.bias.to(ct).repeat(K)
+        if index_cells is not None and ctx.align is not None and ctx.reduced:
+            y = self._aligned_scan(xs, x_dbl, cell, index_cells, ctx, A, bias)
+        else:
+            y = self._scan(xs, x_dbl, codes if index_cells is None
+                           else self._reduced_codes(index_cells, H, W), A, bias)
+        y = cross_merge(y.view(B, K, E, L), H, W, index)                    # (B, L, E) sum
+        if ctx.want_importance:
+            # ToP importance: the clipped channel sum of the summed 4-direction output
+            ctx.importance = y.float().clamp_min(0).sum(-1).detach()
+        return self.out_proj(y.to(z.dtype) * F.silu(z))
+
+    def _scan(self, xs: torch.Tensor, x_dbl: torch.Tensor, codes: torch.Tensor,
+              A: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """The official scan: step ``j`` of every direction takes u of the token the direction
+        visits there (``xs``) and delta, B, C of the token stored at index ``j`` (Q1), the
+        direction bias ``direction_Bs[codes]`` ((K, L) or (B, K, L)) and the dt bias again as
+        ``delta_bias`` (Q2)."""
+        B, K, E, L = xs.shape
+        N, R = self.d_state, self.dt_rank
         dt_low, Bm, Cm = torch.split(x_dbl, [R, N, N], dim=-1)
         dt = self.dt_proj(dt_low)                       # first application of the dt bias
-        index, codes = snake_directions(H, W, x.device)
-        xs = cross_scan(xc, H, W, index)                # only u goes into each order (Q1)
         dtype = xs.dtype
         delta = dt.transpose(1, 2).unsqueeze(1).expand(B, K, E, L).reshape(B, K * E, L)
         Bk = (Bm.transpose(1, 2).unsqueeze(1)
-              + self.direction_Bs[codes].transpose(1, 2).unsqueeze(0))     # (B, K, N, L)
+              + self.direction_Bs[codes].transpose(-1, -2))                # (B, K, N, L)
         Ck = Cm.transpose(1, 2).unsqueeze(1).expand(B, K, N, L)
-        ct = torch.float64 if dtype == torch.float64 else torch.float32
-        A = -torch.exp(self.A_log.to(ct)).repeat(K, 1)
-        y = selective_scan_fn(xs.reshape(B, K * E, L), delta.to(dtype), A,
-                              Bk.to(dtype).contiguous(), Ck.to(dtype).contiguous(),
-                              self.D.to(ct).repeat(K), None,
-                              delta_bias=self.dt_proj.bias.to(ct).repeat(K),   # again (Q2)
-                              delta_softplus=True, backend=self.scan_backend)
-        y = cross_merge(y.view(B, K, E, L), H, W, index)                    # (B, L, E) sum
-        return self.out_proj(y.to(z.dtype) * F.silu(z))
+        ct = A.dtype
+        return selective_scan_fn(xs.reshape(B, K * E, L), delta.to(dtype), A,
+                                 Bk.to(dtype).contiguous(), Ck.to(dtype).contiguous(),
+                                 self.D.to(ct).repeat(K), None, delta_bias=bias,   # again (Q2)
+                                 delta_softplus=True, backend=self.scan_backend)
+
+    def _reduced_codes(self, index_cells: torch.Tensor, H: int, W: int) -> torch.Tensor:
+        """(B, K, L) direction codes of a reduced sequence's steps: each survivor's own
+        full-grid code (``'positional'``) or the code of the displacement from the previous
+        survivor (``'displacement'``); 0 for a token without a cell."""
+        if self.reduced_direction_codes == 'displacement':
+            cells = torch.where(index_cells < H * W, index_cells, torch.full_like(index_cells, -1))
+            return displacement_codes(cells, W)
+        _, cell_codes = snake_cell_tables(H, W, index_cells.device)
+        return torch.gather(cell_codes.unsqueeze(0).expand(index_cells.shape[0], -1, -1), 2,
+                            index_cells)
+
+    def _aligned_scan(self, xs: torch.Tensor, x_dbl: torch.Tensor, cell: torch.Tensor,
+                      index_cells: torch.Tensor, ctx: ScanContext, A: torch.Tensor,
+                      bias: torch.Tensor) -> torch.Tensor:
+        """ToP's hidden-state alignment: each direction scans the survivors as the full-length
+        official scan with zero input at the absent cells would, read at the survivors.
+
+        In that pass step ``t`` of a direction takes u of the cell the direction visits there
+        and delta, B, C of raster cell ``t`` (Q1); an absent cell has ``xc = 0``, so its
+        ``dt = dt_proj(0)`` is the bias (delta ``softplus(2 b)``), its B the direction bias
+        and its C zero. A survivor visited at full-grid step ``s`` therefore takes delta, B, C
+        of raster cell ``s``, and the absent steps between two survivors (u = 0) fold into its
+        step size (:func:`~amvim_mm.ops.selective_scan.aligned_selective_scan`; gap sums as
+        differences of a float64 prefix sum). ``gap_delta='token'`` uses the survivor's own
+        step size for each absent step instead.
+        """
+        B, K, E, L = xs.shape
+        N, R = self.d_state, self.dt_rank
+        H, W = ctx.grid
+        M = H * W
+        ct = A.dtype
+        if ctx.has_fused:
+            raise ConfigError('PlainMamba: hidden-state alignment with a fused token (EViT) '
+                              'is not defined')
+        steps_tab, cell_codes = snake_cell_tables(H, W, xs.device)
+        steps = torch.gather(steps_tab.unsqueeze(0).expand(B, -1, -1), 2, index_cells)
+        codes = torch.gather(cell_codes.unsqueeze(0).expand(B, -1, -1), 2, index_cells)
+        # the full-length projections: zero rows at the absent cells (x_proj has no bias)
+        full = x_dbl.new_zeros(B, M + 1, R + 2 * N)
+        full.scatter_(1, cell.unsqueeze(-1).expand(-1, -1, R + 2 * N), x_dbl)
+        dt_low, Bm, Cm = torch.split(full[:, :M], [R, N, N], dim=-1)
+        dt = self.dt_proj(dt_low)                               # (B, M, E): bias at absent
+
+        def at_steps(t: torch.Tensor) -> torch.Tensor:          # (B, M, X) -> (B, K, X, L)
+            X = t.shape[-1]
+            g = torch.gather(t, 1, steps.reshape(B, K * L, 1).expand(-1, -1, X))
+            return g.view(B, K, L, X).transpose(2, 3)
+
+        delta = at_steps(dt).to(ct).reshape(B, K * E, L)
+        Bk = at_steps(Bm).to(ct) + self.direction_Bs.to(ct)[codes].transpose(-1, -2)
+        Ck = at_steps(Cm).to(ct)
+        prev = torch.cat([steps.new_full((B, K, 1), -1), steps[..., :-1]], -1) + 1
+        if ctx.align == 'token':
+            own = F.softplus(delta + bias[None, :, None]).view(B, K, E, L)
+            gap = (steps - prev).to(ct).unsqueeze(2) * own
+        else:
+            d = F.softplus(dt.to(ct) + bias[:E]).transpose(1, 2)          # (B, E, M)
+            csum = F.pad(torch.cumsum(d.double(), -1), (1, 0))           # exclusive prefix
+            csum = csum.unsqueeze(1).expand(B, K, E, M + 1)
+            gap = (torch.gather(csum, 3, steps.unsqueeze(2).expand(B, K, E, L))
+                   - torch.gather(csum, 3, prev.unsqueeze(2).expand(B, K, E, L))).to(ct)
+        return aligned_selective_scan(xs.reshape(B, K * E, L), delta, A, Bk, Ck,
+                                      self.D.to(ct).repeat(K), None, delta_bias=bias,
+                                      gap_delta=gap.reshape(B, K * E, L),
+                                      backend=self.scan_backend)
 
 
 class PlainMambaLayer(nn.Module):
@@ -269,12 +424,18 @@ class PlainMambaLayer(nn.Module):
                 nn.Conv2d(embed_dims, embed_dims, 3, 1, 1, groups=embed_dims, bias=False),
                 nn.BatchNorm2d(embed_dims), nn.GELU())
 
-    def forward(self, x: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-        x = x + self.drop_path(self.mamba(self.norm(x), grid))
+    def merge_metric(self, x: torch.Tensor) -> torch.Tensor:
+        """ToMe's similarity features of this layer's input: its normalised input."""
+        return self.norm(x)
+
+    def forward(self, x: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
+        x = x + self.drop_path(self.mamba(self.norm(x), ctx))
         if hasattr(self, 'dw'):
             B, L, C = x.shape
-            g = x.transpose(1, 2).reshape(B, C, *grid)
-            x = self.dw(g).flatten(2).transpose(1, 2)
+            # the 3x3 conv on the grid cells (absent cells zero); BN over the present tokens
+            g = grid_depthwise_conv(x, ctx, self.dw[0])
+            g = self.dw[1](g.transpose(1, 2).unsqueeze(-1)).squeeze(-1).transpose(1, 2)
+            x = self.dw[2](g)
         return x
 
 
@@ -327,6 +488,8 @@ class PlainMamba(CheckpointGuard, BaseModule):
                  frozen_stages: int = -1,
                  norm_eps: float = 1e-5,
                  scan_backend: Optional[str] = None,
+                 token_reduction: Optional[dict] = None,
+                 reduced_direction_codes: str = 'positional',
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=copy.deepcopy(init_cfg))
         name = type(self).__name__
@@ -370,7 +533,8 @@ class PlainMamba(CheckpointGuard, BaseModule):
             PlainMambaLayer(C, dpr[i], i in cfg['layers_with_dwconv'], norm_eps,
                             d_state=cfg['d_state'], expand=cfg['expand'],
                             dt_rank=cfg['dt_rank'], d_conv=cfg['d_conv'],
-                            scan_backend=scan_backend)
+                            scan_backend=scan_backend,
+                            reduced_direction_codes=reduced_direction_codes)
             for i in range(depth))
         if final_norm:
             self.ln1 = nn.LayerNorm(C, eps=1e-6)
@@ -383,6 +547,9 @@ class PlainMamba(CheckpointGuard, BaseModule):
         self.guard_whole_model_loads()
         self.reset_weights()
         self._freeze_stages()
+        self.token_counts: Sequence[int] = ()
+        self.last_context: Optional[ScanContext] = None
+        self.set_token_reduction(token_reduction)
 
     # ----------------------------------------------------------------- init and loading
     def reset_weights(self) -> None:
@@ -456,9 +623,48 @@ class PlainMamba(CheckpointGuard, BaseModule):
             return int(name.split('.')[1]) + 1, num_layers
         return num_layers - 1, num_layers
 
+    # ----------------------------------------------------------------- token reduction
+    def reduction_domain(self) -> Tuple[int, int]:
+        """(tokens, layers) a token reducer's schedule acts on at ``img_size``."""
+        return self.patch_resolution[0] * self.patch_resolution[1], self.num_layers
+
+    def set_token_reduction(self, cfg: Optional[dict]) -> None:
+        """Switch token reduction on (a config dict or reducer) or off (``None``); the
+        schedule is validated for ``img_size``."""
+        reducer = build_reducer(cfg)
+        if reducer is not None:
+            M, depth = self.reduction_domain()
+            try:
+                reducer.removals(M, depth)
+            except ConfigError as e:
+                raise type(e)(f'{e} [{type(self).__name__} img_size={self.img_size}: {M} '
+                              f'tokens, {depth} layers]') from None
+        self.token_reducer = reducer
+
     # ----------------------------------------------------------------- forward
     def check_images(self, x: torch.Tensor) -> None:
         check_image_batch(type(self).__name__, x, self.in_channels, 16)
+
+    def _output(self, i: int, x: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
+        """Layer ``i``'s output as the requested map or pooled vector. A reduced sequence is
+        given its full grid back first (merged tokens copied to their cells, pruned cells
+        their last feature), then normed; the pooled vector is the size-weighted mean of the
+        normed tokens (the grid mean when nothing was pruned)."""
+        last = i == self.num_layers - 1
+        norm = (self.ln1 if self.final_norm else None) if last else \
+            getattr(self, f'norm_layer{i}', None)
+        if self.out_type == 'avg_featmap':
+            x = norm(x) if norm is not None else x
+            if not ctx.reduced:
+                return x.mean(1)
+            w = ctx.size.to(x.dtype)
+            return (x * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True)
+        if ctx.reduced:
+            x = restore_grid(ctx, x)
+        if norm is not None:
+            x = norm(x)
+        B, L, C = x.shape
+        return x.transpose(1, 2).reshape(B, C, *ctx.grid).contiguous()
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         self.check_images(x)
@@ -467,17 +673,15 @@ class PlainMamba(CheckpointGuard, BaseModule):
         if tuple(grid) != tuple(self.patch_resolution):
             pos = resize_pos_embed(pos, self.patch_resolution, grid, with_cls_token=False)
         x = self.drop_after_pos(x + pos)
-        outs = []
-        last = self.num_layers - 1
+        ctx = ScanContext(grid, cls_index=NO_CLS, device=x.device)
+        session = ReductionSession(self.token_reducer, ctx, x, self.num_layers, self.training)
+        outs, counts = [], []
         for i, layer in enumerate(self.layers):
-            x = layer(x, grid)
-            if i == last and self.final_norm:
-                x = self.ln1(x)
+            x, _, _ = session.before_block(i, layer, x, None, fused=False)
+            counts.append(x.shape[1])
+            x = layer(x, session.ctx)
             if i in self.out_indices:
-                if self.out_type == 'avg_featmap':
-                    outs.append(x.mean(1))
-                    continue
-                out = getattr(self, f'norm_layer{i}')(x) if i != last else x
-                B, L, C = out.shape
-                outs.append(out.transpose(1, 2).reshape(B, C, *grid).contiguous())
+                outs.append(self._output(i, x, session.ctx))
+        self.token_counts = counts
+        self.last_context = session.ctx if self.token_reducer is not None else None
         return tuple(outs)

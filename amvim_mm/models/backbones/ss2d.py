@@ -45,20 +45,14 @@ from amvim_mm.errors import ConfigError
 from amvim_mm.ops.cross_scan import DirectionIndex, cross_merge, cross_scan, direction_indices
 from amvim_mm.ops.fused_mixer import autocast_dtype
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
+from ..layout.grid_conv import grid_depthwise_conv, whole_grid
 from ..layout.scan_context import ScanContext
-from ..layout.scan_orders import normalize_order
 
 #: the four cross-scan directions of the official ``CrossScan`` (k = 0..3), as scan orders
 SS2D_DIRECTIONS = (dict(order='raster'), dict(order='column'),
                    dict(order='raster', reverse=True), dict(order='column', reverse=True))
 #: forward types this module implements (the final models and Vanilla VMamba)
 FORWARD_TYPES = ('v05_noz', 'v0')
-
-
-def _whole_grid(ctx: ScanContext) -> bool:
-    """The sequence is the whole grid in raster order (no token removed yet, no extra
-    token): the official computation needs no index."""
-    return (ctx.full_grid or not ctx.reduced) and ctx.cls_index < 0 and not ctx.has_fused
 
 
 def _full_inverse(grid, device) -> torch.Tensor:
@@ -137,29 +131,9 @@ class SS2D(nn.Module):
 
     # ------------------------------------------------------------------ pieces
     def grid_conv(self, x: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
-        """Depthwise conv + SiLU of (B, L, E) tokens on their grid cells -> (B, L, E)."""
-        B, L, E = x.shape
-        H, W = ctx.grid
-        w, b = self.conv2d.weight, self.conv2d.bias
-        if _whole_grid(ctx):
-            # an NCHW view of the channel-last tokens (channels-last memory): no transposes
-            g = x.reshape(B, H, W, E).permute(0, 3, 1, 2)
-            out = F.conv2d(g, w, b, padding=self.conv2d.padding, groups=E)
-            return F.silu(out.permute(0, 2, 3, 1).reshape(B, L, E))
-        pos = ctx.pos if ctx.pos.dim() == 2 else ctx.pos.expand(B, -1)
-        cell = torch.where(pos >= 0, pos, torch.full_like(pos, H * W))   # extras -> a spare row
-        buf = x.new_zeros(B, H * W + 1, E)
-        buf.scatter_(1, cell.unsqueeze(-1).expand(-1, -1, E), x)
-        g = buf[:, :H * W].transpose(1, 2).reshape(B, E, H, W)
-        out = F.conv2d(g, w, b, padding=self.conv2d.padding, groups=E).flatten(2)
-        out = torch.cat([out, out.new_zeros(B, E, 1)], 2)
-        out = torch.gather(out, 2, cell.unsqueeze(1).expand(-1, E, -1)).transpose(1, 2)
-        if not bool(ctx.has_fused):
-            return F.silu(out)
-        # tokens without a cell (EViT's fused token): the centre tap only
-        c = self.conv2d.kernel_size[0] // 2
-        alone = x * w[:, 0, c, c].to(x.dtype) + (0 if b is None else b.to(x.dtype))
-        return F.silu(torch.where((pos >= 0).unsqueeze(-1), out, alone))
+        """Depthwise conv + SiLU of (B, L, E) tokens on their grid cells -> (B, L, E)
+        (absent cells hold zero, :mod:`~amvim_mm.models.layout.grid_conv`)."""
+        return F.silu(grid_depthwise_conv(x, ctx, self.conv2d))
 
     def project(self, xs: torch.Tensor):
         """Per-direction projections of (B, K, E, L) sequences -> (u, delta) (B, K*E, L) and
@@ -182,20 +156,9 @@ class SS2D(nn.Module):
         """The directions' token orders of the present sequence: None for the full grid in
         the official directions (computed in the kernels), else a
         :class:`~amvim_mm.ops.cross_scan.DirectionIndex` (cached on the context)."""
-        if _whole_grid(ctx) and paths is SS2D_DIRECTIONS:
+        if whole_grid(ctx) and paths is SS2D_DIRECTIONS:
             return None
-        keys = tuple(normalize_order(p) for p in paths)
-        cache = ctx._perms
-        index = cache.get(('ss2d', ) + keys)
-        if index is None:
-            if ctx.pos.is_cuda:   # every path in one launch where the kernels exist
-                perm = ctx.path_perms(keys)
-            else:
-                pos = ctx.pos if ctx.pos.dim() == 2 else ctx.pos.unsqueeze(0)
-                perm = torch.stack([ctx.path_index(k).indices(pos) for k in keys])
-            index = DirectionIndex.from_perm(perm)
-            cache[('ss2d', ) + keys] = index
-        return index
+        return ctx.direction_index(paths)
 
     def directions(self, x: torch.Tensor, ctx: ScanContext, paths: Sequence = SS2D_DIRECTIONS
                    ) -> Tuple[torch.Tensor, Optional[DirectionIndex]]:

@@ -6,6 +6,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from amvim_mm.ops.cross_scan import DirectionIndex
 from amvim_mm.ops.token_merge import extra_kernels_enabled, rank_path_perms
 from amvim_mm.token_layout import grid_positions
 from .scan_orders import (is_reverse, normalize_order, path_permutation, scan_rank,
@@ -161,6 +162,22 @@ class ScanContext:
                 perms = rank_path_perms(self.pos, ranks, rev, self.cls_index, self.n_patches)
             self._perms[tuple(keys)] = perms
         return perms
+
+    def direction_index(self, paths) -> DirectionIndex:
+        """The four paths' token orders of the present sequence as a
+        :class:`~amvim_mm.ops.cross_scan.DirectionIndex` (perm (P, B or 1, L)) for the
+        cross-scan kernels (cached)."""
+        keys = tuple(normalize_order(p) for p in paths)
+        index = self._perms.get(('direction', ) + keys)
+        if index is None:
+            if self.pos.is_cuda:   # every path in one launch where the kernels exist
+                perm = self.path_perms(keys)
+            else:
+                pos = self.pos if self.pos.dim() == 2 else self.pos.unsqueeze(0)
+                perm = torch.stack([self.path_index(k).indices(pos) for k in keys])
+            index = DirectionIndex.from_perm(perm)
+            self._perms[('direction', ) + keys] = index
+        return index
 
     def _trivial_kind(self, key) -> Optional[str]:
         """On a reduced sequence: 'identity' / 'flip' when the path needs no gather, else None.

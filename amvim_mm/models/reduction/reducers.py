@@ -10,7 +10,7 @@ original order. Reducers are registered in ``TOKEN_REDUCERS`` under the names ``
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional, Sequence, Tuple, Union
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +101,19 @@ class TokenReducer:
                               'importance, so it cannot reduce before block 0; use '
                               'keep_rate with locations (the blocks after which to prune)')
         return counts
+
+    def token_plan(self, num_patches: int, depth: int
+                   ) -> Tuple[List[int], List[int], float]:
+        """``(removals, tokens, realised_ratio)`` of a backbone without a class token: the
+        patch tokens removed before each block, the tokens each block sees (EViT's fused
+        token included from its first step on) and the realised ratio (for FLOPs counters)."""
+        removals = list(self.removals(num_patches, depth))
+        counts = ReductionSchedule.token_counts(removals, num_patches, cls_token=False)
+        if self.freeze_sources:   # the fused token, from the first step on
+            first = next((j for j, k in enumerate(removals) if k), None)
+            if first is not None:
+                counts = [t + (j >= first) for j, t in enumerate(counts)]
+        return removals, counts, ReductionSchedule.realised_ratio(removals, num_patches)
 
     def select(self, block: int, k: int, stream: Streams, ctx, layer
                ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:

@@ -1,0 +1,53 @@
+"""A depthwise convolution over the tokens of a sequence that may have lost some grid cells.
+
+Mixers with a 2D depthwise conv (VMamba's SS2D 3x3, PlainMamba's 7x7 and L1's layer-0 3x3)
+read each token's neighbours on the patch grid. After token reduction only some cells hold a
+token: the present tokens are scattered into an H x W grid whose other cells hold **zero**
+(**decision**: the block then equals the full-grid block with zero input at the absent cells,
+the same convention as the scan's hidden-state alignment; a merged token sits at its
+destination's cell), convolved, and gathered back. A token without a cell (EViT's fused token)
+sees no neighbours: the centre tap only.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .scan_context import ScanContext
+
+
+def whole_grid(ctx: ScanContext) -> bool:
+    """The sequence is the whole grid in raster order (no token removed yet, no extra
+    token): the official computation needs no index."""
+    return (ctx.full_grid or not ctx.reduced) and ctx.cls_index < 0 and not ctx.has_fused
+
+
+def grid_depthwise_conv(x: torch.Tensor, ctx: ScanContext, conv: nn.Conv2d) -> torch.Tensor:
+    """``conv`` (depthwise, 'same' padding) of (B, L, E) tokens on their grid cells -> (B, L, E),
+    before any activation.
+
+    On the whole grid this is the conv of the NCHW view of the channel-last tokens (no
+    transposes); else the present tokens are scattered into a zero grid (module docstring).
+    """
+    B, L, E = x.shape
+    H, W = ctx.grid
+    w, b = conv.weight, conv.bias
+    if whole_grid(ctx):
+        g = x.reshape(B, H, W, E).permute(0, 3, 1, 2)
+        out = F.conv2d(g, w, b, padding=conv.padding, groups=conv.groups)
+        return out.permute(0, 2, 3, 1).reshape(B, L, E)
+    pos = ctx.pos if ctx.pos.dim() == 2 else ctx.pos.expand(B, -1)
+    cell = torch.where(pos >= 0, pos, torch.full_like(pos, H * W))   # extras -> a spare row
+    buf = x.new_zeros(B, H * W + 1, E)
+    buf.scatter_(1, cell.unsqueeze(-1).expand(-1, -1, E), x)
+    g = buf[:, :H * W].transpose(1, 2).reshape(B, E, H, W)
+    out = F.conv2d(g, w, b, padding=conv.padding, groups=conv.groups).flatten(2)
+    out = torch.cat([out, out.new_zeros(B, E, 1)], 2)
+    out = torch.gather(out, 2, cell.unsqueeze(1).expand(-1, E, -1)).transpose(1, 2)
+    if not bool(ctx.has_fused):
+        return out
+    # tokens without a cell (EViT's fused token): the centre tap only
+    ch, cw = conv.kernel_size[0] // 2, conv.kernel_size[1] // 2
+    alone = x * w[:, 0, ch, cw].to(x.dtype) + (0 if b is None else b.to(x.dtype))
+    return torch.where((pos >= 0).unsqueeze(-1), out, alone)
