@@ -15,7 +15,9 @@ Suites:
        (vmamba) VMamba-T whole classifier, batch 128, 224: inference fp32/bf16 eager and
        CUDA-graph and a bf16 training step, next to the official code
        (``--official-vmamba PATH``: timed in the same process, same weights, batch, dtype and
-       mode), and stage-3 ToMe/ToP reduction: speed-up against the FLOPs ratio.
+       mode), and stage-3 ToMe/ToP reduction: speed-up against the FLOPs ratio;
+       (plainmamba) PlainMamba-L1/L3 classifiers; (plainmamba-reduction) L3 at the
+       8.44-GFLOPs schedule of ToP-ViM: speed-up against the FLOPs ratio.
 Every row records the command, device and versions.
 """
 import argparse
@@ -410,6 +412,46 @@ def gpu_plainmamba(args):
     return rows
 
 
+#: PlainMamba-L3's ToP-ViM budget (8.44 GFLOPs at 224): keep 0.6 after layers 9, 18 and 27
+#: (counted from 1), the spec's cumulative rho^k schedule
+L3_BUDGET = dict(keep_rate=0.6, locations=(8, 17, 26))
+
+
+def gpu_plainmamba_reduction(args):
+    """PlainMamba-L3 classifier, batch 128, 224, bf16: the 8.44-GFLOPs schedule (ToP with and
+    without alignment, EViT) and ToMe at a similar realised ratio; measured speed-up against
+    the FLOPs ratio (official convention), CUDA graph and eager."""
+    rows = []
+    name = 'plainmamba-l3'
+    torch.manual_seed(0)
+    m = B.build(name, 224, head=True)
+    cases = [('none', None), ('ToP', dict(type='ToP', **L3_BUDGET)),
+             ('ToP-noalign', dict(type='ToP', align=False, **L3_BUDGET)),
+             ('EViT', dict(type='EViT', **L3_BUDGET)), ('ToMe', dict(type='ToMe', ratio=0.42))]
+    for mode in ('graph', 'eager'):
+        base = None
+        for method, red in cases:
+            m.backbone.set_token_reduction(red)
+            r = _attempt(B.measure, m, 128, 224, 'bf16', mode, warmup=3, iters=10, repeats=3)
+            fl = backbone_flops(m.backbone, 224, 'model', num_classes=1000,
+                                convention='official')
+            r.update(model=name, part='reduction', method=method, reduction=red, mode=mode,
+                     realised=round(fl['realised_ratio'], 3), gflops=round(fl['gflops'], 3))
+            if base is None:
+                base = r
+            if r.get('img_per_s') and base.get('img_per_s'):
+                r['speedup'] = round(r['img_per_s'] / base['img_per_s'], 3)
+                r['flops_ratio'] = round(base['gflops'] / r['gflops'], 3)
+                r['speedup_over_ideal'] = round(r['speedup'] / r['flops_ratio'], 3)
+            rows.append(r)
+            log(f'  {name} bf16 {mode} {method}: {r.get("img_per_s")} img/s, {r["gflops"]} G, '
+                f'speed-up {r.get("speedup")} vs FLOPs ratio {r.get("flops_ratio")} '
+                f'{r.get("error", "")}')
+            torch.cuda.empty_cache()
+    m.backbone.set_token_reduction(None)
+    return rows
+
+
 # the GPU suite's parts: (name, progress title, function)
 GPU_PARTS = [
     ('tune', 'fused scan kernel launch configuration (Vim-T bf16 graph)', gpu_tune),
@@ -422,6 +464,8 @@ GPU_PARTS = [
     ('vmamba', 'VMamba-T whole classifier, batch 128, 224, ours and official', gpu_vmamba),
     ('vmamba-profile', None, gpu_vmamba_profile),
     ('plainmamba', 'PlainMamba-L1/L3 whole classifiers, batch 128, 224', gpu_plainmamba),
+    ('plainmamba-reduction', 'PlainMamba-L3 token reduction, bf16, batch 128, 224',
+     gpu_plainmamba_reduction),
 ]
 
 def main(argv=None):
@@ -522,6 +566,11 @@ def main(argv=None):
         md += ['## plainmamba (batch 128, 224, our path)', B.table(result['plainmamba'], [
             'model', 'dtype', 'mode', 'gflops', 'img_per_s', 'latency_ms', 'spread_pct',
             'peak_mem_mib', 'error']), '']
+    if 'plainmamba_reduction' in result:
+        md += ['## plainmamba-reduction (PlainMamba-L3, bf16, batch 128, 224)',
+               B.table(result['plainmamba_reduction'], [
+                   'model', 'mode', 'method', 'realised', 'gflops', 'img_per_s', 'speedup',
+                   'flops_ratio', 'speedup_over_ideal', 'peak_mem_mib', 'error']), '']
     with open(osp.join(args.out_dir, f'benchmark_{args.suite}.md'), 'w') as f:
         f.write('\n'.join(md) + '\n')
     print('\n'.join(md))

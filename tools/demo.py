@@ -45,7 +45,9 @@ TASKS = {
                          ('vim-demo', 'configs/demo/vim-demo_pyramid_upernet_1xb8-2k_'
                                       'toyshapes-64x64.py'),
                          ('amvim-demo', 'configs/demo/amvim-demo_pyramid_upernet_1xb8-2k_'
-                                        'toyshapes-64x64.py')]),
+                                        'toyshapes-64x64.py'),
+                         ('plainmamba-demo', 'configs/demo/plainmamba-demo_pyramid_upernet_'
+                                             '1xb8-2k_toyshapes-64x64.py')]),
     'detection': ('data/toy_shapes_coco', 'make_toy_shapes_coco',
                   dict(num_train=400, num_val=100), 'box AP', [
                       ('vim-demo-det', 'configs/demo/vim-demo_sfp_retinanet_1xb8-2k_'
@@ -143,35 +145,38 @@ def ckpt_path(name: str, seed: int) -> str:
 
 
 def comparison_table(data: dict, groups, metric: str) -> str:
-    """The task's table: both architectures' mean over their training seeds with the 95 %
-    interval over images and seeds, their drops, and AMVim's drop minus Vim's with its paired
-    interval (> 0: AMVim keeps more)."""
-    a, b = groups
+    """The task's table: every architecture's mean over its training seeds with the 95 %
+    interval over images and seeds, their drops, and each other architecture's drop minus the
+    first one's (Vim's) with its paired interval (> 0: that architecture keeps more)."""
+    a, others = groups[0], list(groups[1:])
     det = metric == 'box AP'
     dg = 3 if det else 2
     ci = lambda lo, hi: '' if lo is None else f'[{lo:.{dg}f}, {hi:.{dg}f}]'  # noqa: E731
     entries = {(e['group'], e['method'], e['ratio']): e for e in data['group_results']}
-    diffs = {(d['method'], d['ratio']): d for d in data['group_paired_differences']
-             if (d['group_a'], d['group_b']) == (a, b)}
-    lines = [f'| method | ratio | realised | {a} {metric} [95% CI] | {b} {metric} [95% CI] | '
-             f'{a} drop | {b} drop | {b} - {a} drop [95% CI] |', '|---' * 8 + '|']
+    diffs = {(d['group_b'], d['method'], d['ratio']): d
+             for d in data['group_paired_differences'] if d['group_a'] == a}
+    head = (['method', 'ratio', 'realised'] + [f'{g} {metric} [95% CI]' for g in groups]
+            + [f'{g} drop' for g in groups] + [f'{g} - {a} drop [95% CI]' for g in others])
+    lines = ['| ' + ' | '.join(head) + ' |', '|---' * len(head) + '|']
     keys = sorted({(m, r) for (_, m, r) in entries}, key=lambda k: (k[1] != 0, k[0], k[1]))
     shown_zero = False
     for method, ratio in keys:
-        ea, eb = entries.get((a, method, ratio)), entries.get((b, method, ratio))
-        if ea is None or eb is None:
+        es = [entries.get((g, method, ratio)) for g in groups]
+        if any(e is None for e in es):
             continue
         if ratio == 0:
             if shown_zero:
                 continue
             shown_zero, method = True, 'none'
-        d = diffs.get((method, ratio))
-        diff = '' if d is None else (f"{-d['paired_difference']:+.{dg}f} "
-                                     f"{ci(-d['difference_ci_high'], -d['difference_ci_low'])}")
-        lines.append(f"| {method} | {ratio:.2f} | {ea['realised_ratio']:.3f} | "
-                     f"{ea['metric']:.{dg}f} {ci(ea['ci_low'], ea['ci_high'])} | "
-                     f"{eb['metric']:.{dg}f} {ci(eb['ci_low'], eb['ci_high'])} | "
-                     f"{ea['drop']:+.{dg}f} | {eb['drop']:+.{dg}f} | {diff} |")
+        cells = [method, f'{ratio:.2f}', f"{es[0]['realised_ratio']:.3f}"]
+        cells += [f"{e['metric']:.{dg}f} {ci(e['ci_low'], e['ci_high'])}" for e in es]
+        cells += [f"{e['drop']:+.{dg}f}" for e in es]
+        for g in others:
+            d = diffs.get((g, method, ratio))
+            cells.append('' if d is None else
+                         f"{-d['paired_difference']:+.{dg}f} "
+                         f"{ci(-d['difference_ci_high'], -d['difference_ci_low'])}")
+        lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
 
 

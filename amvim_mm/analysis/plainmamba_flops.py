@@ -63,9 +63,10 @@ def plainmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
     f = c * cin * 49 * h * w + bn * c * h * w
     n_convs = len([m for m in pe.convs if hasattr(m, 'kernel_size')])
     f += n_convs * (c * c * 9 * h * w + bn * c * h * w)
-    gh, gw = -(-h // 8), -(-w // 8)                                    # padded to 8, stride 8
+    k = pe.projection.stride[0]                                       # 8 (patch 16)
+    gh, gw = -(-h // k), -(-w // k)                                    # padded to k, stride k
     M = gh * gw
-    f += C * c * 64 * M                                                # projection
+    f += C * c * k * k * M                                             # projection
     removals, counts, realised = [0] * depth, [M] * depth, 0.0
     if reducer is not None:
         removals, counts, realised = reducer.token_plan(M, depth)

@@ -80,8 +80,8 @@ PLAIN_MAMBA_ARCHS = {
                  d_state=8),
 }
 REQUIRED_ARCH_KEYS = frozenset({'embed_dims', 'num_layers'})
-ARCH_DEFAULTS = dict(num_convs_patch_embed=2, layers_with_dwconv=(), d_state=16, expand=2,
-                     dt_rank=None, d_conv=7)
+ARCH_DEFAULTS = dict(patch_size=16, num_convs_patch_embed=2, layers_with_dwconv=(), d_state=16,
+                     expand=2, dt_rank=None, d_conv=7)
 OUT_TYPES = ('featmap', 'avg_featmap')
 #: the four directions: row snake, its reverse, column snake, its reverse (official order)
 SNAKE_DIRECTIONS = (dict(order='snake', axis='row'), dict(order='snake', axis='row', reverse=True),
@@ -118,6 +118,9 @@ def _arch_settings(arch: Union[str, dict]) -> Dict[str, object]:
     for k in ('embed_dims', 'num_layers', 'd_state', 'expand', 'd_conv'):
         if not is_int(cfg[k]) or cfg[k] < 1:
             raise ConfigError(f'PlainMamba arch: {k} must be a positive int, got {cfg[k]!r}')
+    if not is_int(cfg['patch_size']) or cfg['patch_size'] < 2 or cfg['patch_size'] % 2:
+        raise ConfigError(f'PlainMamba arch: patch_size must be an even int >= 2 (the stem '
+                          f'halves, the projection does the rest), got {cfg["patch_size"]!r}')
     if cfg['d_conv'] % 2 == 0:
         raise ConfigError(f'PlainMamba arch: d_conv must be odd, got {cfg["d_conv"]!r}')
     if not is_int(cfg['num_convs_patch_embed']) or cfg['num_convs_patch_embed'] < 0:
@@ -206,12 +209,15 @@ def displacement_codes(cells: torch.Tensor, W: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 class ConvPatchEmbed(nn.Module):
     """The official convolutional patch embedding: a 7x7 stride-2 stem conv + BN + ReLU,
-    ``num_convs`` 3x3 convs + BN + ReLU, and an 8x8 stride-8 projection (stride 16 in all);
-    inputs are zero-padded bottom/right to a multiple of 8 before the projection (mmcv's
+    ``num_convs`` 3x3 convs + BN + ReLU, and a ``patch_size / 2`` projection of the same stride
+    (8x8 stride 8 for the released models: stride 16 in all); inputs are zero-padded
+    bottom/right to a multiple of the projection's stride (mmcv's
     ``AdaptivePadding('corner')``)."""
 
-    def __init__(self, in_channels: int, embed_dims: int, num_convs: int) -> None:
+    def __init__(self, in_channels: int, embed_dims: int, num_convs: int,
+                 patch_size: int = 16) -> None:
         super().__init__()
+        self.patch_size = patch_size
         c = STEM_CHANNELS
         self.stem = nn.Sequential(nn.Conv2d(in_channels, c, 7, 2, 3, bias=False),
                                   nn.BatchNorm2d(c), nn.ReLU(inplace=True))
@@ -220,12 +226,14 @@ class ConvPatchEmbed(nn.Module):
             convs += [nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c),
                       nn.ReLU(inplace=True)]
         self.convs = nn.Sequential(*convs)
-        self.projection = nn.Conv2d(c, embed_dims, 8, 8)
+        k = patch_size // 2
+        self.projection = nn.Conv2d(c, embed_dims, k, k)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         x = self.convs(self.stem(x))
         h, w = x.shape[-2:]
-        ph, pw = -h % 8, -w % 8
+        k = self.projection.stride[0]
+        ph, pw = -h % k, -w % k
         if ph or pw:
             x = F.pad(x, (0, pw, 0, ph))
         x = self.projection(x)
@@ -363,15 +371,17 @@ class PlainMamba2D(nn.Module):
         and delta, B, C of raster cell ``t`` (Q1); an absent cell has ``xc = 0``, so its
         ``dt = dt_proj(0)`` is the bias (delta ``softplus(2 b)``), its B the direction bias
         and its C zero. A survivor visited at full-grid step ``s`` therefore takes delta, B, C
-        of raster cell ``s``, and the absent steps between two survivors (u = 0) fold into its
-        step size (:func:`~amvim_mm.ops.selective_scan.aligned_selective_scan`; gap sums as
-        differences of a float64 prefix sum). ``gap_delta='token'`` uses the survivor's own
-        step size for each absent step instead.
+        of raster cell ``s`` (a survivor's, or an absent cell's), and the absent steps between
+        two survivors (u = 0) fold into its step size
+        (:func:`~amvim_mm.ops.selective_scan.aligned_selective_scan`). Nothing full-length is
+        formed: raster cell ``t`` is found among the stored survivors (raster-ascending) by a
+        search, a gap's present cells are summed by a scatter-add (no prefix-sum
+        differences) and its absent cells count ``softplus(2 b)`` each.
+        ``gap_delta='token'`` uses the survivor's own step size for every skipped step instead.
         """
         B, K, E, L = xs.shape
         N, R = self.d_state, self.dt_rank
         H, W = ctx.grid
-        M = H * W
         ct = A.dtype
         if ctx.has_fused:
             raise ConfigError('PlainMamba: hidden-state alignment with a fused token (EViT) '
@@ -379,30 +389,45 @@ class PlainMamba2D(nn.Module):
         steps_tab, cell_codes = snake_cell_tables(H, W, xs.device)
         steps = torch.gather(steps_tab.unsqueeze(0).expand(B, -1, -1), 2, index_cells)
         codes = torch.gather(cell_codes.unsqueeze(0).expand(B, -1, -1), 2, index_cells)
-        # the full-length projections: zero rows at the absent cells (x_proj has no bias)
-        full = x_dbl.new_zeros(B, M + 1, R + 2 * N)
-        full.scatter_(1, cell.unsqueeze(-1).expand(-1, -1, R + 2 * N), x_dbl)
-        dt_low, Bm, Cm = torch.split(full[:, :M], [R, N, N], dim=-1)
-        dt = self.dt_proj(dt_low)                               # (B, M, E): bias at absent
+        pos = cell.contiguous()                                   # (B, L) raster-ascending
+        # the stored survivor at raster cell s (if any) for every kept step s: (B, K, L)
+        flat = steps.reshape(B, K * L)
+        idx = torch.searchsorted(pos, flat).clamp(max=L - 1)
+        here = (torch.gather(pos, 1, idx) == flat).view(B, K, L)
+        idx = idx.view(B, K, L)
+        dt_low, Bm, Cm = torch.split(x_dbl, [R, N, N], dim=-1)
+        dt = self.dt_proj(dt_low).to(ct)                          # (B, L, E), one bias
 
-        def at_steps(t: torch.Tensor) -> torch.Tensor:          # (B, M, X) -> (B, K, X, L)
+        def at_steps(t: torch.Tensor, absent) -> torch.Tensor:   # (B, L, X) -> (B, K, X, L)
             X = t.shape[-1]
-            g = torch.gather(t, 1, steps.reshape(B, K * L, 1).expand(-1, -1, X))
-            return g.view(B, K, L, X).transpose(2, 3)
+            g = torch.gather(t, 1, idx.reshape(B, K * L, 1).expand(-1, -1, X))
+            g = g.view(B, K, L, X).transpose(2, 3)
+            return torch.where(here.unsqueeze(2), g, absent)
 
-        delta = at_steps(dt).to(ct).reshape(B, K * E, L)
-        Bk = at_steps(Bm).to(ct) + self.direction_Bs.to(ct)[codes].transpose(-1, -2)
-        Ck = at_steps(Cm).to(ct)
-        prev = torch.cat([steps.new_full((B, K, 1), -1), steps[..., :-1]], -1) + 1
+        b1 = bias[:E]
+        delta = at_steps(dt, b1.view(1, 1, E, 1)).reshape(B, K * E, L)   # absent: dt = b
+        Bk = at_steps(Bm.to(ct), 0.0) + self.direction_Bs.to(ct)[codes].transpose(-1, -2)
+        Ck = at_steps(Cm.to(ct), 0.0)
+        prev = torch.cat([steps.new_full((B, K, 1), -1), steps[..., :-1]], -1)
+        skipped = (steps - prev - 1).to(ct)                          # (B, K, L)
         if ctx.align == 'token':
             own = F.softplus(delta + bias[None, :, None]).view(B, K, E, L)
-            gap = (steps - prev).to(ct).unsqueeze(2) * own
+            gap = skipped.unsqueeze(2) * own
         else:
-            d = F.softplus(dt.to(ct) + bias[:E]).transpose(1, 2)          # (B, E, M)
-            csum = F.pad(torch.cumsum(d.double(), -1), (1, 0))           # exclusive prefix
-            csum = csum.unsqueeze(1).expand(B, K, E, M + 1)
-            gap = (torch.gather(csum, 3, steps.unsqueeze(2).expand(B, K, E, L))
-                   - torch.gather(csum, 3, prev.unsqueeze(2).expand(B, K, E, L))).to(ct)
+            # survivor i (raster cell pos_i = a step) lies in the gap before the first kept
+            # step after it; the kept step at its own cell, or none after it, is no gap (slot L)
+            seg = torch.searchsorted(steps.reshape(B * K, L),
+                                     pos.unsqueeze(1).expand(B, K, L).reshape(B * K, L))
+            own_step = torch.gather(steps.reshape(B * K, L), 1, seg.clamp(max=L - 1)) == \
+                pos.unsqueeze(1).expand(B, K, L).reshape(B * K, L)
+            seg = torch.where(own_step | (seg >= L), torch.full_like(seg, L), seg).view(B, K, L)
+            d = F.softplus(dt + b1).transpose(1, 2)                           # (B, E, L)
+            present = d.new_zeros(B, K, E, L + 1).scatter_add_(
+                3, seg.unsqueeze(2).expand(B, K, E, L), d.unsqueeze(1).expand(B, K, E, L))
+            n_present = skipped.new_zeros(B, K, L + 1).scatter_add_(
+                2, seg, torch.ones_like(skipped))
+            absent = (skipped - n_present[..., :L]).unsqueeze(2)
+            gap = present[..., :L] + absent * F.softplus(b1 + b1).view(1, 1, E, 1)
         return aligned_selective_scan(xs.reshape(B, K * E, L), delta, A, Bk, Ck,
                                       self.D.to(ct).repeat(K), None, delta_bias=bias,
                                       gap_delta=gap.reshape(B, K * E, L),
@@ -448,15 +473,17 @@ class PlainMamba(CheckpointGuard, BaseModule):
 
     Args:
         arch: ``'l1'``, ``'l2'``, ``'l3'`` (or ``'L1'``...), ``'test'``, or a dict with
-            ``embed_dims`` and ``num_layers`` (optional ``num_convs_patch_embed``,
+            ``embed_dims`` and ``num_layers`` (optional ``patch_size`` (16; even: the stem's
+            stride 2 times the projection's), ``num_convs_patch_embed``,
             ``layers_with_dwconv``, ``d_state``, ``expand``, ``dt_rank``, ``d_conv``).
-        img_size: the position embedding's image size (its grid: ``img_size / 16``); any input
+        img_size: the position embedding's image size (its grid: ``img_size / patch``); any input
             size works (the embedding is resized bicubically, as the official code does).
         in_channels: image channels.
         out_indices: layers whose outputs are returned (negatives count from the end; default
             the last).
-        out_type: ``'featmap'`` (B, C, H/16, W/16): layer ``i``'s output through its own
-            ``norm_layer{i}`` (LayerNorm eps 1e-6), the last layer's through ``ln1`` when
+        out_type: ``'featmap'`` (B, C, H/p, W/p), p the patch size (16): layer ``i``'s
+            output through its own ``norm_layer{i}`` (LayerNorm eps 1e-6), the last layer's
+            through ``ln1`` when
             ``final_norm`` (the official ``PlainMamba.forward(x)[1]`` / mmseg backbone);
             ``'avg_featmap'`` (B, C): ``ln1`` and the mean over tokens (the official
             classifier's pooling), with ``out_indices=-1`` only.
@@ -502,9 +529,9 @@ class PlainMamba(CheckpointGuard, BaseModule):
         if is_int(img_size):
             img_size = (img_size, img_size)
         if not isinstance(img_size, (tuple, list)) or len(img_size) != 2 or \
-                not all(is_int(v) and v >= 16 for v in img_size):
-            raise ConfigError(f'{name}: img_size must be an int or a pair (H, W) of ints >= 16, '
-                              f'got {img_size!r}')
+                not all(is_int(v) and v >= cfg['patch_size'] for v in img_size):
+            raise ConfigError(f'{name}: img_size must be an int or a pair (H, W) of ints >= '
+                              f'{cfg["patch_size"]} (the patch size), got {img_size!r}')
         self.img_size = (int(img_size[0]), int(img_size[1]))
         in_channels = positive_int(name, 'in_channels', in_channels)
         self.in_channels = int(in_channels)
@@ -522,9 +549,10 @@ class PlainMamba(CheckpointGuard, BaseModule):
                               f'out_indices=-1, got {out_indices!r}')
         check_backend_usable(scan_backend, name)
 
-        self.patch_embed = ConvPatchEmbed(in_channels, C, cfg['num_convs_patch_embed'])
-        self.patch_resolution = (math.ceil(self.img_size[0] / 16),
-                                 math.ceil(self.img_size[1] / 16))
+        self.patch_size = P = cfg['patch_size']
+        self.patch_embed = ConvPatchEmbed(in_channels, C, cfg['num_convs_patch_embed'], P)
+        self.patch_resolution = (math.ceil(self.img_size[0] / P),
+                                 math.ceil(self.img_size[1] / P))
         self.pos_embed = nn.Parameter(
             torch.zeros(1, self.patch_resolution[0] * self.patch_resolution[1], C))
         self.drop_after_pos = nn.Dropout(p=float(drop_rate))
@@ -643,7 +671,7 @@ class PlainMamba(CheckpointGuard, BaseModule):
 
     # ----------------------------------------------------------------- forward
     def check_images(self, x: torch.Tensor) -> None:
-        check_image_batch(type(self).__name__, x, self.in_channels, 16)
+        check_image_batch(type(self).__name__, x, self.in_channels, self.patch_size)
 
     def _output(self, i: int, x: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
         """Layer ``i``'s output as the requested map or pooled vector. A reduced sequence is
