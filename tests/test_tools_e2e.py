@@ -522,7 +522,8 @@ def test_cls_test_official_file_with_wrong_arch_is_refused(cls_setup, tmp_path):
 
 # ---------------------------------------------------------------------------------- demo
 def test_demo_quick(tmp_path):
-    """The main job end to end, shortened: three tasks, Vim and AMVim, one seed each."""
+    """The main job end to end, shortened: three tasks, Vim and AMVim (and PlainMamba for
+    segmentation) in one table per task, one seed each."""
     out_dir = tmp_path / 'demo'
     _, out = run_tool(['demo.py', '--quick', '--jobs', '2', '--out-dir', out_dir], cwd=tmp_path,
                       timeout=1200)
@@ -530,24 +531,29 @@ def test_demo_quick(tmp_path):
     metrics = {'segmentation': 'mIoU', 'detection': 'coco/bbox_mAP',
                'classification': 'accuracy/top1'}
     suffix = {'segmentation': '', 'detection': '-det', 'classification': '-cls'}
+    archs = {'segmentation': ('vim', 'amvim', 'plainmamba'), 'detection': ('vim', 'amvim'),
+             'classification': ('vim', 'amvim')}
     for task, metric in metrics.items():
         data = json.loads((out_dir / task / 'results.json').read_text())
-        names = {f'{m}-demo{suffix[task]}-s0' for m in ('vim', 'amvim')}
+        names = {f'{m}-demo{suffix[task]}-s0' for m in archs[task]}
         assert {(r['model'], r['method'], r['ratio']) for r in data['results']} == {
             (n, 'tome', r) for n in names for r in (0.0, 0.46)}
         assert all(r['metric_name'] == metric for r in data['results'])
         assert all(r['ci_low'] is not None for r in data['results'])
         groups = {(g['group'], g['ratio']) for g in data['group_results']}
-        assert groups == {(f'{m}-demo{suffix[task]}', r) for m in ('vim', 'amvim')
+        assert groups == {(f'{m}-demo{suffix[task]}', r) for m in archs[task]
                           for r in (0.0, 0.46)}
         for png in ('prune_eval.png', 'prune_eval_groups.png'):
             assert (out_dir / task / png).read_bytes()[:4] == b'\x89PNG'
-        for m in ('vim', 'amvim'):
+        for m in archs[task]:
             assert (out_dir / f'{m}-demo{suffix[task]}-seed0_quick.pth').is_file()
     summary = (out_dir / 'summary.md').read_text()
     for task in metrics:
         assert f'## {task}' in summary
     assert summary.count('| group | models | method |') == 3
+    # one table per task; segmentation has each architecture's column and drop difference
+    assert '| plainmamba-demo mIoU [95% CI] |' in summary
+    assert 'plainmamba-demo - vim-demo drop [95% CI]' in summary
     assert 'demo finished' in out
 
 

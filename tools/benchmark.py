@@ -34,6 +34,7 @@ from amvim_mm.analysis import benchmark as B  # noqa: E402
 from amvim_mm.analysis import official_vim as OV  # noqa: E402
 from amvim_mm.analysis import official_vmamba as OVM  # noqa: E402
 from amvim_mm.analysis.flops import backbone_flops  # noqa: E402
+from amvim_mm.models.backbones.plain_mamba import L3_TOP_BUDGET  # noqa: E402
 from amvim_mm.models.reduction import ReductionSchedule  # noqa: E402
 from amvim_mm import runtime  # noqa: E402
 from amvim_mm.apis.cli import run_cli  # noqa: E402
@@ -412,11 +413,6 @@ def gpu_plainmamba(args):
     return rows
 
 
-#: PlainMamba-L3's ToP-ViM budget (8.44 GFLOPs at 224): keep 0.6 after layers 9, 18 and 27
-#: (counted from 1), the spec's cumulative rho^k schedule
-L3_BUDGET = dict(keep_rate=0.6, locations=(8, 17, 26))
-
-
 def gpu_plainmamba_reduction(args):
     """PlainMamba-L3 classifier, batch 128, 224, bf16: the 8.44-GFLOPs schedule (ToP with and
     without alignment, EViT) and ToMe at a similar realised ratio; measured speed-up against
@@ -425,9 +421,9 @@ def gpu_plainmamba_reduction(args):
     name = 'plainmamba-l3'
     torch.manual_seed(0)
     m = B.build(name, 224, head=True)
-    cases = [('none', None), ('ToP', dict(type='ToP', **L3_BUDGET)),
-             ('ToP-noalign', dict(type='ToP', align=False, **L3_BUDGET)),
-             ('EViT', dict(type='EViT', **L3_BUDGET)), ('ToMe', dict(type='ToMe', ratio=0.42))]
+    cases = [('none', None), ('ToP', dict(type='ToP', **L3_TOP_BUDGET)),
+             ('ToP-noalign', dict(type='ToP', align=False, **L3_TOP_BUDGET)),
+             ('EViT', dict(type='EViT', **L3_TOP_BUDGET)), ('ToMe', dict(type='ToMe', ratio=0.42))]
     for mode in ('graph', 'eager'):
         base = None
         for method, red in cases:

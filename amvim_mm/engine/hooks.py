@@ -14,7 +14,7 @@ PHASES = ('train', 'val', 'test')
 
 
 def find_reducible_backbone(model):
-    """The reducible backbone (Vim family, VMamba) of a segmentor/detector/classifier (or the
+    """The reducible backbone (Vim family, VMamba, PlainMamba) of a segmentor/detector/classifier (or the
     model itself)."""
     if is_model_wrapper(model):
         model = model.module
@@ -23,7 +23,7 @@ def find_reducible_backbone(model):
             return m
     raise ConfigError(f'{type(model).__name__} has no reducible backbone (a module with '
                       '`set_token_reduction` at `model.backbone`); token reduction needs Vim, '
-                      'AMVim, LocalVim or VMamba')
+                      'AMVim, LocalVim, VMamba or PlainMamba')
 
 
 @HOOKS.register_module()

@@ -87,6 +87,12 @@ OUT_TYPES = ('featmap', 'avg_featmap')
 SNAKE_DIRECTIONS = (dict(order='snake', axis='row'), dict(order='snake', axis='row', reverse=True),
                     dict(order='snake', axis='col'), dict(order='snake', axis='col', reverse=True))
 STEM_CHANNELS = 64
+#: ToP-ViM's PlainMamba-L3 budget: 41.6 % fewer FLOPs than the 14.454 G of L3 at 224, i.e.
+#: 8.44 G. Keeping ``rho`` of the tokens after layers 9, 18 and 27 (counted from 1) costs about
+#: 1.403 + 0.3624 * 9 * (1 + rho + rho^2 + rho^3) G; with the schedule's ``int()`` rounding
+#: rho = 0.598 keeps 196 -> 117 -> 69 -> 41 tokens: 8.447 G (41.6 % fewer; 0.6 gives 8.48 G).
+#: Use as ``dict(type='ToP', **L3_TOP_BUDGET)`` (or EViT, the same schedule).
+L3_TOP_BUDGET = dict(keep_rate=0.598, locations=(8, 17, 26))
 #: how the steps of a reduced sequence get their direction codes (see :class:`PlainMamba2D`)
 REDUCED_DIRECTION_CODES = ('positional', 'displacement')
 
