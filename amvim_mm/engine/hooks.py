@@ -14,8 +14,8 @@ PHASES = ('train', 'val', 'test')
 
 
 def find_reducible_backbone(model):
-    """The reducible backbone (Vim family, VMamba, PlainMamba) of a segmentor/detector/classifier (or the
-    model itself)."""
+    """The reducible backbone (Vim family, VMamba, PlainMamba) of a segmentor / detector /
+    classifier (or the model itself)."""
     if is_model_wrapper(model):
         model = model.module
     for m in (getattr(model, 'backbone', None), model):
