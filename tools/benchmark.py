@@ -225,9 +225,7 @@ def gpu_reduction(args):
                      realised=round(fl['realised_ratio'], 3), variant=variant)
             if base is None:
                 base = r
-            r['speedup'] = round(r['img_per_s'] / base['img_per_s'], 3)
-            r['flops_ratio'] = round(base['gflops'] / r['gflops'], 3)
-            r['speedup_over_ideal'] = round(r['speedup'] / r['flops_ratio'], 3)
+            _speedup(r, base)
             rows.append(r)
             log(f'  {name} {mode} {variant} ToMe {ratio}: {r["img_per_s"]} img/s, speed-up '
                 f'{r["speedup"]} vs FLOPs ratio {r["flops_ratio"]}')
@@ -289,6 +287,15 @@ def gpu_profile(args):
         torch.cuda.empty_cache()
     return out
 
+
+
+def _speedup(r: dict, base: dict) -> None:
+    """Add the speed-up over ``base``, the FLOPs ratio and their quotient to row ``r`` (when
+    both were measured)."""
+    if r.get('img_per_s') and base.get('img_per_s'):
+        r['speedup'] = round(r['img_per_s'] / base['img_per_s'], 3)
+        r['flops_ratio'] = round(base['gflops'] / r['gflops'], 3)
+        r['speedup_over_ideal'] = round(r['speedup'] / r['flops_ratio'], 3)
 
 
 def _attempt(fn, *args, **kwargs):
@@ -363,10 +370,7 @@ def gpu_vmamba(args):
                      stage3_tokens=fl['tokens'][4:4 + depth])
             if base is None:
                 base = r
-            if r.get('img_per_s') and base.get('img_per_s'):
-                r['speedup'] = round(r['img_per_s'] / base['img_per_s'], 3)
-                r['flops_ratio'] = round(base['gflops'] / r['gflops'], 3)
-                r['speedup_over_ideal'] = round(r['speedup'] / r['flops_ratio'], 3)
+            _speedup(r, base)
             rows.append(r)
             log(f'  {name} bf16 {mode} {method} {ratio}: {r.get("img_per_s")} img/s, speed-up '
                 f'{r.get("speedup")} vs FLOPs ratio {r.get("flops_ratio")} {r.get("error", "")}')
@@ -435,10 +439,7 @@ def gpu_plainmamba_reduction(args):
                      realised=round(fl['realised_ratio'], 3), gflops=round(fl['gflops'], 3))
             if base is None:
                 base = r
-            if r.get('img_per_s') and base.get('img_per_s'):
-                r['speedup'] = round(r['img_per_s'] / base['img_per_s'], 3)
-                r['flops_ratio'] = round(base['gflops'] / r['gflops'], 3)
-                r['speedup_over_ideal'] = round(r['speedup'] / r['flops_ratio'], 3)
+            _speedup(r, base)
             rows.append(r)
             log(f'  {name} bf16 {mode} {method}: {r.get("img_per_s")} img/s, {r["gflops"]} G, '
                 f'speed-up {r.get("speedup")} vs FLOPs ratio {r.get("flops_ratio")} '

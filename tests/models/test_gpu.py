@@ -30,6 +30,25 @@ def rel(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
+def assert_same_outputs(cpu, gpu, x, tol):
+    """The CPU and the GPU model see the same token counts and give the same outputs."""
+    with torch.no_grad():
+        a = cpu(x)
+        b = gpu(x.cuda())
+    assert cpu.token_counts == gpu.token_counts
+    for p, q in zip(a, b):
+        assert q.shape == p.shape and rel(q.cpu(), p) < tol
+
+
+def same_weights(typ, arch, **kw):
+    """The same model on the CPU and on the GPU (eval mode)."""
+    torch.manual_seed(0)
+    cpu = MODELS.build(dict(type=typ, arch=arch, **kw)).eval()
+    gpu = MODELS.build(dict(type=typ, arch=arch, **kw)).eval().cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    return cpu, gpu
+
+
 def pair(typ, **kw):
     torch.manual_seed(0)
     cpu = MODELS.build(dict(type=typ, arch='tiny', img_size=224, **kw)).eval()
@@ -74,12 +93,7 @@ def test_gpu_bf16_autocast_close_to_fp32():
 def test_gpu_reducers_match_cpu(red):
     cpu, gpu = pair('AMVim', out_type='featmap', out_indices=(5, 23), token_reduction=red)
     x = torch.randn(2, 3, 224, 224)
-    with torch.no_grad():
-        a = cpu(x)
-        b = gpu(x.cuda())
-    assert cpu.token_counts == gpu.token_counts
-    for p, q in zip(a, b):
-        assert q.shape == p.shape and rel(q.cpu(), p) < 1e-3
+    assert_same_outputs(cpu, gpu, x, 1e-3)
 
 
 @needs_kernel
@@ -107,11 +121,7 @@ def test_gpu_cuda_graph_capture_with_reduction():
 
 # ------------------------------------------------------------------------------ VMamba
 def vmamba_pair(**kw):
-    torch.manual_seed(0)
-    cpu = MODELS.build(dict(type='VMamba', arch='tiny', **kw)).eval()
-    gpu = MODELS.build(dict(type='VMamba', arch='tiny', **kw)).eval().cuda()
-    gpu.load_state_dict(cpu.state_dict())
-    return cpu, gpu
+    return same_weights('VMamba', 'tiny', **kw)
 
 
 @needs_kernel
@@ -124,12 +134,7 @@ def test_gpu_vmamba_kernel_matches_cpu(red):
     equals the CPU's PyTorch scan; dense maps at a non-square input."""
     cpu, gpu = vmamba_pair(token_reduction=red)
     x = torch.randn(2, 3, 224, 192)
-    with torch.no_grad():
-        a = cpu(x)
-        b = gpu(x.cuda())
-    assert cpu.token_counts == gpu.token_counts
-    for p, q in zip(a, b):
-        assert q.shape == p.shape and rel(q.cpu(), p) < 1e-4
+    assert_same_outputs(cpu, gpu, x, 1e-4)
 
 
 @needs_kernel
@@ -163,11 +168,7 @@ def test_gpu_vmamba_bf16_training_step_and_graph():
 
 # ------------------------------------------------------------------------------ PlainMamba
 def plainmamba_pair(**kw):
-    torch.manual_seed(0)
-    cpu = MODELS.build(dict(type='PlainMamba', arch='l1', **kw)).eval()
-    gpu = MODELS.build(dict(type='PlainMamba', arch='l1', **kw)).eval().cuda()
-    gpu.load_state_dict(cpu.state_dict())
-    return cpu, gpu
+    return same_weights('PlainMamba', 'l1', **kw)
 
 
 @needs_kernel
@@ -183,12 +184,7 @@ def test_gpu_plainmamba_matches_cpu(red):
     maps at a non-square input."""
     cpu, gpu = plainmamba_pair(token_reduction=red, out_indices=(5, 23))
     x = torch.randn(2, 3, 224, 192)
-    with torch.no_grad():
-        a = cpu(x)
-        b = gpu(x.cuda())
-    assert cpu.token_counts == gpu.token_counts
-    for p, q in zip(a, b):
-        assert q.shape == p.shape and rel(q.cpu(), p) < 1e-4
+    assert_same_outputs(cpu, gpu, x, 1e-4)
 
 
 @needs_kernel

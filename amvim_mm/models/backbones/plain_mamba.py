@@ -61,7 +61,7 @@ from amvim_mm.token_layout import NO_CLS
 from ..layout.grid_conv import grid_depthwise_conv, whole_grid
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import scan_rank
-from ..reduction import ReductionSession, build_reducer, restore_grid
+from ..reduction import ReducibleBackbone, ReductionSession, restore_grid
 from .args import check_image_batch, is_int, positive_int, rate, resolve_out_indices
 from .checkpoint_guard import CheckpointGuard
 from .drop import DropPath
@@ -474,7 +474,7 @@ class PlainMambaLayer(nn.Module):
 # the backbone
 # ---------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class PlainMamba(CheckpointGuard, BaseModule):
+class PlainMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
     """PlainMamba L1 / L2 / L3 for classification, segmentation and detection.
 
     Args:
@@ -662,18 +662,8 @@ class PlainMamba(CheckpointGuard, BaseModule):
         """(tokens, layers) a token reducer's schedule acts on at ``img_size``."""
         return self.patch_resolution[0] * self.patch_resolution[1], self.num_layers
 
-    def set_token_reduction(self, cfg: Optional[dict]) -> None:
-        """Switch token reduction on (a config dict or reducer) or off (``None``); the
-        schedule is validated for ``img_size``."""
-        reducer = build_reducer(cfg)
-        if reducer is not None:
-            M, depth = self.reduction_domain()
-            try:
-                reducer.removals(M, depth)
-            except ConfigError as e:
-                raise type(e)(f'{e} [{type(self).__name__} img_size={self.img_size}: {M} '
-                              f'tokens, {depth} layers]') from None
-        self.token_reducer = reducer
+    def reduction_domain_note(self, tokens: int, blocks: int) -> str:
+        return f'{tokens} tokens, {blocks} layers'
 
     # ----------------------------------------------------------------- forward
     def check_images(self, x: torch.Tensor) -> None:

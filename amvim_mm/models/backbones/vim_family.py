@@ -28,7 +28,7 @@ from amvim_mm.ops.fused_embed import fused_patch_embed
 from amvim_mm.ops.fused_mixer import autocast_dtype
 from amvim_mm.token_layout import NO_CLS, cls_index_for, cls_slot
 from ..layout.scan_context import ScanContext
-from ..reduction import ReductionSession, build_reducer, restore_grid
+from ..reduction import ReducibleBackbone, ReductionSession, restore_grid
 from .args import positive_int, rate, resolve_out_indices, size_pair
 from .block import VimBlock
 from .checkpoint_guard import CheckpointGuard
@@ -77,7 +77,7 @@ REQUIRED_ARCH_KEYS = frozenset({'embed_dims', 'num_layers'})
 OPTIONAL_ARCH_KEYS = frozenset({'d_state', 'd_conv', 'expand', 'dt_rank'})
 
 
-class VimFamilyBackbone(CheckpointGuard, BaseModule):
+class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
     """Base of Vim-family backbones: everything but the choice of scan paths per layer.
 
     Subclasses set ``arch_zoo`` and implement :meth:`layer_paths`.
@@ -404,17 +404,8 @@ class VimFamilyBackbone(CheckpointGuard, BaseModule):
         """(patch tokens, blocks) a token reducer's schedule acts on at ``img_size``."""
         return self.patch_resolution[0] * self.patch_resolution[1], self.num_layers
 
-    def set_token_reduction(self, cfg: Optional[dict]) -> None:
-        """Switch token reduction on (a config dict or reducer) or off (``None``)."""
-        reducer = build_reducer(cfg)
-        if reducer is not None:  # fail early on a schedule the training grid cannot give
-            M, depth = self.reduction_domain()
-            try:
-                reducer.removals(M, depth)
-            except ConfigError as e:
-                raise type(e)(f'{e} [{type(self).__name__} img_size={self.img_size}: {M} patch '
-                              f'tokens, {self.num_layers} blocks]') from None
-        self.token_reducer = reducer
+    def reduction_domain_note(self, tokens: int, blocks: int) -> str:
+        return f'{tokens} patch tokens, {self.num_layers} blocks'
 
     def format_output(self, stream: torch.Tensor, ctx: ScanContext, last: bool) -> torch.Tensor:
         """Turn the residual stream after a block into the requested output (for ``out_type=

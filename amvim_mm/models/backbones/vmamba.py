@@ -32,7 +32,7 @@ from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
 from ..layout.scan_context import ScanContext
-from ..reduction import ReductionSession, build_reducer, restore_grid
+from ..reduction import ReducibleBackbone, ReductionSession, restore_grid
 from .args import check_image_batch, is_int, positive_int, rate, resolve_out_indices
 from .checkpoint_guard import CheckpointGuard
 from .drop import DropPath
@@ -230,7 +230,7 @@ class VSSLayer(nn.Module):
 # the backbone
 # ---------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class VMamba(CheckpointGuard, BaseModule):
+class VMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
     """VMamba (SS2D, hierarchical) for classification, segmentation and detection.
 
     Args:
@@ -490,19 +490,8 @@ class VMamba(CheckpointGuard, BaseModule):
         h, w = self.stage_grid(self.reduction_stage)
         return h * w, self.depths[self.reduction_stage]
 
-    def set_token_reduction(self, cfg: Optional[dict]) -> None:
-        """Switch token reduction in stage ``reduction_stage`` on (a config or reducer) or off
-        (``None``); the schedule is validated for ``img_size``."""
-        reducer = build_reducer(cfg)
-        if reducer is not None:
-            M, depth = self.reduction_domain()
-            try:
-                reducer.removals(M, depth)
-            except ConfigError as e:
-                raise type(e)(f'{e} [{type(self).__name__} img_size={self.img_size}: stage '
-                              f'{self.reduction_stage} has {M} tokens, {depth} blocks]'
-                              ) from None
-        self.token_reducer = reducer
+    def reduction_domain_note(self, tokens: int, blocks: int) -> str:
+        return f'stage {self.reduction_stage} has {tokens} tokens, {blocks} blocks'
 
     # ----------------------------------------------------------------- forward
     def check_images(self, x: torch.Tensor) -> None:
