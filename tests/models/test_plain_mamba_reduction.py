@@ -225,3 +225,24 @@ def test_reduced_flops_and_the_l3_budget():
     # EViT's fused token counts as one more token after its first step
     evit = plainmamba_flops(m, 224, dict(type='EViT', keep_rate=0.6, locations=(8, 17, 26)))
     assert evit['tokens'][9] == 118 and evit['tokens'][8] == 196
+
+
+def test_grid_conv_fills_merged_cells_and_zeroes_pruned_ones():
+    """The depthwise conv of a reduced sequence sees the grid of the dense restore: a merged
+    token at every cell it carries, zero at pruned cells; each token reads its own cell."""
+    from amvim_mm.models.layout.grid_conv import grid_depthwise_conv
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(6, 6, 3, padding=1, groups=6)
+    H, W, B = 4, 5, 1
+    x = torch.randn(B, H * W, 6)
+    ctx = init_reduction_state(ScanContext((H, W), cls_index=NO_CLS), B, 'cpu')
+    # merge cell 3 into 4 and 10 into 5; prune cell 12
+    removed, dst = torch.tensor([[3, 10, 12]]), torch.tensor([[4, 5, -1]])
+    xr, _, red = reduce_tokens(ctx, x, None, removed, dst, prunes=True)
+    full = torch.gather(xr, 1, red.source.clamp(min=0).unsqueeze(-1).expand(-1, -1, 6))
+    full[red.source < 0] = 0
+    assert torch.equal(full[0, 3], xr[0, (red.pos[0] == 4).nonzero()[0, 0]])
+    with torch.no_grad():
+        got = grid_depthwise_conv(xr, red, conv)
+        want = grid_depthwise_conv(full, ScanContext((H, W), cls_index=NO_CLS), conv)
+    torch.testing.assert_close(got, want[:, red.pos[0]], rtol=0, atol=1e-6)

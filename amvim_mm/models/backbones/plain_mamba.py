@@ -32,9 +32,9 @@ acts on the layers' single stream, as in Vim (no class token to protect):
   fused token, last in every direction) gets code 0.
 * with ToP's alignment the reduced scan equals the full-length official pass with zero input
   at the absent cells (``PlainMamba2D._aligned_scan``), to float rounding.
-* the depthwise 7x7 conv and L1's layer-0 3x3 block run on the grid with the absent cells at
-  zero (:mod:`~amvim_mm.models.layout.grid_conv`); the 3x3 block's BN normalises the present
-  tokens.
+* the depthwise 7x7 conv and L1's layer-0 3x3 block run on the grid with a merged token at
+  all of its cells and the pruned cells at zero (:mod:`~amvim_mm.models.layout.grid_conv`);
+  the 3x3 block's BN normalises the present tokens.
 * ToP's importance: the clipped channel sum of the summed four-direction output.
 * dense outputs get the full grid back before their norm (merged tokens copied to their cells,
   pruned cells keep their last feature); ``avg_featmap`` is the size-weighted token mean.

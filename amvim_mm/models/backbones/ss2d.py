@@ -24,10 +24,11 @@ names and shapes equal the official checkpoint keys (``x_proj_weight`` (K, R+2N,
 Reduced sequences (token reduction, :class:`~amvim_mm.models.layout.scan_context.ScanContext`
 with ``full_grid=False``):
 
-* the depthwise 3x3 conv runs on a scattered grid: **decision**: pruned or merged-away cells
-  hold **zero** (the block then equals the full-grid block with zero input at those cells,
-  the same convention as the scan's hidden-state alignment; a merged token sits at its
-  destination's cell). An EViT fused token (no cell) sees no neighbours: the centre tap only.
+* the depthwise 3x3 conv runs on the grid as the dense restore fills it: **decision**: a
+  merged token at all of its cells, pruned cells **zero** (the block then equals the full-grid
+  block with zero input at those cells, the same convention as the scan's hidden-state
+  alignment), :mod:`~amvim_mm.models.layout.grid_conv`. An EViT fused token (no cell) sees no
+  neighbours: the centre tap only.
 * each direction orders the present tokens by its own rank over the original grid; with ToP's
   alignment the scan runs as if the absent cells were there with zero input (gap folding,
   :func:`~amvim_mm.ops.selective_scan.aligned_selective_scan`), per direction.

@@ -1,12 +1,13 @@
 """A depthwise convolution over the tokens of a sequence that may have lost some grid cells.
 
 Mixers with a 2D depthwise conv (VMamba's SS2D 3x3, PlainMamba's 7x7 and L1's layer-0 3x3)
-read each token's neighbours on the patch grid. After token reduction only some cells hold a
-token: the present tokens are scattered into an H x W grid whose other cells hold **zero**
-(**decision**: the block then equals the full-grid block with zero input at the absent cells,
-the same convention as the scan's hidden-state alignment; a merged token sits at its
-destination's cell), convolved, and gathered back. A token without a cell (EViT's fused token)
-sees no neighbours: the centre tap only.
+read each token's neighbours on the patch grid. After token reduction not every cell has its
+own token. **Decision**: the grid is filled as the dense restore fills it, every cell with the
+token that carries it (a merged token at all of its cells: ToMe's "unmerge", so merging alone
+leaves no holes), and a **pruned** cell (or one fused into EViT's token) holds **zero** (the
+block then equals the full-grid block with zero input there, the same convention as the scan's
+hidden-state alignment); the conv runs on that grid and each token reads its own cell. A token
+without a cell (EViT's fused token) sees no neighbours: the centre tap only.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def grid_depthwise_conv(x: torch.Tensor, ctx: ScanContext, conv: nn.Conv2d) -> t
     before any activation.
 
     On the whole grid this is the conv of the NCHW view of the channel-last tokens (no
-    transposes); else the present tokens are scattered into a zero grid (module docstring).
+    transposes); else the grid is filled from ``ctx.source`` (module docstring).
     """
     B, L, E = x.shape
     H, W = ctx.grid
@@ -39,9 +40,15 @@ def grid_depthwise_conv(x: torch.Tensor, ctx: ScanContext, conv: nn.Conv2d) -> t
         return out.permute(0, 2, 3, 1).reshape(B, L, E)
     pos = ctx.pos if ctx.pos.dim() == 2 else ctx.pos.expand(B, -1)
     cell = torch.where(pos >= 0, pos, torch.full_like(pos, H * W))   # extras -> a spare row
-    buf = x.new_zeros(B, H * W + 1, E)
-    buf.scatter_(1, cell.unsqueeze(-1).expand(-1, -1, E), x)
-    g = buf[:, :H * W].transpose(1, 2).reshape(B, E, H, W)
+    src = ctx.source                                   # (B, M): token carrying each cell
+    if src is None:
+        buf = x.new_zeros(B, H * W + 1, E)
+        buf.scatter_(1, cell.unsqueeze(-1).expand(-1, -1, E), x)
+        grid = buf[:, :H * W]
+    else:
+        grid = torch.gather(x, 1, src.clamp(min=0).unsqueeze(-1).expand(-1, -1, E))
+        grid = torch.where((src >= 0).unsqueeze(-1), grid, torch.zeros_like(grid))
+    g = grid.transpose(1, 2).reshape(B, E, H, W)
     out = F.conv2d(g, w, b, padding=conv.padding, groups=conv.groups).flatten(2)
     out = torch.cat([out, out.new_zeros(B, E, 1)], 2)
     out = torch.gather(out, 2, cell.unsqueeze(1).expand(-1, E, -1)).transpose(1, 2)
