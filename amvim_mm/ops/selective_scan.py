@@ -36,7 +36,7 @@ from . import backends
 
 __all__ = [
     'selective_scan_ref', 'selective_scan_torch', 'selective_scan_fn', 'aligned_selective_scan',
-    'gap_deltas_from_mask', 'kept_indices'
+    'gap_deltas_from_mask', 'kept_indices', 'removal_masked_scan'
 ]
 
 ScanOut = Union[Tensor, Tuple[Tensor, Tensor]]
@@ -435,6 +435,54 @@ def aligned_selective_scan(u: Tensor,
         # d' >= d >= 0; d' == 0 only when d == 0, where u' does not matter (d' * u' = 0)
         u2 = uf * (d / d2.clamp_min(torch.finfo(ct).tiny))
     y = selective_scan_fn(u2, d2, A.to(ct), B.to(ct), C.to(ct), None, None, None,
+                          delta_softplus=False, return_last_state=False, backend=backend)
+    return _finish(y.to(ct), uf, D, z, ct, u.dtype)
+
+
+def removal_masked_scan(u: Tensor,
+                        delta: Tensor,
+                        A: Tensor,
+                        B: Tensor,
+                        C: Tensor,
+                        mask: Tensor,
+                        D: Optional[Tensor] = None,
+                        z: Optional[Tensor] = None,
+                        delta_bias: Optional[Tensor] = None,
+                        backend: Optional[str] = None) -> Tensor:
+    """The scan with **removal** masks: a step whose mask is 0 is the identity.
+
+    ``delta_t <- m_t * softplus(delta_t + delta_bias)`` and ``u_t <- m_t * u_t``: a removed step
+    has ``exp(0 * A) = 1`` and no input, so every kept step sees exactly the scan of the
+    sequence with the removed tokens deleted (physical pruning), and padding a shorter sequence
+    with removed steps anywhere (start, middle or end, in either scan direction) leaves its
+    outputs unchanged. This is how a learned reducer's hard masks enter a scan in training
+    (the gradient reaches ``mask`` through both products: a straight-through estimator gives
+    the predictor its signal) and how variable-length batches can be scanned exactly. (ToP's
+    **alignment** semantics, a removed step that still decays the state, is the other exact
+    choice: zero the token's features before ``x_proj``, see :func:`aligned_selective_scan`.)
+
+    Args:
+        u, delta, z, A, B, C, D, delta_bias: as in :func:`selective_scan_ref` (``delta`` raw,
+            pre-softplus).
+        mask: (batch, L) keep mask (1 kept, 0 removed; float for a straight-through gradient,
+            or bool).
+
+    Returns:
+        ``y`` (batch, E, L) of ``u.dtype``; removed positions carry no ``D * u`` term and their
+        outputs are not meaningful (the state passes through them unchanged).
+    """
+    _check_shapes(u, delta, A, B, C, D, z, delta_bias)
+    if mask.dim() != 2 or mask.shape != (u.shape[0], u.shape[-1]):
+        raise ConfigError(f'mask must be (batch, L) = {(u.shape[0], u.shape[-1])}, got '
+                          f'{tuple(mask.shape)}')
+    ct = _compute_dtype(u.dtype)
+    m = mask.to(ct)[:, None, :]
+    d = delta.to(ct)
+    if delta_bias is not None:
+        d = d + delta_bias.to(ct)[:, None]
+    d = F.softplus(d) * m
+    uf = u.to(ct) * m
+    y = selective_scan_fn(uf, d, A.to(ct), B.to(ct), C.to(ct), None, None, None,
                           delta_softplus=False, return_last_state=False, backend=backend)
     return _finish(y.to(ct), uf, D, z, ct, u.dtype)
 
