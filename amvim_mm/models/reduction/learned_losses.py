@@ -1,0 +1,63 @@
+"""The training objectives of learned token reducers (DynamicViT-style distillation loss).
+
+A pure function of the student's and the teacher's outputs, so that any model wrapper (an
+mmengine model's ``loss``) can call it; each term is returned for logging.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def dynamicvit_loss(pred: torch.Tensor, labels: torch.Tensor, token_pred: torch.Tensor,
+                    teacher_pred: torch.Tensor, teacher_token: torch.Tensor,
+                    decisions: Sequence[torch.Tensor], keep_ratios: Sequence[float],
+                    final_mask: torch.Tensor, clf_weight: float = 1.0, ratio_weight: float = 2.0,
+                    distill_weight: float = 0.5, mse_token: bool = True,
+                    num_locations: Optional[int] = None) -> Dict[str, torch.Tensor]:
+    """DynamicViT's ``DistillDiffPruningLoss_dynamic`` (defaults: its DeiT run).
+
+    ``total = clf_weight * CE(pred, labels) + ratio_weight / num_locations * sum_s mean_b
+    (mean_n D_s - rho_s)^2 + distill_weight * KL(teacher || student logits) + distill_weight *
+    token distillation``, the last over the tokens kept at the final decision (MSE, or
+    batch-mean KL with ``mse_token=False``; 0 when none is kept).
+
+    Args:
+        pred: (B, K) student logits; labels: (B,) class indices (hard labels: plain CE; the
+            official runs use soft targets under mixup, give ``pred`` the same way).
+        token_pred, teacher_token: (B, N, C) final normed patch tokens.
+        teacher_pred: (B, K) logits of the unreduced teacher.
+        decisions: per location the cumulative keep decision (B, N) (or (B, N, 1)).
+        keep_ratios: the target kept fraction per location (rho, rho^2, rho^3).
+        final_mask: (B, N[, 1]) the last decision (detached by the caller).
+        num_locations: the ratio term's divisor (default ``len(decisions)``).
+
+    Returns:
+        dict ``loss`` (total), ``cls_loss``, ``ratio_loss`` (unweighted sum over locations),
+        ``cls_kl_loss`` and ``token_loss``.
+    """
+    ratio = pred.new_zeros(())
+    for d, rho in zip(decisions, keep_ratios):
+        d = d.reshape(d.shape[0], -1)
+        ratio = ratio + ((d.mean(1) - rho) ** 2).mean()
+    cls = F.cross_entropy(pred, labels)
+    kl = F.kl_div(F.log_softmax(pred, -1), F.log_softmax(teacher_pred, -1), reduction='batchmean',
+                  log_target=True)
+    B, N, C = token_pred.shape
+    keep = final_mask.reshape(B * N)
+    if keep.sum() < 0.1:
+        token = token_pred.new_zeros(())
+    else:
+        sel = keep > 0.5
+        s, t = token_pred.reshape(B * N, C)[sel], teacher_token.reshape(B * N, C)[sel]
+        if mse_token:
+            token = F.mse_loss(s, t)
+        else:
+            token = F.kl_div(F.log_softmax(s, -1), F.log_softmax(t, -1), reduction='batchmean',
+                             log_target=True)
+    n = num_locations if num_locations is not None else len(decisions)
+    total = (clf_weight * cls + ratio_weight * ratio / n + distill_weight * kl
+             + distill_weight * token)
+    return dict(loss=total, cls_loss=cls, ratio_loss=ratio, cls_kl_loss=kl, token_loss=token)

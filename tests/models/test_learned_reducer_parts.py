@@ -1,0 +1,89 @@
+"""The pieces of the learned reducers against independent re-statements of the official
+modules (``tests/reference/official_dynamicvit.py``), random weights and inputs."""
+import pytest
+import torch
+
+from amvim_mm.errors import ConfigError
+from amvim_mm.models.reduction.keep_predictor import KeepPredictor, gumbel_keep
+from amvim_mm.models.reduction.learned_losses import dynamicvit_loss
+from ..reference import official_dynamicvit as ref
+
+
+@pytest.mark.parametrize('C', [16, 64])
+@pytest.mark.parametrize('policy_kind', ['ones', 'binary', 'soft'])
+def test_keep_predictor_equals_official(C, policy_kind):
+    torch.manual_seed(0)
+    m = KeepPredictor(C).double()
+    with torch.no_grad():                       # LayerNorm away from 1 / 0
+        m.in_conv[0].weight.normal_(1, 0.3)
+        m.in_conv[0].bias.normal_(0, 0.3)
+    sd = m.state_dict()
+    assert {k: tuple(v.shape) for k, v in sd.items()} == ref.official_predictor_keys(C)
+    x = torch.randn(3, 10, C, dtype=torch.float64)
+    policy = {'ones': torch.ones(3, 10, 1), 'binary': (torch.rand(3, 10, 1) > 0.4).float(),
+              'soft': torch.rand(3, 10, 1)}[policy_kind].double()
+    policy[:, 0] = 1                            # at least one kept token per sample
+    with torch.no_grad():
+        got = m(x, policy)
+    want = ref.predictor_lg(sd, '', x, policy)
+    assert (got - want).abs().max() <= 1e-6
+    # the global half sees only kept tokens: changing a dropped token's features moves
+    # nothing but its own row
+    if policy_kind == 'binary':
+        dropped = (policy[0, :, 0] == 0).nonzero().flatten()
+        if len(dropped):
+            j = int(dropped[0])
+            x2 = x.clone()
+            x2[0, j] += 5
+            with torch.no_grad():
+                got2 = m(x2, policy)
+            others = [i for i in range(10) if i != j]
+            assert torch.allclose(got2[0, others], got[0, others])
+
+
+def test_keep_predictor_rejects_odd_width():
+    with pytest.raises(ConfigError, match='even int'):
+        KeepPredictor(15)
+
+
+def test_gumbel_keep_is_hard_monotone_and_straight_through():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 12, 2, requires_grad=True)
+    prev = torch.ones(2, 12, 1)
+    prev[:, :4] = 0
+    d = gumbel_keep(torch.log_softmax(logits, -1), prev)
+    assert set(d.unique().tolist()) <= {0.0, 1.0} and bool((d[:, :4] == 0).all())
+    d.sum().backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize('mse_token', [True, False])
+@pytest.mark.parametrize('weights', [ref.LOSS_DEIT, ref.LOSS_DEFAULTS], ids=['deit', 'class'])
+def test_dynamicvit_loss_equals_official(mse_token, weights):
+    g = torch.Generator().manual_seed(0)
+    B, N, C, K = 4, 9, 8, 5
+    pred = torch.randn(B, K, generator=g, dtype=torch.float64, requires_grad=True)
+    tok = torch.randn(B, N, C, generator=g, dtype=torch.float64, requires_grad=True)
+    t_pred = torch.randn(B, K, generator=g, dtype=torch.float64)
+    t_tok = torch.randn(B, N, C, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, K, (B, ), generator=g)
+    d1 = (torch.rand(B, N, generator=g) > 0.2).double()
+    d2 = d1 * (torch.rand(B, N, generator=g) > 0.3).double()
+    d3 = d2 * (torch.rand(B, N, generator=g) > 0.3).double()
+    decisions, rhos = [d1, d2, d3], weights['keep_ratio']
+    w = dict(clf_weight=weights['clf_weight'], ratio_weight=weights['ratio_weight'],
+             distill_weight=weights['distill_weight'])
+    got = dynamicvit_loss(pred, labels, tok, t_pred, t_tok, decisions, rhos,
+                          d3[..., None], mse_token=mse_token, **w)
+    want = ref.distill_diff_pruning_loss(pred, tok, d3[..., None], decisions, labels, t_pred,
+                                         t_tok, rhos, mse_token=mse_token, **w)
+    for k in ('loss', 'cls_loss', 'ratio_loss', 'cls_kl_loss', 'token_loss'):
+        assert abs(got[k].item() - want[k].item()) <= 1e-6, k
+    g1 = torch.autograd.grad(got['loss'], (pred, tok))
+    g2 = torch.autograd.grad(want['loss'], (pred, tok))
+    for a, b in zip(g1, g2):
+        assert (a - b).abs().max() <= 1e-6
+    # nothing kept at the end: no token term
+    none = dynamicvit_loss(pred, labels, tok, t_pred, t_tok, decisions, rhos,
+                           torch.zeros(B, N, 1, dtype=torch.float64), **w)
+    assert float(none['token_loss']) == 0.0
