@@ -1,12 +1,16 @@
 """The pieces of the learned reducers against independent re-statements of the official
-modules (``tests/reference/official_dynamicvit.py``), random weights and inputs."""
+modules (``tests/reference/official_dynamicvit.py``, ``official_ltmp.py``), random weights and
+inputs."""
 import pytest
 import torch
 
 from amvim_mm.errors import ConfigError
 from amvim_mm.models.reduction.keep_predictor import KeepPredictor, gumbel_keep
-from amvim_mm.models.reduction.learned_losses import dynamicvit_loss
+from amvim_mm.models.reduction.learned_losses import (dynamicvit_loss, linear_flops_ratio,
+                                                      ltmp_loss, vit_flops_ratio)
+from amvim_mm.models.reduction.threshold_masker import ThresholdMasker
 from ..reference import official_dynamicvit as ref
+from ..reference import official_ltmp as ltmp_ref
 
 
 @pytest.mark.parametrize('C', [16, 64])
@@ -87,3 +91,45 @@ def test_dynamicvit_loss_equals_official(mse_token, weights):
     none = dynamicvit_loss(pred, labels, tok, t_pred, t_tok, decisions, rhos,
                            torch.zeros(B, N, 1, dtype=torch.float64), **w)
     assert float(none['token_loss']) == 0.0
+
+
+# ------------------------------------------------------------------------------ LTMP
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+@pytest.mark.parametrize('tau', [0.5, 0.1])
+def test_threshold_masker_equals_official(dtype, tau):
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(4, 33, generator=g, dtype=dtype)
+    v[0, :3] = 0.25                                   # exactly at the threshold: 0
+    masker = ThresholdMasker(0.25, tau).to(dtype)
+    v1, v2 = v.clone().requires_grad_(True), v.clone().requires_grad_(True)
+    th = torch.tensor([0.25], dtype=dtype, requires_grad=True)
+    got = masker(v1)
+    want = ltmp_ref.threshold_mask(v2, th, tau)
+    assert torch.equal(got, want) and set(got.unique().tolist()) <= {0.0, 1.0}
+    assert bool((got[0, :3] == 0).all())
+    w = torch.randn(4, 33, generator=g, dtype=dtype)
+    ga = torch.autograd.grad((got * w).sum(), (v1, masker.threshold))
+    gb = torch.autograd.grad((want * w).sum(), (v2, th))
+    for a, b in zip(ga, gb):
+        assert (a - b).abs().max() <= 1e-6 * max(1.0, float(b.abs().max()))
+
+
+def test_flops_ratios_and_loss_equal_official():
+    g = torch.Generator().manual_seed(0)
+    masks = [(torch.rand(3, 197, generator=g) > p).double().requires_grad_(True)
+             for p in (0.1, 0.3, 0.5, 0.6)]
+    got = vit_flops_ratio(masks, 197, 192)
+    want = ltmp_ref.flops_ratio(masks, 197, 192)
+    assert abs(got.item() - want.item()) <= 1e-6
+    ga = torch.autograd.grad(got, masks)
+    gb = torch.autograd.grad(want, masks)
+    assert all((a - b).abs().max() <= 1e-9 for a, b in zip(ga, gb))
+    ce = torch.tensor(2.3, dtype=torch.float64)
+    assert ltmp_loss(ce, got).item() == pytest.approx(ltmp_ref.ltmp_loss(ce, want).item(),
+                                                      abs=1e-9)
+    # the Mamba form: linear in the tokens; all kept -> 1, half kept everywhere -> below 1
+    ones = [torch.ones(2, 10)] * 3
+    assert linear_flops_ratio(ones, [1.0, 2.0, 3.0], fixed=4.0).item() == pytest.approx(1.0)
+    half = [torch.full((2, 10), 0.5)] * 3
+    assert linear_flops_ratio(half, [1.0, 2.0, 3.0], fixed=4.0).item() == pytest.approx(0.7)

@@ -1,4 +1,6 @@
-"""The training objectives of learned token reducers (DynamicViT-style distillation loss).
+"""The training objectives of learned token reducers: DynamicViT's distillation loss and
+LTMP's FLOPs-budget loss (with the ViT FLOPs ratio of the official code, and the linear one of a
+Mamba backbone, whose blocks cost in proportion to their tokens).
 
 A pure function of the student's and the teacher's outputs, so that any model wrapper (an
 mmengine model's ``loss``) can call it; each term is returned for logging.
@@ -61,3 +63,35 @@ def dynamicvit_loss(pred: torch.Tensor, labels: torch.Tensor, token_pred: torch.
     total = (clf_weight * cls + ratio_weight * ratio / n + distill_weight * kl
              + distill_weight * token)
     return dict(loss=total, cls_loss=cls, ratio_loss=ratio, cls_kl_loss=kl, token_loss=token)
+
+
+def vit_flops_ratio(masks: Sequence[torch.Tensor], n: int, d: int) -> torch.Tensor:
+    """LTMP's FLOPs ratio of a ViT (its ``tools/train.py``): the mean over the L blocks of
+    ``[2 m_{l-1} n d^2 + (m_{l-1} n)^2 d + 4 m_l n d^2] / (6 n d^2 + n^2 d)`` with ``m_l`` the
+    mean of block l's mask over the batch and the tokens (class token included), ``m_0 = 1``
+    (attention at the previous keep fraction, the MLP at the new one)."""
+    means = [None] + [m.float().mean() if m.dtype == torch.bool else m.mean() for m in masks]
+    full = 6 * n * d ** 2 + n ** 2 * d
+    total = 0.0
+    for i in range(len(masks)):
+        prev = 1.0 if i == 0 else means[i]
+        cost = 2 * prev * n * d ** 2 + (prev * n) ** 2 * d + 4 * means[i + 1] * n * d ** 2
+        total = total + cost / full
+    return total / len(masks)
+
+
+def linear_flops_ratio(keep: Sequence[torch.Tensor], block_costs: Sequence[float],
+                       fixed: float = 0.0) -> torch.Tensor:
+    """FLOPs ratio of a backbone whose blocks cost in proportion to their tokens (Mamba):
+    ``(fixed + sum_l c_l * k_l) / (fixed + sum_l c_l)`` with ``k_l`` the mean kept fraction
+    that block l runs on (a tensor, differentiable) and ``c_l`` its cost at full length."""
+    if len(keep) != len(block_costs):
+        raise ValueError(f'{len(keep)} kept fractions for {len(block_costs)} blocks')
+    total = fixed + sum(c * k.mean() for c, k in zip(block_costs, keep))
+    return total / (fixed + sum(block_costs))
+
+
+def ltmp_loss(ce: torch.Tensor, flops_ratio: torch.Tensor, target: float = 0.75,
+              reg_scale: float = 10.0, cls_scale: float = 1.0) -> torch.Tensor:
+    """LTMP's objective: ``cls_scale * ce + reg_scale * (flops_ratio - target) ** 2``."""
+    return cls_scale * ce + reg_scale * (flops_ratio - target) ** 2
