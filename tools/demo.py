@@ -1,18 +1,19 @@
-"""The README's main job: how well do Vim and AMVim survive token reduction? (CPU, no downloads)
+"""The README's main job: how well do Vim, AMVim and PlainMamba survive token reduction? (CPU)
 
 Three tasks on the built-in toy shapes (segmentation: mIoU, detection: COCO box AP,
-classification: top-1), each with a Vim and an AMVim demo model trained with three seeds.
+classification: top-1), each with a Vim and an AMVim demo model (and, for segmentation, a
+PlainMamba one) trained with three seeds; no downloads.
 Steps (each shown as it runs):
   1. check the environment;
   2. generate the three versions of the toy-shapes data (cached in data/);
-  3. take the 18 demo checkpoints that the project's own demo training produced
+  3. take the 21 demo checkpoints that the project's own demo training produced
      (checkpoints/demo, checked against checkpoints/demo/SHA256SUMS), or train the missing ones
      with tools/train.py (an interrupted training resumes; --train retrains all; about 6-9 min
      each on one core);
-  4. run tools/prune_eval.py per task on its six checkpoints with ToMe, random pruning (three
-     seeds), EViT and ToP at ratios 0 / 0.27 / 0.46, and print per task the table of the two
+  4. run tools/prune_eval.py per task on its checkpoints with ToMe, random pruning (three
+     seeds), EViT and ToP at ratios 0 / 0.27 / 0.46, and print per task the table of the
      architectures (mean over their three training seeds, 95 % intervals over images and
-     seeds) and their paired difference; JSON, per-checkpoint tables and plots go to
+     seeds) and each one's paired drop difference to Vim; JSON, per-checkpoint tables and plots go to
      --out-dir (default outputs/demo), a summary to OUT/summary.md.
 
     python tools/demo.py [--train] [--jobs N] [--out-dir DIR] [--quick]
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
         opts['detection'].append(f'test_evaluator.ann_file={roots["detection"]}/annotations/'
                                  'instances_val2017.json')
 
-    step('3/4 demo checkpoints (Vim and AMVim, seeds ' +
+    step('3/4 demo checkpoints (Vim, AMVim and PlainMamba, seeds ' +
          ('0' if args.quick else ', '.join(map(str, SEEDS))) + ', per task)')
     seeds = (0, ) if args.quick else SEEDS
     sums = read_sums()
