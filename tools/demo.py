@@ -13,8 +13,8 @@ Steps (each shown as it runs):
   4. run tools/prune_eval.py per task on its checkpoints with ToMe, random pruning (three
      seeds), EViT and ToP at ratios 0 / 0.27 / 0.46, and print per task the table of the
      architectures (mean over their three training seeds, 95 % intervals over images and
-     seeds) and each one's paired drop difference to Vim; JSON, per-checkpoint tables and plots go to
-     --out-dir (default outputs/demo), a summary to OUT/summary.md.
+     seeds) and each one's paired drop difference to Vim; JSON, per-checkpoint tables and
+     plots go to --out-dir (default outputs/demo), a summary to OUT/summary.md.
 
     python tools/demo.py [--train] [--jobs N] [--out-dir DIR] [--quick]
 
