@@ -68,8 +68,13 @@ class ChannelAttention(nn.Module):
         self.act_fn = nn.GELU()
         self.channel_select = nn.Linear(reduced, channels)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.norm(x).mean(1, keepdim=True)
+    def forward(self, x: torch.Tensor, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``keep`` (B, L): average over the kept tokens only (a masked training forward)."""
+        if keep is None:
+            g = self.norm(x).mean(1, keepdim=True)
+        else:
+            w = keep.unsqueeze(-1).to(x.dtype)
+            g = (self.norm(x) * w).sum(1, keepdim=True) / w.sum(1, keepdim=True)
         g = self.channel_select(self.act_fn(self.global_reduce(g)))
         return x * torch.sigmoid(g)
 
@@ -91,11 +96,13 @@ class LocalMambaMixer(BiMambaMixer):
         return dict(conv1d=f'conv1d{s}', x_proj=f'x_proj{s}', dt_proj=f'dt_proj{s}',
                     A_log=f'A_log{s}', D=f'D{s}')
 
-    def merge_paths(self, ys: List[torch.Tensor]) -> torch.Tensor:
-        """Gate each (B, E, L) path output by the shared channel attention, then sum."""
+    def merge_paths(self, ys: List[torch.Tensor], keep: Optional[torch.Tensor] = None
+                    ) -> torch.Tensor:
+        """Gate each (B, E, L) path output by the shared channel attention (pooled over the
+        kept tokens when ``keep`` is given), then sum."""
         out = None
         for y in ys:
-            g = self.attn(y.transpose(1, 2)).transpose(1, 2)
+            g = self.attn(y.transpose(1, 2), keep).transpose(1, 2)
             out = g if out is None else out + g
         return out
 

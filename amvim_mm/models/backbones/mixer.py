@@ -15,6 +15,7 @@ from amvim_mm.ops.fused_mixer import (auto_prefers_fused, autocast_dtype, fused_
                                       fused_mixer_forward, fused_requested, pack_mixer_weights)
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from ..layout.scan_context import ScanContext
+from ..layout.scan_orders import is_reverse, masked_path_permutation, scan_rank_on
 
 
 class BiMambaMixer(nn.Module):
@@ -127,19 +128,23 @@ class BiMambaMixer(nn.Module):
                 getattr(self, n['dt_proj']), getattr(self, n['A_log']), getattr(self, n['D']))
 
     def scan_path(self, k: int, xz: torch.Tensor, gaps: Optional[torch.Tensor] = None,
-                  gap_delta: str = 'bias') -> torch.Tensor:
+                  gap_delta: str = 'bias', mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Run path ``k`` on ``xz`` (B, 2E, L), already in the path's order -> y (B, E, L).
 
         Channel-first like the official code, so ``x``, ``z`` and ``delta`` reach the scan with
         unit stride along L (no copies). ``gaps`` (B, L): pruned positions right before each
         token in this path's order; the scan then runs as if they were there with zero input
         (ToP hidden-state alignment), their step size being ``softplus(dt_bias)``
-        (``gap_delta='bias'``) or the next kept token's own (``'token'``).
+        (``gap_delta='bias'``) or the next kept token's own (``'token'``). ``mask`` (B, L): a
+        keep mask multiplied into the conv output (a learned reducer's straight-through mask in
+        a masked training forward, :meth:`forward_masked`).
         """
         conv, x_proj, dt_proj, A_log, D = self.path_params(k)
         Bsz, _, L = xz.shape
         x, z = xz.chunk(2, dim=1)                                       # (B, E, L) each
         x = causal_conv1d_fn(x, conv.weight, conv.bias, activation='silu')
+        if mask is not None:
+            x = x * mask.unsqueeze(1).to(x.dtype)
         x_dbl = F.linear(x.transpose(1, 2).reshape(Bsz * L, -1), x_proj.weight)
         R, N = self.dt_rank, self.d_state
         # (E, R) @ (R, B*L) -> (B, E, L) view with unit stride along L
@@ -160,8 +165,42 @@ class BiMambaMixer(nn.Module):
         return aligned_selective_scan(x, dt, A, Bm, Cm, D.float(), z, delta_bias=bias,
                                       gap_delta=g * step, backend=self.scan_backend)
 
-    def merge_paths(self, ys: List[torch.Tensor]) -> torch.Tensor:
-        """Vim's merge of (B, E, L) path outputs: their mean (the released "divide_out")."""
+    def forward_masked(self, hidden: torch.Tensor, ctx: ScanContext, paths: Sequence,
+                       keep: torch.Tensor) -> torch.Tensor:
+        """The mixer on the full sequence with per-sample keep masks (learned reducers'
+        training): equal, at the kept tokens, to the mixer on each sample's physically pruned
+        sequence; the dropped tokens' outputs are zero.
+
+        Every path scans each sample's kept tokens first, in the order inference would scan
+        the survivors (:func:`~amvim_mm.models.layout.scan_orders.masked_path_permutation`),
+        the dropped ones after, so that the causal conv and the scan of the kept prefix never
+        see a dropped token. ``keep`` (B, L) is 1 / 0 (a float straight-through mask carries
+        the gradient into the conv output and the output), the class token kept; ``ctx`` is the
+        full sequence's context.
+        """
+        if not ctx.full_grid:
+            raise ConfigError('forward_masked takes the full sequence (a full-grid context)')
+        Bsz, L, _ = hidden.shape
+        if keep.shape != (Bsz, L):
+            raise ConfigError(f'keep must be (batch, L) = {(Bsz, L)}, got {tuple(keep.shape)}')
+        kept = keep > 0.5
+        xz = (self.in_proj.weight @ hidden.reshape(Bsz * L, -1).t()).view(-1, Bsz, L)
+        xz = xz.transpose(0, 1)                                           # (B, 2E, L)
+        ys = []
+        for k, spec in enumerate(paths):
+            rank = scan_rank_on(*ctx.grid, spec, hidden.device)
+            perm = masked_path_permutation(rank, ctx.pos, kept, ctx.cls_index, is_reverse(spec))
+            xk = torch.gather(xz, 2, perm.unsqueeze(1).expand_as(xz))
+            mk = torch.gather(keep, 1, perm)
+            y = self.scan_path(k, xk, mask=mk)
+            ys.append(torch.empty_like(y).scatter_(2, perm.unsqueeze(1).expand_as(y), y))
+        out = F.linear(self.merge_paths(ys, keep).transpose(1, 2), self.out_proj.weight)
+        return out * keep.unsqueeze(-1).to(out.dtype)
+
+    def merge_paths(self, ys: List[torch.Tensor], keep: Optional[torch.Tensor] = None
+                    ) -> torch.Tensor:
+        """Vim's merge of (B, E, L) path outputs: their mean (the released "divide_out");
+        ``keep``: the masked forward's keep mask (for merges that pool over tokens)."""
         out = ys[0]
         for y in ys[1:]:
             out = out + y

@@ -300,3 +300,42 @@ def path_permutation(rank: torch.Tensor, pos: torch.Tensor, cls_index: int = -1,
         fused_idx = torch.argsort((~fused).to(torch.int8), dim=1, stable=True)[:, :extra]
         perm = torch.cat([perm, fused_idx], dim=1)
     return perm if batched else perm[0]
+
+
+def masked_path_permutation(rank: torch.Tensor, pos: torch.Tensor, kept: torch.Tensor,
+                            cls_index: int = -1, reverse: bool = False) -> torch.Tensor:
+    """Per-sample order of a full sequence along one path for a masked training forward: the
+    kept tokens first, exactly as :func:`path_permutation` orders them after the dropped ones
+    are removed (patches by ``rank``, the class token at the middle slot ``n_b // 2`` of the
+    sample's ``n_b`` kept patches, flipped when ``reverse``), then the dropped tokens.
+
+    A causal conv and a forward scan over this order give the kept tokens exactly what
+    physically pruned inference gives them (their prefix never sees the dropped suffix), with a
+    different number of kept tokens in every sample (DyVM's reordering, for any rank order).
+
+    Args:
+        rank: (H*W,) the path's forward rank; pos: (L,) grid position per token (-1: class
+            token at ``cls_index``); kept: (B, L) bool (the class token must be kept).
+
+    Returns:
+        (B, L) long: ``seq[b, perm[b]]`` is sample b's sequence in this path's order.
+    """
+    B, L = kept.shape
+    p = pos.to(kept.device)
+    is_patch = p >= 0
+    kp = kept & is_patch
+    r = torch.where(is_patch, rank.to(p.device)[p.clamp(min=0)], torch.zeros_like(p))
+    big = float(2 * L + 2)
+    # forward index of each kept patch among the sample's kept patches (0 .. n_b - 1)
+    fkey = torch.where(kp, r.expand(B, -1), torch.full_like(kp, L, dtype=r.dtype) + r)
+    j = torch.argsort(torch.argsort(fkey, dim=1, stable=True), dim=1).to(torch.float64)
+    key = torch.where(kp, j, torch.full_like(j, big))
+    if cls_index >= 0:
+        n = kp.sum(1).to(torch.float64)
+        key[:, cls_index] = torch.div(n, 2, rounding_mode='floor') - 0.5
+    if reverse:
+        key = torch.where(key < big, -key, key)
+    # dropped tokens after every kept one, in sequence order
+    key = torch.where(key < big, key, big + torch.arange(L, device=p.device, dtype=key.dtype))
+    return torch.argsort(key, dim=1, stable=True)
+
