@@ -129,6 +129,8 @@ def vim_family_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
             f += mixer.num_paths * 2 * E * red
         per_block.append(f)
         total += f
+    if hasattr(reducer, 'extra_flops'):      # a learned reducer's own layers (predictors)
+        total += reducer.extra_flops(M, depth)
     total += D * num_classes
     return dict(gflops=total / 1e9, tokens=tokens, removals=removals,
                 realised_ratio=ReductionSchedule.realised_ratio(removals, M),

@@ -18,7 +18,7 @@ def mmengine_count(model, input_shape: Tuple[int, int], reducer) -> float:
     was_training = model.training
     x = torch.zeros(1, model.in_channels, *input_shape, device=device)
     try:
-        model.token_reducer = reducer
+        model.swap_token_reducer(reducer)
         model.eval()
         with runtime.override(fused_mixer=False), torch.no_grad():
             fa = FlopAnalyzer(model, (x, ))
@@ -26,5 +26,5 @@ def mmengine_count(model, input_shape: Tuple[int, int], reducer) -> float:
             fa.uncalled_modules_warnings(False)
             return float(fa.total())
     finally:
-        model.token_reducer = own
+        model.swap_token_reducer(own)
         model.train(was_training)

@@ -30,6 +30,12 @@ is nearest to the requested one (:meth:`ReductionSchedule.keep_rate_for_ratio`);
 and the realised ratio are stored with the row. ``random`` is evaluated for every ``seeds``
 entry: the row's metric is their mean, with ``metric_seeds`` and ``seed_std``.
 
+``learned`` evaluates the learned reducer the model's own config carries (e.g. a
+``*_dynamicvit.py`` fine-tuning config and its checkpoint): one row per model at the reducer's
+realised ratio (the ``ratios`` do not apply), labelled with the reducer and marked
+``fine_tuned`` in the row; the other methods run on the same fine-tuned weights with the
+learned reducer switched off.
+
 Intervals: every evaluation also keeps per-image statistics (``per_image/*.npz``, see
 :mod:`amvim_mm.analysis.stats`); after the sweep a paired bootstrap over images (one set of
 resampled images per data set, shared by every row) gives each row ``ci_low``/``ci_high`` (95 %),
@@ -54,7 +60,11 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from amvim_mm.errors import CheckpointError, ConfigError, LookupConfigError
 from amvim_mm.models.reduction.schedule import ReductionSchedule
 
-METHODS = {'tome': 'ToMe', 'random': 'RandomPrune', 'evit': 'EViT', 'top': 'ToP'}
+METHODS = {'tome': 'ToMe', 'random': 'RandomPrune', 'evit': 'EViT', 'top': 'ToP',
+           'learned': 'learned'}
+#: the learned reducer the model's config carries (fine-tuned with it): one row per model at
+#: its own realised ratio, whatever ``ratios`` says
+LEARNED = 'learned'
 #: methods ranked by importance: keep-rate schedules after ``locations``
 IMPORTANCE_METHODS = ('evit', 'top')
 #: methods with a random choice: evaluated once per seed
@@ -351,14 +361,21 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
                 bootstrap=dict(replicates=replicates, level=0.95, seed=0, over='images'),
                 models=list(names),
                 groups=dict(zip(names, groups)) if groups is not None else None)
-    cells = [(i, m, r) for i in range(len(models)) for m in methods for r in ratios]
+    cells = [(i, m, r) for i in range(len(models)) for m in methods if m != LEARNED
+             for r in ratios]
+    if LEARNED in methods:   # one cell per model, at the reducer's own ratio (known later)
+        cells += [(i, LEARNED, -1.0) for i in range(len(models))]
     bar = tqdm(total=len(cells), desc='prune_eval', disable=not progress, unit='cell')
     for i, (config, ckpt) in enumerate(models):
         name, cfg = names[i], cfgs[i]
         mine = []
         for _, method, ratio in [c for c in cells if c[0] == i]:
             proto = protocol(method, seeds, locations, flops_convention, measure_speed)
-            row = done.get((name, method, round(ratio, 6), precision))
+            if method == LEARNED:
+                row = next((r for k, r in done.items() if k[0] == name and k[1] == LEARNED
+                            and k[3] == precision), None)
+            else:
+                row = done.get((name, method, round(ratio, 6), precision))
             if row is not None and row.get('protocol') == proto:
                 bar.update(1)
             else:
@@ -375,7 +392,13 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
         if len(recorders) != 1:
             raise ConfigError(f'{config}: expected one test metric of {", ".join(S.KINDS)}, '
                               f'found {len(recorders)}')
-        cell = _Cell(runner=runner, backbone=find_reducible_backbone(runner.model),
+        backbone = find_reducible_backbone(runner.model)
+        learned = backbone.token_reducer if getattr(backbone.token_reducer, 'learned',
+                                                    False) else None
+        if learned is None and any(m == LEARNED for m, _, _ in mine):
+            raise ConfigError(f'{config}: method learned needs a config whose backbone carries '
+                              'a learned reducer (e.g. a *_dynamicvit.py fine-tuning config)')
+        cell = _Cell(runner=runner, backbone=backbone, learned=learned,
                      recorder=recorders[0], config=config, ckpt=ckpt, name=name,
                      precision=precision, metric_key=PRIMARY_METRICS[cfg.default_scope],
                      seeds=list(seeds), locations=locations, flops_convention=flops_convention,
@@ -399,6 +422,7 @@ class _Cell:
 
     runner: object
     backbone: object
+    learned: object
     recorder: object
     config: str
     ckpt: str
@@ -428,11 +452,14 @@ class _Cell:
                     zero.get('gflops_convention') == self.flops_convention:
                 return dict(zero, method=method, protocol=proto)
         M, depth = bb.reduction_domain()
+        if method == LEARNED:
+            ratio = round(self.learned.token_plan(M, depth)[2], 6)
         seeds = self.seeds if method in SEEDED_METHODS and ratio > 0 else [0]
         metrics, per_seed, red = [], [], None
         t0 = time.perf_counter()
         for seed in seeds:
-            red = reduction_config(method, ratio, M, depth, self.locations, seed)
+            red = self.learned if method == LEARNED else \
+                reduction_config(method, ratio, M, depth, self.locations, seed)
             bb.set_token_reduction(red)
             try:
                 out = self.runner.test()
@@ -458,7 +485,15 @@ class _Cell:
         stats_file = _stats_name(self.name, method, ratio, self.precision)
         os.makedirs(osp.dirname(osp.join(self.out_dir, stats_file)), exist_ok=True)
         atomic_write_bytes(S.dumps(per_seed, keys), osp.join(self.out_dir, stats_file))
-        flops = backbone_flops(bb, bb.img_size, red, convention=self.flops_convention)
+        if method == LEARNED:
+            bb.set_token_reduction(red)
+            try:
+                flops = backbone_flops(bb, bb.img_size, 'model', convention=self.flops_convention)
+            finally:
+                bb.set_token_reduction(None)
+            red = red.config()
+        else:
+            flops = backbone_flops(bb, bb.img_size, red, convention=self.flops_convention)
         row = dict(model=self.name, config=self.config, checkpoint=self.ckpt, method=method,
                    ratio=ratio, precision=self.precision, protocol=proto, reduction=red,
                    realised_ratio=round(flops['realised_ratio'], 4),
@@ -470,8 +505,11 @@ class _Cell:
         if len(metrics) > 1:
             row.update(seeds=seeds, metric_seeds=metrics,
                        seed_std=round(float(np.std(metrics, ddof=1)), 4))
+        if method == LEARNED:
+            row['fine_tuned'] = True
         if self.measure_speed:
-            row.update(_speed(bb, bb.img_size, self.precision, red))
+            row.update(_speed(bb, bb.img_size, self.precision,
+                              self.learned if method == LEARNED else red))
         elif torch.cuda.is_available():
             row['img_per_s_test_loop'] = round(len(keys) * len(seeds) / dt, 1)
         return row
@@ -706,7 +744,10 @@ def markdown_table(data: Dict[str, object]) -> str:
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for r in rows:
         dg = _digits(r['metric_name'])
-        cells = [r['model'], r['method'], f"{r['ratio']:.2f}", f"{r['realised_ratio']:.3f}",
+        method = r['method']
+        if r.get('fine_tuned'):
+            method = f"{(r.get('reduction') or {}).get('type', method)} (fine-tuned)"
+        cells = [r['model'], method, f"{r['ratio']:.2f}", f"{r['realised_ratio']:.3f}",
                  f"{r['gflops']:.3f}", r['metric_name'], f"{r['metric']:.{dg}f}",
                  '' if r.get('drop') is None else f"{r['drop']:+.{dg}f}",
                  _fmt_ci(r.get('ci_low'), r.get('ci_high'), dg),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import torch
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 
@@ -85,3 +86,65 @@ class TokenReductionHook(Hook):
 
     def after_test(self, runner) -> None:
         self._off(runner, 'test')
+
+
+@HOOKS.register_module()
+class FrozenWarmupHook(Hook):
+    """Hold some parameters fixed for the first iterations or epochs of training.
+
+    DynamicViT trains its predictors alone for the first epochs (learning rate 0 for the
+    backbone, ``fix_step=5``). A learning rate of 0 cannot be set per group without breaking
+    chained schedulers, so this hook restores the held parameters after every optimizer step of
+    the warm-up instead: the same result as learning rate 0 (AdamW's decoupled decay included;
+    the optimizer's moments run on, as they do with learning rate 0), under DDP too.
+
+    Args:
+        module: dotted path of the held module inside the model (default the student backbone
+            of :class:`~amvim_mm.models.reducer_finetuner.ReducerFineTuner`).
+        exclude: names (substrings of parameter names) that keep training, default the
+            learned reducer.
+        iters / epochs: the length of the warm-up (exactly one of them).
+    """
+
+    priority = 'LOW'   # after the optimizer step of the iteration
+
+    def __init__(self, module: str = 'student.backbone', exclude: Sequence[str] = ('token_reducer',),
+                 iters: Optional[int] = None, epochs: Optional[int] = None) -> None:
+        if (iters is None) == (epochs is None):
+            raise ConfigError('FrozenWarmupHook: give exactly one of iters or epochs')
+        n = iters if iters is not None else epochs
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f'FrozenWarmupHook: iters/epochs must be an int >= 0, got {n!r}')
+        self.module, self.exclude = module, tuple(exclude)
+        self.iters, self.epochs = iters, epochs
+        self._held = None
+
+    def _in_warmup(self, runner) -> bool:
+        if self.iters is not None:
+            return runner.iter < self.iters
+        return runner.epoch < self.epochs
+
+    def _params(self, runner):
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        try:
+            mod = model.get_submodule(self.module) if self.module else model
+        except AttributeError:
+            raise ConfigError(f'FrozenWarmupHook: the model has no module {self.module!r}') \
+                from None
+        return [p for n, p in mod.named_parameters()
+                if p.requires_grad and not any(e in n for e in self.exclude)]
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        if not self._in_warmup(runner):
+            self._held = None
+        elif self._held is None:
+            params = self._params(runner)
+            self._held = (params, [p.detach().clone() for p in params])
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        # runner.iter / runner.epoch are still this iteration's here
+        if self._held is None or not self._in_warmup(runner):
+            return
+        with torch.no_grad():
+            for p, v in zip(*self._held):
+                p.copy_(v)

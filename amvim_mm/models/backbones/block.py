@@ -31,12 +31,19 @@ class VimBlock(nn.Module):
         self.paths = tuple(dict(k) for k in self.path_keys)
 
     def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
-                ctx: ScanContext, merge=None, fused: Optional[bool] = None
-                ) -> Tuple[torch.Tensor, torch.Tensor]:
+                ctx: ScanContext, merge=None, fused: Optional[bool] = None,
+                keep: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """``merge``: a ToMe step planned for this block
         (:func:`~amvim_mm.models.reduction.state.plan_merge_step`): the streams come in at the
         old length and the merge happens in the fused add + RMSNorm. ``fused``: the forward's
-        fused-path decision (the backbone takes it once per forward); None asks the mixer."""
+        fused-path decision (the backbone takes it once per forward); None asks the mixer.
+        ``keep``: a learned reducer's (B, L) keep mask (training): the mixer's masked forward
+        (``forward_masked``) on the full sequence."""
+        if keep is not None:
+            residual = hidden if residual is None else residual + self.drop_path(hidden)
+            normed = self.norm(residual.to(self.norm.weight.dtype))
+            return self.mixer.forward_masked(normed, ctx, self.path_keys, keep), \
+                residual.float()
         if fused is None:
             fused = self.mixer.use_fused(hidden, None)
         if fused and (not self.training or self.drop_path.drop_prob == 0):

@@ -458,7 +458,15 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
             return False
         return self.layers[0].mixer.use_fused(x, None)
 
+    #: Vim-family mixers have the masked forward a learned reducer trains with
+    supports_learned_reduction = True
+    #: keep the last forward's final stream ``residual + hidden`` (B, L, D, before ``norm_f``)
+    #: in ``self.final_stream`` (for token distillation; see ``ReducerFineTuner``)
+    record_final_stream = False
+
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        if self.training and getattr(self.token_reducer, 'learned', False):
+            return self._forward_masked(x)
         fused = self.fused_path(x)
         hidden, ctx = self.embed(x, fused)
         session = ReductionSession(self.token_reducer, ctx, hidden, self.num_layers,
@@ -471,4 +479,30 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
             if i in self.out_indices:
                 outs.append(self.block_output(i, hidden, residual, session.ctx))
         self.token_counts, self.last_context = counts, session.ctx
+        if self.record_final_stream:
+            self.final_stream = residual + hidden
+        return tuple(outs)
+
+    def _forward_masked(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """The training forward with a learned reducer: the full sequence throughout, a keep
+        mask from the reducer's decisions, every block after the first decision on its
+        mixer's masked forward (see :mod:`amvim_mm.models.reduction.learned`). Outputs as the
+        unreduced forward's: a dropped token's stream is its value when it was dropped (what
+        inference's dense restore gives it). ``self.keep_mask``: the last (B, L) mask."""
+        reducer = self.token_reducer
+        hidden, ctx = self.embed(x, False)
+        reducer.begin(hidden.shape[0], ctx.n_patches, self.num_layers, hidden.device)
+        residual, keep, outs = None, None, []
+        for i, layer in enumerate(self.layers):
+            stream = hidden if residual is None else residual + hidden
+            new = reducer.decide(i, stream, ctx)
+            if new is not None:
+                keep = new
+            hidden, residual = layer(hidden, residual, ctx, keep=keep)
+            if i in self.out_indices:
+                outs.append(self.block_output(i, hidden, residual, ctx))
+        self.token_counts, self.last_context, self.keep_mask = \
+            [hidden.shape[1]] * self.num_layers, ctx, keep
+        if self.record_final_stream:
+            self.final_stream = residual + hidden
         return tuple(outs)

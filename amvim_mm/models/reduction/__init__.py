@@ -1,11 +1,12 @@
 """Token reduction for Vim-family backbones (protocols and math: README, "Token reduction")."""
 from .reducers import (TOKEN_REDUCERS, EViT, RandomPrune, Selection, ToMe, ToP, TokenReducer,
                        build_reducer)
+from .learned import DynamicViTReducer, LearnedReducer
 from .reducible import ReducibleBackbone
 from .schedule import ReductionSchedule
 from .session import ReductionSession
 from .state import Streams, reduce_tokens, restore_grid
 
 __all__ = ['TOKEN_REDUCERS', 'TokenReducer', 'Selection', 'ToMe', 'RandomPrune', 'EViT', 'ToP',
-           'build_reducer', 'ReducibleBackbone', 'ReductionSchedule', 'ReductionSession', 'Streams',
+           'build_reducer', 'LearnedReducer', 'DynamicViTReducer', 'ReducibleBackbone', 'ReductionSchedule', 'ReductionSession', 'Streams',
            'reduce_tokens', 'restore_grid']

@@ -40,29 +40,48 @@ def dynamicvit_loss(pred: torch.Tensor, labels: torch.Tensor, token_pred: torch.
         dict ``loss`` (total), ``cls_loss``, ``ratio_loss`` (unweighted sum over locations),
         ``cls_kl_loss`` and ``token_loss``.
     """
-    ratio = pred.new_zeros(())
-    for d, rho in zip(decisions, keep_ratios):
-        d = d.reshape(d.shape[0], -1)
-        ratio = ratio + ((d.mean(1) - rho) ** 2).mean()
+    ratio = keep_ratio_loss(decisions, keep_ratios)
     cls = F.cross_entropy(pred, labels)
-    kl = F.kl_div(F.log_softmax(pred, -1), F.log_softmax(teacher_pred, -1), reduction='batchmean',
-                  log_target=True)
-    B, N, C = token_pred.shape
-    keep = final_mask.reshape(B * N)
-    if keep.sum() < 0.1:
-        token = token_pred.new_zeros(())
-    else:
-        sel = keep > 0.5
-        s, t = token_pred.reshape(B * N, C)[sel], teacher_token.reshape(B * N, C)[sel]
-        if mse_token:
-            token = F.mse_loss(s, t)
-        else:
-            token = F.kl_div(F.log_softmax(s, -1), F.log_softmax(t, -1), reduction='batchmean',
-                             log_target=True)
+    kl = logit_distill_loss(pred, teacher_pred)
+    token = token_distill_loss(token_pred, teacher_token, final_mask, mse_token)
     n = num_locations if num_locations is not None else len(decisions)
     total = (clf_weight * cls + ratio_weight * ratio / n + distill_weight * kl
              + distill_weight * token)
     return dict(loss=total, cls_loss=cls, ratio_loss=ratio, cls_kl_loss=kl, token_loss=token)
+
+
+def keep_ratio_loss(decisions: Sequence[torch.Tensor], keep_ratios: Sequence[float]
+                    ) -> torch.Tensor:
+    """DynamicViT's ratio term (unweighted): ``sum_s mean_b (mean_n D_s - rho_s)^2`` over the
+    cumulative decisions ``D_s`` (B, N[, 1]) and their targets ``rho_s``."""
+    ratio = decisions[0].new_zeros(())
+    for d, rho in zip(decisions, keep_ratios):
+        d = d.reshape(d.shape[0], -1)
+        ratio = ratio + ((d.mean(1) - rho) ** 2).mean()
+    return ratio
+
+
+def logit_distill_loss(pred: torch.Tensor, teacher_pred: torch.Tensor) -> torch.Tensor:
+    """``KL(teacher || student)`` of (B, K) logits, batch mean (DynamicViT's ``cls_kl_loss``)."""
+    return F.kl_div(F.log_softmax(pred, -1), F.log_softmax(teacher_pred, -1),
+                    reduction='batchmean', log_target=True)
+
+
+def token_distill_loss(token_pred: torch.Tensor, teacher_token: torch.Tensor,
+                       final_mask: torch.Tensor, mse_token: bool = True) -> torch.Tensor:
+    """DynamicViT's token distillation: MSE (or batch-mean KL over channels) between the
+    student's and the teacher's (B, N, C) tokens at the tokens kept by the (B, N[, 1]) final
+    decision; 0 when none is kept."""
+    B, N, C = token_pred.shape
+    keep = final_mask.reshape(B * N)
+    if keep.sum() < 0.1:
+        return token_pred.new_zeros(())
+    sel = keep > 0.5
+    s, t = token_pred.reshape(B * N, C)[sel], teacher_token.reshape(B * N, C)[sel]
+    if mse_token:
+        return F.mse_loss(s, t)
+    return F.kl_div(F.log_softmax(s, -1), F.log_softmax(t, -1), reduction='batchmean',
+                    log_target=True)
 
 
 def vit_flops_ratio(masks: Sequence[torch.Tensor], n: int, d: int) -> torch.Tensor:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import torch.nn as nn
+
 from amvim_mm.errors import ConfigError
 from .reducers import TokenReducer, build_reducer
 
@@ -12,7 +14,11 @@ class ReducibleBackbone:
     (:meth:`reduction_domain`) and how to name that domain in an error
     (:meth:`reduction_domain_note`). The backbone's forward reads ``self.token_reducer``."""
 
-    token_reducer: Optional[TokenReducer] = None
+    # ``token_reducer`` is set by set_token_reduction in the backbone's __init__ (no class
+    # default: it would shadow a learned reducer registered as a submodule)
+    #: the backbone has the masked training forward a learned reducer needs
+    #: (:mod:`~amvim_mm.models.reduction.learned`)
+    supports_learned_reduction = False
 
     def reduction_domain(self) -> Tuple[int, int]:
         """(tokens, blocks) a reducer's schedule acts on at the backbone's ``img_size``."""
@@ -32,4 +38,22 @@ class ReducibleBackbone:
             except ConfigError as e:
                 raise type(e)(f'{e} [{type(self).__name__} img_size={self.img_size}: '
                               f'{self.reduction_domain_note(M, depth)}]') from None
+            if getattr(reducer, 'learned', False):
+                if not self.supports_learned_reduction:
+                    raise ConfigError(
+                        f'{type(self).__name__}: the learned reducer {type(reducer).__name__} '
+                        'needs a masked training forward, which only the Vim family (Vim, '
+                        'AMVim, LocalVim) has so far')
+                reducer.bind(self)
+        self.swap_token_reducer(reducer)
+
+    def swap_token_reducer(self, reducer: Optional[TokenReducer]) -> Optional[TokenReducer]:
+        """Put ``reducer`` (built and validated) in place and return the previous one. A
+        learned reducer is a submodule (its parameters are the backbone's); any other value
+        replaces it as a plain attribute."""
+        old = getattr(self, 'token_reducer', None)
+        modules = getattr(self, '_modules', {})
+        if 'token_reducer' in modules and not isinstance(reducer, nn.Module):
+            del modules['token_reducer']
         self.token_reducer = reducer
+        return old

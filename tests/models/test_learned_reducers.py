@@ -1,0 +1,128 @@
+"""Learned reducers on the backbones: the masked training forward equals physically pruned
+inference when both take the same decisions (float64), the DynamicViT schedule, gradients,
+state-dict round trips and the refusals."""
+import pytest
+import torch
+
+import amvim_mm  # noqa: F401
+from amvim_mm.errors import ConfigError
+from amvim_mm.models.reduction import DynamicViTReducer, learned
+from amvim_mm.models.reduction.learned_losses import dynamicvit_loss
+from amvim_mm.registry import MODELS
+
+DYN = dict(type='DynamicViT', keep_rate=0.7, locations=(0, 2))
+
+
+def _model(typ, out_type='featmap', with_cls=True, red=DYN, **kw):
+    torch.manual_seed(0)
+    return MODELS.build(dict(type=typ, arch='test', img_size=32, patch_size=4, stride=4,
+                             out_type=out_type, with_cls_token=with_cls, out_indices=(1, 3),
+                             fused_mixer=False, token_reduction=red, **kw))
+
+
+def _topk_keep(log_probs, previous, tau=1.0):
+    """A deterministic stand-in for the Gumbel sample: keep the tokens inference keeps (the
+    highest keep log-probabilities among those still kept, as many as the schedule says)."""
+    k = _topk_keep.counts.pop(0)
+    score = torch.where(previous[..., 0] > 0, log_probs[..., 0], torch.full_like(
+        log_probs[..., 0], -float('inf')))
+    # inference drops the lowest (stable argsort ascending); keep the complement
+    n_drop = int(previous[0].sum()) - k
+    order = score.argsort(dim=1, stable=True)
+    n_gone = int((previous[0, :, 0] == 0).sum())
+    keep = torch.ones_like(score)
+    keep.scatter_(1, order[:, :n_gone + n_drop], 0.)
+    return keep.unsqueeze(-1) * previous
+
+
+@pytest.mark.parametrize('typ', ['Vim', 'AMVim', 'LocalVim'])
+@pytest.mark.parametrize('with_cls,out_type', [(True, 'featmap'), (False, 'featmap'),
+                                               (True, 'cls_token')])
+def test_masked_training_forward_equals_pruned_inference(monkeypatch, typ, with_cls, out_type):
+    m = _model(typ, out_type, with_cls).double()
+    red = m.token_reducer
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+    M, depth = m.reduction_domain()
+    removals = red.removals(M, depth)
+    kept, counts = M, []
+    for k in removals:
+        if k:
+            kept -= k
+            counts.append(kept)
+    _topk_keep.counts = list(counts)
+    monkeypatch.setattr(learned, 'gumbel_keep', _topk_keep)
+    m.train()
+    with torch.no_grad():
+        got = m(x)
+    keep = m.keep_mask
+    m.eval()
+    with torch.no_grad():
+        want = m(x)
+    assert m.token_counts[-1] == counts[-1] + int(with_cls)
+    assert int(keep.sum(1)[0]) == counts[-1] + int(with_cls)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        # the blocks keep the residual stream in fp32 by design (both forwards): fp32 rounding
+        # of the sums, everything else float64
+        assert (g - w).abs().max() <= 1e-6 * w.abs().max()
+
+
+def test_dynamicvit_schedule_is_the_official_count():
+    red = DynamicViTReducer(keep_rate=0.7, locations=(5, 11, 17))
+    rem = red.removals(196, 24)
+    # int(196 * 0.7 ** s): 137, 96, 67 tokens kept, before blocks 6, 12 and 18 (DyVM)
+    assert [i for i, k in enumerate(rem) if k] == [6, 12, 18]
+    assert 196 - sum(rem[:7]) == 137 and 196 - sum(rem[:13]) == 96 and 196 - sum(rem) == 67
+    assert red.keep_ratios() == pytest.approx([0.7, 0.49, 0.343])
+
+
+def test_training_decisions_gradients_and_ratio_loss():
+    m = _model('Vim', 'cls_token')
+    m.train()
+    out = m(torch.randn(4, 3, 32, 32))[-1]
+    red = m.token_reducer
+    d0, d1 = red.decisions
+    assert d0.shape == (4, 64) and set(d0.unique().tolist()) <= {0.0, 1.0}
+    assert bool((d1 <= d0).all())                  # a dropped token never comes back
+    keep = m.keep_mask
+    assert keep.shape == (4, 65) and bool((keep[:, 32] == 1).all())    # class token kept
+    terms = red.loss_terms()
+    want = dynamicvit_loss(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long),
+                           torch.zeros(4, 1, 2), torch.zeros(4, 2), torch.zeros(4, 1, 2),
+                           [d0, d1], [0.7, 0.49], torch.ones(4, 1), ratio_weight=2.0)
+    assert terms['loss_keep_ratio'].item() == pytest.approx(2.0 * want['ratio_loss'].item() / 2)
+    (out.sum() + terms['loss_keep_ratio']).backward()
+    for p in (red.predictors[0].in_conv[1].weight, red.predictors[1].out_conv[4].weight,
+              m.layers[3].mixer.in_proj.weight):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+
+
+def test_learned_reducer_state_dict_round_trip_and_switching():
+    m = _model('Vim')
+    sd = m.state_dict()
+    keys = [k for k in sd if k.startswith('token_reducer.predictors.')]
+    assert keys and 'token_reducer.predictors.1.out_conv.4.weight' in keys
+    m2 = _model('Vim')
+    m2.load_state_dict(sd, strict=True)
+    # training-free reducers replace it; None switches off; the learned one can come back
+    red = m.token_reducer
+    m.set_token_reduction(dict(type='ToMe', ratio=0.1))
+    assert 'token_reducer' not in m._modules and not any(
+        k.startswith('token_reducer.') for k in m.state_dict())
+    m.set_token_reduction(red)
+    assert m.token_reducer is red and 'token_reducer.predictors.0.in_conv.1.weight' in \
+        m.state_dict()
+
+
+def test_learned_reducer_refusals():
+    with pytest.raises(ConfigError, match='masked training forward'):
+        MODELS.build(dict(type='PlainMamba', arch='test', img_size=64, token_reduction=DYN))
+    with pytest.raises(ConfigError, match='tau'):
+        DynamicViTReducer(tau=0)
+    with pytest.raises(ConfigError, match='no block after'):
+        _model('Vim', red=dict(type='DynamicViT', keep_rate=0.7, locations=(3, )))
+    m = _model('Vim')
+    other = MODELS.build(dict(type='Vim', arch=dict(embed_dims=48, num_layers=4), img_size=32,
+                              patch_size=4, stride=4))
+    with pytest.raises(ConfigError, match='built for width 32'):
+        other.set_token_reduction(m.token_reducer)

@@ -1,0 +1,108 @@
+"""A learned reducer end to end through the command-line tools (tiny data, subprocesses):
+train a plain segmenter 2 iterations, fine-tune DynamicViT on it with ``tools/train.py``
+(ReducerFineTuner: teacher, distillation, the warm-up freeze), evaluate with ``tools/test.py``
+and ``tools/prune_eval.py`` (the learned row next to training-free ToMe)."""
+import json
+
+import pytest
+import torch
+
+from amvim_mm.testing import make_ade20k
+from tests import test_tools_e2e as e2e
+
+pytestmark = [pytest.mark.slow]
+
+FINETUNE = """\
+_base_ = [{base!r}]
+model = dict(
+    _delete_=True, type='ReducerFineTuner', logit_weight=0.0, token_weight=0.5,
+    model=dict(_base_.model, backbone=dict(
+        _base_.model.backbone,
+        token_reduction=dict(type='DynamicViT', keep_rate=0.7, locations=(0, 2)))))
+load_from = {ckpt!r}
+optim_wrapper = dict(
+    _delete_=True, type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.01),
+    paramwise_cfg=dict(custom_keys={{'student': dict(lr_mult=0.1),
+                                     'student.backbone.token_reducer': dict(lr_mult=1.0)}}))
+param_scheduler = []
+train_cfg = dict(max_iters=4, val_interval=4)
+custom_hooks = [dict(type='FrozenWarmupHook', module='student.backbone', iters=2)]
+default_hooks = dict(checkpoint=dict(interval=1, max_keep_ckpts=10))
+"""
+
+
+@pytest.fixture(scope='module')
+def finetuned(tmp_path_factory):
+    root = tmp_path_factory.mktemp('e2e_learned')
+    data_root = make_ade20k(root / 'ade', num_train=4, num_val=2, seed=0)
+    plain = e2e.write_config(root / 'vim-test_pyramid_upernet_1xb2-2i_ade20k-64x64.py',
+                             e2e.SEG_CONFIG.format(base=e2e.SEG_BASE, data_root=data_root))
+    e2e.run_tool(['train.py', plain], cwd=root)
+    plain_ckpt = e2e._work_dir(root, plain) / 'iter_2.pth'
+    cfg = e2e.write_config(root / 'vim-test_pyramid_upernet_1xb2-4i_ade20k-64x64_dynamicvit.py',
+                           FINETUNE.format(base=str(plain), ckpt=str(plain_ckpt)))
+    _, out = e2e.run_tool(['train.py', cfg], cwd=root)
+    return dict(root=root, plain=plain, plain_ckpt=plain_ckpt, cfg=cfg, out=out,
+                work=e2e._work_dir(root, cfg))
+
+
+def _sd(path):
+    return torch.load(path, map_location='cpu', weights_only=False)['state_dict']
+
+
+def test_finetune_logs_the_losses_and_keeps_the_teacher(finetuned):
+    out = finetuned['out']
+    for term in ('loss_keep_ratio', 'loss_distill_tokens', 'decode.loss_ce'):
+        assert term in out, out[-3000:]
+    plain = _sd(finetuned['plain_ckpt'])
+    last = _sd(finetuned['work'] / 'iter_4.pth')
+    backbone = [k for k in plain if k.startswith('backbone.')]
+    assert backbone
+    # the teacher is the plain model, unchanged; the student moved after the warm-up
+    for k in backbone:
+        assert torch.equal(last['teacher.' + k], plain[k]), k
+    assert any(not torch.equal(last['student.' + k], plain[k]) for k in backbone
+               if plain[k].is_floating_point())
+    assert any(k.startswith('student.backbone.token_reducer.predictors.1.') for k in last)
+
+
+def test_warmup_freeze_holds_the_backbone_but_not_the_predictors(finetuned):
+    plain = _sd(finetuned['plain_ckpt'])
+    one, two, three = (_sd(finetuned['work'] / f'iter_{i}.pth') for i in (1, 2, 3))
+    for k in (k for k in plain if k.startswith('backbone.')):
+        assert torch.equal(two['student.' + k], plain[k]), k          # held for 2 iterations
+    pred = [k for k in two if '.token_reducer.' in k and k.startswith('student.')]
+    assert any(not torch.equal(one[k], two[k]) for k in pred)        # predictors train
+    assert any(not torch.equal(three['student.' + k], plain[k])
+               for k in plain if k.startswith('backbone.layers.'))   # released at iteration 3
+
+
+def test_finetuned_model_tests_and_sweeps(finetuned, tmp_path):
+    root, cfg = finetuned['root'], finetuned['cfg']
+    ckpt = finetuned['work'] / 'iter_4.pth'
+    _, out = e2e.run_tool(['test.py', cfg, ckpt], cwd=root)
+    assert 'mIoU' in e2e.printed_metrics(out)
+    out_dir = tmp_path / 'sweep'
+    _, out = e2e.run_tool(['prune_eval.py', cfg, ckpt, '--methods', 'learned', 'tome',
+                           '--ratios', '0', '0.3', '--out-dir', out_dir, '--replicates', '50',
+                           '--threads', '1'], cwd=root)
+    assert 'DynamicViT (fine-tuned)' in out, out[-3000:]
+    data = json.loads((out_dir / 'results.json').read_text())
+    rows = {(r['method'], r['ratio']) for r in data['results']}
+    learned = [r for r in data['results'] if r['method'] == 'learned']
+    assert len(learned) == 1 and learned[0]['fine_tuned'] is True
+    # 16 patches (64x64, patch 16): int(16 * 0.7) = 11 kept after block 0, int(16 * 0.49) = 7
+    # after block 2
+    assert learned[0]['final_tokens'] == 7
+    assert learned[0]['reduction']['type'] == 'DynamicViT'
+    assert ('tome', 0.3) in rows and ('tome', 0.0) in rows
+
+
+def test_prune_eval_learned_needs_a_learned_config(finetuned, tmp_path):
+    root = finetuned['root']
+    rc, out = e2e.run_tool(['prune_eval.py', finetuned['plain'], finetuned['plain_ckpt'],
+                            '--methods', 'learned', '--ratios', '0', '--out-dir',
+                            tmp_path / 'x'], cwd=root, check=False)
+    errors = [ln for ln in out.splitlines() if ln.startswith('error:')]
+    assert rc == 2 and len(errors) == 1 and 'learned reducer' in errors[0], out[-2000:]
