@@ -17,7 +17,9 @@ Suites:
        (``--official-vmamba PATH``: timed in the same process, same weights, batch, dtype and
        mode), and stage-3 ToMe/ToP reduction: speed-up against the FLOPs ratio;
        (plainmamba) PlainMamba-L1/L3 classifiers; (plainmamba-reduction) L3 at the
-       8.44-GFLOPs schedule of ToP-ViM: speed-up against the FLOPs ratio.
+       8.44-GFLOPs schedule of ToP-ViM: speed-up against the FLOPs ratio;
+       (learned-reduction) Vim-S DynamicViT-style pruning at 3.56 GFLOPs against ToP at the
+       same GFLOPs.
 Every row records the command, device and versions.
 """
 import argparse
@@ -449,6 +451,66 @@ def gpu_plainmamba_reduction(args):
     return rows
 
 
+def _nearest(values, target, gflops_of):
+    """The value whose GFLOPs are nearest to ``target`` (ties: the first)."""
+    return min(values, key=lambda v: abs(gflops_of(v) - target))
+
+
+def gpu_learned_reduction(args):
+    """Vim-S classifier, batch 128, 224, bf16: DynamicViT-style pruning (keep predictors
+    before blocks 6, 12, 18; rho fitted to the published 3.56 GFLOPs in the LocalMamba
+    convention, where Vim-S is 5.14 G as published 5.1 G) against ToP (ToP-ViM's Small
+    locations, after blocks 5, 10, 15) at the same GFLOPs, with and without alignment;
+    measured speed-up against the FLOPs ratio, CUDA graph and eager. Random predictor weights
+    (the speed does not depend on which tokens are kept)."""
+    rows = []
+    name = 'vim-s'
+    torch.manual_seed(0)
+    m = B.build(name, 224, head=True)
+    bb = m.backbone
+
+    def gflops(red):
+        bb.set_token_reduction(red)
+        try:
+            return backbone_flops(bb, 224, 'model', num_classes=1000,
+                                  convention='localmamba')['gflops']
+        finally:
+            bb.set_token_reduction(None)
+
+    def dyn(rho):
+        return dict(type='DynamicViT', keep_rate=rho, locations=(5, 11, 17))
+
+    def top(k, align=True):
+        return dict(type='ToP', keep_rate=k, locations=(5, 10, 15), align=align)
+
+    grid = [round(0.5 + 0.005 * i, 3) for i in range(81)]
+    rho = _nearest(grid, 3.56, lambda v: gflops(dyn(v)))
+    target = gflops(dyn(rho))
+    kt = _nearest(grid, target, lambda v: gflops(top(v)))
+    log(f'  DynamicViT rho {rho}: {target:.3f} G; ToP keep {kt}: {gflops(top(kt)):.3f} G')
+    cases = [('none', None), ('DynamicViT', dyn(rho)), ('ToP', top(kt)),
+             ('ToP-noalign', top(kt, align=False))]
+    for mode in ('graph', 'eager'):
+        base = None
+        for method, red in cases:
+            bb.set_token_reduction(red)
+            r = _attempt(B.measure, m, 128, 224, 'bf16', mode, warmup=3, iters=10, repeats=3)
+            fl = backbone_flops(bb, 224, 'model', num_classes=1000, convention='localmamba')
+            r.update(model=name, part='learned-reduction', method=method, reduction=red,
+                     mode=mode, realised=round(fl['realised_ratio'], 3),
+                     gflops=round(fl['gflops'], 3), final_tokens=fl['tokens'][-1])
+            if base is None:
+                base = r
+            _speedup(r, base)
+            rows.append(r)
+            log(f'  {name} bf16 {mode} {method}: {r.get("img_per_s")} img/s, {r["gflops"]} G, '
+                f'speed-up {r.get("speedup")} vs FLOPs ratio {r.get("flops_ratio")} '
+                f'{r.get("error", "")}')
+            torch.cuda.empty_cache()
+    bb.set_token_reduction(None)
+    return rows
+
+
 # the GPU suite's parts: (name, progress title, function)
 GPU_PARTS = [
     ('tune', 'fused scan kernel launch configuration (Vim-T bf16 graph)', gpu_tune),
@@ -463,6 +525,8 @@ GPU_PARTS = [
     ('plainmamba', 'PlainMamba-L1/L3 whole classifiers, batch 128, 224', gpu_plainmamba),
     ('plainmamba-reduction', 'PlainMamba-L3 token reduction, bf16, batch 128, 224',
      gpu_plainmamba_reduction),
+    ('learned-reduction', 'Vim-S DynamicViT-style vs ToP at 3.56 GFLOPs, bf16, batch 128, 224',
+     gpu_learned_reduction),
 ]
 
 def main(argv=None):
@@ -568,6 +632,11 @@ def main(argv=None):
                B.table(result['plainmamba_reduction'], [
                    'model', 'mode', 'method', 'realised', 'gflops', 'img_per_s', 'speedup',
                    'flops_ratio', 'speedup_over_ideal', 'peak_mem_mib', 'error']), '']
+    if 'learned_reduction' in result:
+        md += ['## learned-reduction (Vim-S, bf16, batch 128, 224, GFLOPs: LocalMamba '
+               'convention)', B.table(result['learned_reduction'], [
+                   'model', 'mode', 'method', 'realised', 'final_tokens', 'gflops', 'img_per_s',
+                   'speedup', 'flops_ratio', 'speedup_over_ideal', 'peak_mem_mib', 'error']), '']
     with open(osp.join(args.out_dir, f'benchmark_{args.suite}.md'), 'w') as f:
         f.write('\n'.join(md) + '\n')
     print('\n'.join(md))

@@ -15,6 +15,7 @@ SCHEDULES = {
     'RandomPrune': (dict(ratio=0.27, seed=0), dict(ratio=0.0, seed=0)),
     'ToP': (dict(keep_rate=0.7, locations=(1, )), dict(keep_rate=1.0, locations=(1, ))),
     'EViT': (dict(keep_rate=0.7, locations=(1, )), dict(keep_rate=1.0, locations=(1, ))),
+    'DynamicViT': (dict(keep_rate=0.7, locations=(1, )), dict(keep_rate=1.0, locations=(1, ))),
 }
 BACKBONES = sorted(n for n, c in MODELS.module_dict.items()
                    if isinstance(c, type) and issubclass(c, VimFamilyBackbone))
@@ -29,13 +30,16 @@ HIER_SCHEDULES = {
 #: plain backbones without a class token (one stream, the Vim schedules over their layers)
 PLAIN = {'PlainMamba': dict(arch='test')}
 REDUCERS = sorted(TOKEN_REDUCERS.module_dict)
+#: learned reducers: trained with the masked forward only the Vim family has; the hierarchical
+#: and plain backbones refuse them at build time
+LEARNED = {n for n in REDUCERS if getattr(TOKEN_REDUCERS.get(n), 'learned', False)}
 
 
 def test_registries_are_covered():
     assert {'Vim', 'AMVim', 'LocalVim'} <= set(BACKBONES)
     missing = set(REDUCERS) - set(SCHEDULES)
     assert not missing, f'add the protocol of {sorted(missing)} to SCHEDULES'
-    missing = set(REDUCERS) - set(HIER_SCHEDULES)
+    missing = set(REDUCERS) - set(HIER_SCHEDULES) - LEARNED
     assert not missing, f'add the protocol of {sorted(missing)} to HIER_SCHEDULES'
     # every backbone that takes a reducer is in one of the two parametrised tests below
     reducible = {n for n, c in MODELS.module_dict.items()
@@ -70,11 +74,26 @@ def test_backbone_x_reducer(typ, reducer):
         # classification output: one vector per image
         cls = _build(typ, 'cls_token', dict(type=reducer, **on))(x)
         assert [o.shape for o in cls] == [(2, 32)] * 2
+    if reducer in LEARNED:   # the masked training forward: same outputs, full length
+        reduced.train()
+        out = reduced(x)
+        assert [o.shape for o in out] == [(2, 32, 4, 3)] * 2
+        assert reduced.token_counts[-1] == reduced.token_counts[0]
+        assert reduced.keep_mask.sum(1).max() < reduced.token_counts[0]
+
+
+def _refused(typ, kw, reducer):
+    from amvim_mm.errors import ConfigError
+    with pytest.raises(ConfigError, match='masked training forward'):
+        MODELS.build(dict(type=typ, **kw, token_reduction=dict(
+            type=reducer, **SCHEDULES[reducer][0])))
 
 
 @pytest.mark.parametrize('reducer', REDUCERS)
 @pytest.mark.parametrize('typ', sorted(HIERARCHICAL))
 def test_hierarchical_backbone_x_reducer(typ, reducer):
+    if reducer in LEARNED:
+        return _refused(typ, HIERARCHICAL[typ], reducer)
     on, off = HIER_SCHEDULES[reducer]
     x = torch.randn(2, 3, 128, 96, generator=torch.Generator().manual_seed(1))
 
@@ -106,6 +125,8 @@ def test_hierarchical_backbone_x_reducer(typ, reducer):
 @pytest.mark.parametrize('reducer', REDUCERS)
 @pytest.mark.parametrize('typ', sorted(PLAIN))
 def test_plain_backbone_x_reducer(typ, reducer):
+    if reducer in LEARNED:
+        return _refused(typ, PLAIN[typ], reducer)
     on, off = SCHEDULES[reducer]
     x = torch.randn(2, 3, 64, 48, generator=torch.Generator().manual_seed(1))
 

@@ -119,6 +119,31 @@ def test_gpu_cuda_graph_capture_with_reduction():
     assert rel(out, ref) < 1e-5
 
 
+@needs_kernel
+def test_gpu_dynamicvit_inference_matches_cpu_and_trains_masked():
+    red = dict(type='DynamicViT', keep_rate=0.7, locations=(5, 11, 17))
+    cpu, gpu = pair('AMVim', out_type='featmap', out_indices=(5, 23), token_reduction=red)
+    x = torch.randn(2, 3, 224, 224)
+    assert_same_outputs(cpu, gpu, x, 1e-3)
+    assert gpu.token_counts[-1] == int(196 * 0.343) + 1     # and the class token
+    # the masked training forward in bf16, with its gradient into the predictors
+    gpu.train()
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        out = gpu(x.cuda())[-1]
+        loss = out.float().pow(2).mean() + gpu.token_reducer.loss_terms()['loss_keep_ratio']
+    loss.backward()
+    g = gpu.token_reducer.predictors[0].in_conv[1].weight.grad
+    assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0
+    # and the fused inference path in a CUDA graph
+    gpu.eval()
+    from amvim_mm.analysis.benchmark import eager_and_replayed
+    fused = MODELS.build(dict(type='Vim', arch='small', token_reduction=red)).eval().cuda()
+    xb = torch.randn(8, 3, 224, 224, device='cuda')
+    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+        ref, out = eager_and_replayed(lambda: fused(xb)[0])
+    assert rel(out, ref) < 1e-5 and fused.token_counts[-1] == 67 + 1
+
+
 # ------------------------------------------------------------------------------ VMamba
 def vmamba_pair(**kw):
     return same_weights('VMamba', 'tiny', **kw)

@@ -2,7 +2,7 @@
 # On the GPU machine (the device tool, with `.whl` carried; see tools/gpu/README.md):
 #   bash tools/gpu/run.sh [build] [tests] [bench] [bench-main] [bench-reduction] [bench-resolution]
 #                         [bench-vmamba] [bench-vmamba-profile] [build-scan] [bench-plainmamba]
-#                         [bench-plainmamba-reduction]
+#                         [bench-plainmamba-reduction] [bench-learned-reduction]
 # (build-scan: mamba-ssm only, without causal-conv1d, which VMamba and PlainMamba do not use)
 # Installs the carried wheels into .gpu_build/site, builds mamba-ssm for this GPU's architecture
 # only (about 140 s for sm_90; reused while the machine stays warm), then runs the GPU tests and
@@ -92,6 +92,7 @@ has bench-vmamba && parts+=(vmamba)
 has bench-vmamba-profile && parts+=(vmamba-profile)
 has bench-plainmamba && parts+=(plainmamba)
 has bench-plainmamba-reduction && parts+=(plainmamba-reduction)
+has bench-learned-reduction && parts+=(learned-reduction)
 extra=()
 # the official Vim code, timed beside ours in the main part when its files were carried
 # (tools/gpu/prepare.sh with OFFICIAL_VIM_GIT; amvim_mm/analysis/official_vim.py)

@@ -79,7 +79,9 @@ class ReductionSession:
                     reducer.freeze_sources, reducer.merges, fold=not self.training,
                     stream=streams.total(), prunes=reducer.prunes)
             ctx.align = reducer.align
-        ctx.want_importance = reducer.needs_importance
+        # only the block right before a step scores the tokens (the others keep the fused path)
+        ctx.want_importance = reducer.needs_importance and i + 1 < len(self.removals) and \
+            self.removals[i + 1] > 0
         self.ctx = ctx
         return hidden, residual, merge
 
