@@ -82,7 +82,7 @@ def test_finetuned_model_tests_and_sweeps(finetuned, tmp_path):
     root, cfg = finetuned['root'], finetuned['cfg']
     ckpt = finetuned['work'] / 'iter_4.pth'
     _, out = e2e.run_tool(['test.py', cfg, ckpt], cwd=root)
-    assert 'mIoU' in e2e.printed_metrics(out)
+    tested = e2e.printed_metrics(out)['mIoU']
     out_dir = tmp_path / 'sweep'
     _, out = e2e.run_tool(['prune_eval.py', cfg, ckpt, '--methods', 'learned', 'tome',
                            '--ratios', '0', '0.3', '--out-dir', out_dir, '--replicates', '50',
@@ -96,6 +96,9 @@ def test_finetuned_model_tests_and_sweeps(finetuned, tmp_path):
     # after block 2
     assert learned[0]['final_tokens'] == 7
     assert learned[0]['reduction']['type'] == 'DynamicViT'
+    # the sweep evaluates CHECKPOINT, not the config's load_from (the plain model it started
+    # from): its learned row is what tools/test.py measured
+    assert learned[0]['metric'] == pytest.approx(float(tested), abs=0.01)
     assert ('tome', 0.3) in rows and ('tome', 0.0) in rows
 
 

@@ -262,6 +262,18 @@ def reduction_config(method: str, ratio: float, num_patches: int, depth: int,
     return cfg
 
 
+def _config_has_learned_reducer(cfg) -> bool:
+    """Whether the model config's backbone (also inside a ``ReducerFineTuner``) has a learned
+    token reducer."""
+    from amvim_mm.models.reduction import TOKEN_REDUCERS
+    model = cfg.get('model') or {}
+    backbone = (model.get('model') or {}).get('backbone') or model.get('backbone') or {}
+    red = backbone.get('token_reduction') if isinstance(backbone, dict) else None
+    cls = TOKEN_REDUCERS.get(red.get('type')) if isinstance(red, dict) and \
+        isinstance(red.get('type'), str) else None
+    return bool(getattr(cls, 'learned', False))
+
+
 def validate(models: Sequence[Tuple[str, str]], methods: Sequence[str],
              ratios: Sequence[float], names: Optional[Sequence[str]] = None,
              precision: str = 'fp32', seeds: Sequence[int] = (0, )) -> List[str]:
@@ -343,9 +355,16 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     for (config, ckpt), name in zip(models, names):
         cfg = load_config(config, cfg_options, work_dir=osp.join(out_dir, 'work', name))
         prints[name] = (file_sha256(ckpt), config_sha256(cfg))
+        # the sweep loads CHECKPOINT itself; a config's own load_from (e.g. a fine-tuning
+        # config's start) would be loaded over it by runner.test()
+        cfg.load_from, cfg.resume = None, False
         # after the hash: rows of several precisions share one fingerprint
         cfg.test_cfg = dict(type='AmpTestLoop', precision=precision)
         cfgs.append(cfg)
+    learned_models = {n for n, c in zip(names, cfgs) if _config_has_learned_reducer(c)}
+    if LEARNED in methods and not learned_models:
+        raise ConfigError('method learned needs a model whose config carries a learned reducer '
+                          '(e.g. a *_dynamicvit.py fine-tuning config); none of the configs has')
     with results_lock(path):
         stored = load_results(path)['results']
     done, stale = _reusable(stored, prints, out_dir)
@@ -363,8 +382,8 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
                 groups=dict(zip(names, groups)) if groups is not None else None)
     cells = [(i, m, r) for i in range(len(models)) for m in methods if m != LEARNED
              for r in ratios]
-    if LEARNED in methods:   # one cell per model, at the reducer's own ratio (known later)
-        cells += [(i, LEARNED, -1.0) for i in range(len(models))]
+    if LEARNED in methods:   # one cell per model with a learned reducer, at its own ratio
+        cells += [(i, LEARNED, -1.0) for i in range(len(models)) if names[i] in learned_models]
     bar = tqdm(total=len(cells), desc='prune_eval', disable=not progress, unit='cell')
     for i, (config, ckpt) in enumerate(models):
         name, cfg = names[i], cfgs[i]
@@ -395,9 +414,6 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
         backbone = find_reducible_backbone(runner.model)
         learned = backbone.token_reducer if getattr(backbone.token_reducer, 'learned',
                                                     False) else None
-        if learned is None and any(m == LEARNED for m, _, _ in mine):
-            raise ConfigError(f'{config}: method learned needs a config whose backbone carries '
-                              'a learned reducer (e.g. a *_dynamicvit.py fine-tuning config)')
         cell = _Cell(runner=runner, backbone=backbone, learned=learned,
                      recorder=recorders[0], config=config, ckpt=ckpt, name=name,
                      precision=precision, metric_key=PRIMARY_METRICS[cfg.default_scope],
