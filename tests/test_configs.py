@@ -18,6 +18,7 @@ and the file-name convention
 UperNet on a hierarchical backbone: ``vmamba-t_upernet_4xb4-160k_ade20k-512x512.py``, nor the
 official PlainMamba UperNet: ``plainmamba-l1_upernet_8xb2-160k_ade20k-512x512.py``).
 """
+import copy
 import glob
 import os.path as osp
 import re
@@ -62,7 +63,8 @@ SEG_SIZE = 64
 DET_SIZE = 128
 CLS_SIZE = 64
 
-# {backbone}_{neck}_{head}_{gpus}xb{batch}-{schedule}_{dataset}-{crop}[_tokenreduce].py
+# {backbone}_{neck}_{head}_{gpus}xb{batch}-{schedule}_{dataset}-{crop}[_tokenreduce|_dynamicvit|
+# _ltmp].py (the last two: a learned reducer's fine-tuning config)
 NAME_RE = re.compile(
     r'^(?P<backbone>(?:vim|amvim|localvim|vmamba|plainmamba)-[a-z0-9]+)'
     r'(?:_(?P<neck>[a-z0-9]+(?:-[a-z0-9]+)*))?'
@@ -71,7 +73,7 @@ NAME_RE = re.compile(
     r'-(?P<schedule>[a-z0-9]+(?:-[a-z0-9]+)*)'
     r'_(?P<dataset>[a-z0-9]+)'
     r'-(?P<crop>\d+(?:x\d+)?)'
-    r'(?P<suffix>_tokenreduce)?\.py$')
+    r'(?P<suffix>_tokenreduce|_dynamicvit|_ltmp)?\.py$')
 
 pytestmark = [
     pytest.mark.filterwarnings('ignore:``build_loss`` would be deprecated:UserWarning'),
@@ -87,8 +89,19 @@ def test_configs_found():
 
 
 # --------------------------------------------------------------------------------- helpers
-def _load(path, tmp_path):
-    return load_config(path, work_dir=str(tmp_path / f'work_{uuid.uuid4().hex[:8]}'))
+def _load(path, tmp_path, unwrap=True):
+    """The config; a learned reducer's fine-tuning config (``ReducerFineTuner``) with its
+    student model as ``cfg.model`` (``unwrap``), the reducer's schedule fitted to the 4-block
+    test architecture (the wrapper itself: ``test_finetuning_configs_build_the_wrapper``)."""
+    cfg = load_config(path, work_dir=str(tmp_path / f'work_{uuid.uuid4().hex[:8]}'))
+    wrapped = cfg.model.get('type') == 'ReducerFineTuner'
+    inner = cfg.model.model if wrapped else cfg.model
+    red = inner.backbone.get('token_reduction')
+    if isinstance(red, dict) and red.get('type') == 'DynamicViT':
+        red.locations = (0, 2)
+    if unwrap and wrapped:
+        cfg.model = inner
+    return cfg
 
 
 def _sync_bn_to_bn(obj):
@@ -464,3 +477,26 @@ def test_plain_mamba_configs_match_their_arch(path, tmp_path):
         assert model.auxiliary_head.in_channels == C
     else:
         assert model.neck.in_channels == C and out in ([-1], [depth - 1])
+
+
+FINETUNE_CONFIGS = [c for c in CONFIGS if c.endswith(('_dynamicvit.py', '_ltmp.py'))]
+
+
+@pytest.mark.parametrize('path', FINETUNE_CONFIGS,
+                         ids=[osp.relpath(c, CONFIG_DIR) for c in FINETUNE_CONFIGS])
+def test_finetuning_configs_build_the_wrapper(path, tmp_path):
+    """A learned reducer's fine-tuning config builds ReducerFineTuner (student with the
+    reducer, teacher without) at the test size, and its student runs the inference path."""
+    wrapper = _load(path, tmp_path, unwrap=False).model
+    assert wrapper.type == 'ReducerFineTuner'
+    student = shrink(_load(path, tmp_path))    # the student config, shrunk like every config
+    wrapper.model = copy.deepcopy(student.model)
+    built = copy.deepcopy(student)
+    built.model = wrapper
+    model = build_model(built)
+    assert getattr(model.backbone.token_reducer, 'learned', False)
+    distills = wrapper.get('logit_weight', 0.5) or wrapper.get('token_weight', 0.5)
+    assert (model.teacher is None) == (not distills)
+    if model.teacher is not None:
+        assert model.teacher.backbone.token_reducer is None
+    run_forward(student, model)

@@ -99,6 +99,11 @@ def vim_family_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
     cls = int(model.with_cls_token)
     counted = [0] + list(removals[:-1]) if count_after_merge else removals
     tokens = ReductionSchedule.token_counts(counted, M, cls_token=bool(cls))
+    if getattr(reducer, 'dynamic', False):
+        # counts that depend on the image (LTMP): the means over the images it evaluated
+        tokens = list(reducer.mean_tokens())
+        present = [t - cls for t in tokens]
+        removals = [p0 - p1 for p0, p1 in zip([M] + present[:-1], present)]
     if reducer is not None and getattr(reducer, 'freeze_sources', False):
         # EViT's fused token joins from its first location on
         first = next((i for i, k in enumerate(removals) if k), None)

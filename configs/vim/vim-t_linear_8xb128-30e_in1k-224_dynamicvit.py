@@ -1,11 +1,9 @@
 # Vim-T with a DynamicViT-style learned reducer (DyVM's Vim-T setting: rho 0.9 before blocks 6,
-# 12 and 18 -> 176 / 158 / 142 of 196 tokens), fine-tuned 30 epochs with DynamicViT's recipe:
+# 12 and 18 -> 176 / 158 / 142 of 196 tokens), fine-tuned 30 epochs with DynamicViT's recipe
+# (as the Vim-S config it inherits):
 #   python tools/train.py THIS_CONFIG --cfg-options load_from=vim_t_midclstok_76p1acc.pth
 # Results of this config are "fine-tuned 30 epochs", not training-free.
-_base_ = ['./vim-t_linear_8xb128-300e_in1k-224.py', '../_base_/dynamicvit_finetune-30e.py']
-model = dict(
-    _delete_=True, type='ReducerFineTuner', logit_weight=0.5, token_weight=0.5,
-    model=dict(_base_.model, backbone=dict(
-        _base_.model.backbone,
-        token_reduction=dict(type='DynamicViT', keep_rate=0.9, locations=(5, 11, 17),
-                             ratio_weight=2.0))))
+_base_ = ['./vim-s_linear_8xb128-30e_in1k-224_dynamicvit.py']
+model = dict(model=dict(
+    backbone=dict(arch='tiny', drop_path_rate=0.0, token_reduction=dict(keep_rate=0.9)),
+    head=dict(in_channels=192)))

@@ -16,6 +16,8 @@ SCHEDULES = {
     'ToP': (dict(keep_rate=0.7, locations=(1, )), dict(keep_rate=1.0, locations=(1, ))),
     'EViT': (dict(keep_rate=0.7, locations=(1, )), dict(keep_rate=1.0, locations=(1, ))),
     'DynamicViT': (dict(keep_rate=0.7, locations=(1, )), dict(keep_rate=1.0, locations=(1, ))),
+    # thresholds that always / never pass (cosine similarity <= 1 < 2)
+    'LTMP': (dict(merge_init=0.3, prune_init=0.8), dict(merge_init=2.0, prune_init=-1e9)),
 }
 BACKBONES = sorted(n for n, c in MODELS.module_dict.items()
                    if isinstance(c, type) and issubclass(c, VimFamilyBackbone))
@@ -70,7 +72,11 @@ def test_backbone_x_reducer(typ, reducer):
         # a schedule that removes nothing is exactly no reduction
         same = _build(typ, 'featmap', dict(type=reducer, **off))(x)
         for a, b in zip(same, ref):
-            assert torch.equal(a, b)
+            if getattr(TOKEN_REDUCERS.get(reducer), 'dynamic', False):
+                # image by image: a batch of 1 rounds its GEMMs differently from a batch of 2
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            else:
+                assert torch.equal(a, b)
         # classification output: one vector per image
         cls = _build(typ, 'cls_token', dict(type=reducer, **on))(x)
         assert [o.shape for o in cls] == [(2, 32)] * 2

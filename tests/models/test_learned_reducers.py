@@ -126,3 +126,68 @@ def test_learned_reducer_refusals():
                               patch_size=4, stride=4))
     with pytest.raises(ConfigError, match='built for width 32'):
         other.set_token_reduction(m.token_reducer)
+
+
+# --------------------------------------------------------------------------------- LTMP
+LTMP = dict(type='LTMP', merge_init=0.3, prune_init=0.8, tau=0.1)
+
+
+@pytest.mark.parametrize('typ', ['Vim', 'AMVim', 'LocalVim'])
+@pytest.mark.parametrize('with_cls', [True, False])
+def test_ltmp_masked_training_equals_per_image_inference(typ, with_cls):
+    """Hard thresholds take the same merges and prunes in the masked training forward (the
+    whole batch) and in inference (image by image, tokens removed physically): the kept
+    counts and the outputs agree (float64; the fp32 residual stream rounds)."""
+    out_type = 'cls_token' if with_cls else 'featmap'
+    m = _model(typ, out_type, with_cls, red=LTMP).double()
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+    m.train()
+    with torch.no_grad():
+        got = m(x)
+    kept = m.keep_mask.sum(1)
+    m.eval()
+    red = m.token_reducer
+    red.reset_observed()
+    with torch.no_grad():
+        want = m(x)
+    counts = red._observed
+    assert [c[-1] for c in counts] == [int(k) for k in kept]
+    assert len({c[-1] for c in counts}) > 1          # the counts differ per image
+    assert all(c[1] < c[0] for c in counts)          # merged / pruned before block 1
+    if out_type == 'cls_token':
+        for g, w in zip(got, want):
+            assert (g - w).abs().max() <= 1e-6 * w.abs().max()
+    # the learned row's FLOPs use the mean counts
+    from amvim_mm.analysis.flops import backbone_flops
+    f = backbone_flops(m, 32, 'model')
+    assert f['tokens'] == pytest.approx(red.mean_tokens())
+
+
+def test_ltmp_threshold_gradients_and_flops_term():
+    m = _model('Vim', 'cls_token', red=LTMP)
+    m.train()
+    out = m(torch.randn(4, 3, 32, 32))[-1]
+    terms = m.token_reducer.loss_terms()
+    assert 0 < terms['flops_ratio'] < 1
+    (out.pow(2).mean() + terms['loss_flops']).backward()
+    for mk in (m.token_reducer.merge_thresholds[0], m.token_reducer.prune_thresholds[1]):
+        assert mk.threshold.grad is not None and mk.threshold.grad.abs().sum() > 0
+    # 2 thresholds per block after the first: 3 + 3 on the 4-block test arch
+    assert len(list(m.token_reducer.parameters())) == 6
+
+
+def test_ltmp_refusals():
+    from amvim_mm.models.reduction import LTMPReducer
+    with pytest.raises(ConfigError, match='target'):
+        LTMPReducer(target=1.5)
+    with pytest.raises(ConfigError, match='both off'):
+        LTMPReducer(merge=False, prune=False)
+    with pytest.raises(ConfigError, match='out of range'):
+        _model('Vim', red=dict(type='LTMP', blocks=(1, 9)))
+    red = LTMPReducer()
+    with pytest.raises(ConfigError, match='no image'):
+        red.mean_tokens()
+    m = _model('Vim', 'raw', red=LTMP).eval()
+    with pytest.raises(ConfigError, match='differs per image'):
+        m(torch.randn(2, 3, 32, 32))
+    assert m(torch.randn(1, 3, 32, 32))[-1].shape[0] == 1      # one image: fine

@@ -194,6 +194,8 @@ class BiMambaMixer(nn.Module):
             mk = torch.gather(keep, 1, perm)
             y = self.scan_path(k, xk, mask=mk)
             ys.append(torch.empty_like(y).scatter_(2, perm.unsqueeze(1).expand_as(y), y))
+        if ctx.want_importance:   # ToP importance (token order; a dropped token's is unused)
+            ctx.importance = sum(y.float().clamp_min(0).sum(1) for y in ys).detach()
         out = F.linear(self.merge_paths(ys, keep).transpose(1, 2), self.out_proj.weight)
         return out * keep.unsqueeze(-1).to(out.dtype)
 

@@ -22,7 +22,7 @@ build time.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -49,6 +49,15 @@ def patch_tokens(stream: torch.Tensor, cls_index: int) -> torch.Tensor:
     return torch.cat([stream[:, :cls_index], stream[:, cls_index + 1:]], 1)
 
 
+class Decision(NamedTuple):
+    """A training-time decision before a block: the new (B, L) keep mask of the sequence and,
+    for merging reducers, ``mix``: the in-place merge to apply to both streams ((B, L, D) ->
+    (B, L, D), linear), or None."""
+
+    keep: torch.Tensor
+    mix: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+
+
 class LearnedReducer(nn.Module, TokenReducer):
     """Base of learned reducers (see the module docstring).
 
@@ -58,6 +67,10 @@ class LearnedReducer(nn.Module, TokenReducer):
     """
 
     learned = True
+    #: the number of tokens removed depends on the image (thresholds): inference then runs
+    #: image by image (see ``VimFamilyBackbone.forward``) and the session asks :meth:`step`
+    #: before every block of :meth:`decision_blocks`
+    dynamic = False
 
     def __init__(self, **schedule) -> None:
         nn.Module.__init__(self)
@@ -93,10 +106,10 @@ class LearnedReducer(nn.Module, TokenReducer):
         self._blocks = self.decision_blocks(num_patches, depth)
         self._policy = torch.ones(batch, num_patches, device=device)
 
-    def decide(self, block: int, stream: torch.Tensor, ctx) -> Optional[torch.Tensor]:
-        """Before block ``block`` of a training forward: the new (B, L) keep mask of the
-        sequence, or None when the schedule takes no decision here. ``stream``: the block's
-        input ``residual + hidden`` (B, L, D)."""
+    def decide(self, block: int, stream: torch.Tensor, ctx, layer) -> Optional[Decision]:
+        """Before block ``block`` of a training forward: the :class:`Decision` (the new (B, L)
+        keep mask of the sequence), or None when no decision is taken here. ``stream``: the
+        block's input ``residual + hidden`` (B, L, D); ``layer``: the block."""
         raise NotImplementedError
 
     def loss_terms(self) -> Dict[str, torch.Tensor]:
@@ -199,7 +212,7 @@ class DynamicViTReducer(LearnedReducer):
     def _stage(self, block: int) -> int:
         return sorted(self.schedule.locations).index(block - 1)
 
-    def decide(self, block, stream, ctx):
+    def decide(self, block, stream, ctx, layer):
         if block not in self._blocks:
             return None
         s = self._stage(block)
@@ -209,7 +222,7 @@ class DynamicViTReducer(LearnedReducer):
         keep = gumbel_keep(logp.float(), policy, self.tau).squeeze(-1)       # (B, M)
         self._policy = keep
         self.decisions.append(keep)
-        return with_class_token(keep, ctx.cls_index)
+        return Decision(with_class_token(keep, ctx.cls_index))
 
     def loss_terms(self):
         if not self.decisions:

@@ -38,9 +38,17 @@ class ReductionSession:
         self.reducer = reducer
         self.training = training
         self.removals = None
+        #: a dynamic reducer's decision blocks (its counts depend on the image: batch 1)
+        self.dynamic = None
         if reducer is not None:
-            removals = reducer.removals(ctx.grid[0] * ctx.grid[1], depth)
-            if any(removals):
+            M = ctx.grid[0] * ctx.grid[1]
+            removals = reducer.removals(M, depth)
+            if getattr(reducer, 'dynamic', False):
+                if hidden.shape[0] != 1:
+                    raise ConfigError(f'{type(reducer).__name__} removes a number of tokens that '
+                                      'depends on the image: run it one image at a time')
+                self.dynamic = set(reducer.decision_blocks(M, depth))
+            if any(removals) or self.dynamic:
                 self.removals = removals
                 ctx = init_reduction_state(ctx, hidden.shape[0], hidden.device)
                 if hasattr(reducer, 'start'):
@@ -61,6 +69,15 @@ class ReductionSession:
             return hidden, residual, None
         reducer, ctx, merge = self.reducer, self.ctx, None
         k = self.removals[i]
+        sel = None
+        if self.dynamic is not None and i in self.dynamic:
+            sel = reducer.step(i, None, Streams(hidden, residual), ctx, layer)
+            if sel is not None and sel.removed.shape[1]:
+                hidden, residual, ctx = reduce_tokens(
+                    ctx, hidden, residual, sel.removed, sel.dst, sel.weight, False,
+                    reducer.merges, fold=not self.training, prunes=reducer.prunes)
+                ctx.align = reducer.align
+            k = 0
         if k:
             if reducer.freeze_sources:
                 hidden, residual, ctx = append_fused_slot(ctx, hidden, residual)
@@ -80,8 +97,9 @@ class ReductionSession:
                     stream=streams.total(), prunes=reducer.prunes)
             ctx.align = reducer.align
         # only the block right before a step scores the tokens (the others keep the fused path)
-        ctx.want_importance = reducer.needs_importance and i + 1 < len(self.removals) and \
-            self.removals[i + 1] > 0
+        nxt = i + 1 < len(self.removals) and (self.removals[i + 1] > 0 or (
+            self.dynamic is not None and i + 1 in self.dynamic))
+        ctx.want_importance = reducer.needs_importance and nxt
         self.ctx = ctx
         return hidden, residual, merge
 
