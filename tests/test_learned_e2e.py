@@ -1,7 +1,8 @@
-"""A learned reducer end to end through the command-line tools (tiny data, subprocesses):
-train a plain segmenter 2 iterations, fine-tune DynamicViT on it with ``tools/train.py``
-(ReducerFineTuner: teacher, distillation, the warm-up freeze), evaluate with ``tools/test.py``
-and ``tools/prune_eval.py`` (the learned row next to training-free ToMe)."""
+"""Learned reducers end to end through the command-line tools (tiny data, subprocesses): train a
+plain segmenter 2 iterations; fine-tune DynamicViT on it with ``tools/train.py``
+(ReducerFineTuner: teacher, distillation, the warm-up freeze) and LTMP (thresholds only, no
+teacher); evaluate with ``tools/test.py`` and ``tools/prune_eval.py`` (the learned rows next to
+training-free ToMe)."""
 import json
 
 import pytest
@@ -32,14 +33,39 @@ default_hooks = dict(checkpoint=dict(interval=1, max_keep_ckpts=10))
 """
 
 
+LTMP_FINETUNE = """\
+_base_ = [{base!r}]
+model = dict(
+    _delete_=True, type='ReducerFineTuner', logit_weight=0.0, token_weight=0.0,
+    train_only_reducer=True,
+    model=dict(_base_.model, backbone=dict(
+        _base_.model.backbone,
+        token_reduction=dict(type='LTMP', merge_init=0.6, prune_init=0.5, tau=0.1,
+                             target=0.5))))
+load_from = {ckpt!r}
+optim_wrapper = dict(
+    _delete_=True, type='OptimWrapper',
+    optimizer=dict(type='SGD', lr=5e-2, momentum=0.9, weight_decay=0.0),
+    paramwise_cfg=dict(custom_keys={{'prune_thresholds': dict(lr_mult=0.1)}}))
+param_scheduler = []
+train_cfg = dict(max_iters=3, val_interval=3)
+default_hooks = dict(checkpoint=dict(interval=1, max_keep_ckpts=10))
+"""
+
+
 @pytest.fixture(scope='module')
-def finetuned(tmp_path_factory):
+def plain_run(tmp_path_factory):
     root = tmp_path_factory.mktemp('e2e_learned')
     data_root = make_ade20k(root / 'ade', num_train=4, num_val=2, seed=0)
     plain = e2e.write_config(root / 'vim-test_pyramid_upernet_1xb2-2i_ade20k-64x64.py',
                              e2e.SEG_CONFIG.format(base=e2e.SEG_BASE, data_root=data_root))
     e2e.run_tool(['train.py', plain], cwd=root)
-    plain_ckpt = e2e._work_dir(root, plain) / 'iter_2.pth'
+    return root, plain, e2e._work_dir(root, plain) / 'iter_2.pth'
+
+
+@pytest.fixture(scope='module')
+def finetuned(plain_run):
+    root, plain, plain_ckpt = plain_run
     cfg = e2e.write_config(root / 'vim-test_pyramid_upernet_1xb2-4i_ade20k-64x64_dynamicvit.py',
                            FINETUNE.format(base=str(plain), ckpt=str(plain_ckpt)))
     _, out = e2e.run_tool(['train.py', cfg], cwd=root)
@@ -109,3 +135,34 @@ def test_prune_eval_learned_needs_a_learned_config(finetuned, tmp_path):
                             tmp_path / 'x'], cwd=root, check=False)
     errors = [ln for ln in out.splitlines() if ln.startswith('error:')]
     assert rc == 2 and len(errors) == 1 and 'learned reducer' in errors[0], out[-2000:]
+
+
+def test_ltmp_finetune_moves_the_thresholds_and_sweeps(plain_run, tmp_path):
+    root, plain, plain_ckpt = plain_run
+    cfg = e2e.write_config(root / 'vim-test_pyramid_upernet_1xb2-3i_ade20k-64x64_ltmp.py',
+                           LTMP_FINETUNE.format(base=str(plain), ckpt=str(plain_ckpt)))
+    _, out = e2e.run_tool(['train.py', cfg], cwd=root)
+    assert 'loss_flops' in out and 'flops_ratio' in out, out[-3000:]
+    work = e2e._work_dir(root, cfg)
+    one, three = _sd(work / 'iter_1.pth'), _sd(work / 'iter_3.pth')
+    plain_sd = _sd(plain_ckpt)
+    thr = [k for k in three if k.endswith('.threshold')]
+    assert len(thr) == 6 and not any(k.startswith('teacher.') for k in three)
+    assert any(not torch.equal(one[k], three[k]) for k in thr)        # the thresholds move
+    for k in (k for k in plain_sd if k.startswith('backbone.')):
+        assert torch.equal(three['student.' + k], plain_sd[k]), k    # nothing else trains
+    ckpt = work / 'iter_3.pth'
+    _, out = e2e.run_tool(['test.py', cfg, ckpt], cwd=root)
+    tested = e2e.printed_metrics(out)['mIoU']
+    out_dir = tmp_path / 'sweep'
+    _, out = e2e.run_tool(['prune_eval.py', cfg, ckpt, '--methods', 'learned', 'tome',
+                           '--ratios', '0', '0.3', '--out-dir', out_dir, '--replicates', '50',
+                           '--threads', '1'], cwd=root)
+    assert 'LTMP (fine-tuned)' in out, out[-3000:]
+    data = json.loads((out_dir / 'results.json').read_text())
+    learned = [r for r in data['results'] if r['method'] == 'learned']
+    assert len(learned) == 1 and learned[0]['reduction']['type'] == 'LTMP'
+    assert learned[0]['metric'] == pytest.approx(float(tested), abs=0.01)
+    # per-image token counts: the GFLOPs and the realised ratio are means over the images
+    zero = next(r for r in data['results'] if r['ratio'] == 0)
+    assert learned[0]['gflops'] < zero['gflops'] and 0 < learned[0]['realised_ratio'] < 1

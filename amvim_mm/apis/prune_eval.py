@@ -468,7 +468,11 @@ class _Cell:
                     zero.get('gflops_convention') == self.flops_convention:
                 return dict(zero, method=method, protocol=proto)
         M, depth = bb.reduction_domain()
-        if method == LEARNED:
+        dynamic = method == LEARNED and getattr(self.learned, 'dynamic', False)
+        if dynamic:       # per-image counts (LTMP): the ratio is known after the evaluation
+            self.learned.reset_observed()
+            ratio = 0.5   # a placeholder > 0 for the seed rule; replaced below
+        elif method == LEARNED:
             ratio = round(self.learned.token_plan(M, depth)[2], 6)
         seeds = self.seeds if method in SEEDED_METHODS and ratio > 0 else [0]
         metrics, per_seed, red = [], [], None
@@ -498,9 +502,6 @@ class _Cell:
             per_seed.append(st)
         dt = time.perf_counter() - t0
         keys = _image_keys(self.runner, self.recorder)
-        stats_file = _stats_name(self.name, method, ratio, self.precision)
-        os.makedirs(osp.dirname(osp.join(self.out_dir, stats_file)), exist_ok=True)
-        atomic_write_bytes(S.dumps(per_seed, keys), osp.join(self.out_dir, stats_file))
         if method == LEARNED:
             bb.set_token_reduction(red)
             try:
@@ -508,8 +509,13 @@ class _Cell:
             finally:
                 bb.set_token_reduction(None)
             red = red.config()
+            if dynamic:
+                ratio = round(flops['realised_ratio'], 6)
         else:
             flops = backbone_flops(bb, bb.img_size, red, convention=self.flops_convention)
+        stats_file = _stats_name(self.name, method, ratio, self.precision)
+        os.makedirs(osp.dirname(osp.join(self.out_dir, stats_file)), exist_ok=True)
+        atomic_write_bytes(S.dumps(per_seed, keys), osp.join(self.out_dir, stats_file))
         row = dict(model=self.name, config=self.config, checkpoint=self.ckpt, method=method,
                    ratio=ratio, precision=self.precision, protocol=proto, reduction=red,
                    realised_ratio=round(flops['realised_ratio'], 4),
