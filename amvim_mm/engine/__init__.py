@@ -4,5 +4,6 @@ from .hooks import FrozenWarmupHook, TokenReductionHook
 from .loops import AmpTestLoop
 from .optim import LayerDecayOptimWrapperConstructor
 
-__all__ = ['TokenReductionHook', 'FrozenWarmupHook', 'LayerDecayOptimWrapperConstructor', 'AtomicLocalBackend',
-           'atomic_write_bytes', 'AtomicCheckpointHook', 'latest_checkpoint', 'AmpTestLoop']
+__all__ = ['TokenReductionHook', 'FrozenWarmupHook', 'LayerDecayOptimWrapperConstructor',
+           'AtomicLocalBackend', 'atomic_write_bytes', 'AtomicCheckpointHook', 'latest_checkpoint',
+           'AmpTestLoop']

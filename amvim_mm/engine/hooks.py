@@ -108,8 +108,9 @@ class FrozenWarmupHook(Hook):
 
     priority = 'LOW'   # after the optimizer step of the iteration
 
-    def __init__(self, module: str = 'student.backbone', exclude: Sequence[str] = ('token_reducer',),
-                 iters: Optional[int] = None, epochs: Optional[int] = None) -> None:
+    def __init__(self, module: str = 'student.backbone',
+                 exclude: Sequence[str] = ('token_reducer', ), iters: Optional[int] = None,
+                 epochs: Optional[int] = None) -> None:
         if (iters is None) == (epochs is None):
             raise ConfigError('FrozenWarmupHook: give exactly one of iters or epochs')
         n = iters if iters is not None else epochs

@@ -9,5 +9,6 @@ from .session import ReductionSession
 from .state import Streams, reduce_tokens, restore_grid
 
 __all__ = ['TOKEN_REDUCERS', 'TokenReducer', 'Selection', 'ToMe', 'RandomPrune', 'EViT', 'ToP',
-           'build_reducer', 'LearnedReducer', 'DynamicViTReducer', 'LTMPReducer', 'ReducibleBackbone', 'ReductionSchedule', 'ReductionSession', 'Streams',
+           'build_reducer', 'LearnedReducer', 'DynamicViTReducer', 'LTMPReducer',
+           'ReducibleBackbone', 'ReductionSchedule', 'ReductionSession', 'Streams',
            'reduce_tokens', 'restore_grid']
