@@ -73,6 +73,20 @@ def finetuned(plain_run):
                 work=e2e._work_dir(root, cfg))
 
 
+def _sweep_learned(root, cfg, ckpt, tmp_path, reducer):
+    """``prune_eval`` with the learned row and ToMe at ratios 0 / 0.3: the results and the
+    one learned row (labelled with the reducer in the printed table)."""
+    out_dir = tmp_path / 'sweep'
+    _, out = e2e.run_tool(['prune_eval.py', cfg, ckpt, '--methods', 'learned', 'tome',
+                           '--ratios', '0', '0.3', '--out-dir', out_dir, '--replicates', '50',
+                           '--threads', '1'], cwd=root)
+    assert f'{reducer} (fine-tuned)' in out, out[-3000:]
+    data = json.loads((out_dir / 'results.json').read_text())
+    learned = [r for r in data['results'] if r['method'] == 'learned']
+    assert len(learned) == 1 and learned['reduction']['type'] == reducer
+    return data, learned[0]
+
+
 def _sd(path):
     return torch.load(path, map_location='cpu', weights_only=False)['state_dict']
 
@@ -109,22 +123,16 @@ def test_finetuned_model_tests_and_sweeps(finetuned, tmp_path):
     ckpt = finetuned['work'] / 'iter_4.pth'
     _, out = e2e.run_tool(['test.py', cfg, ckpt], cwd=root)
     tested = e2e.printed_metrics(out)['mIoU']
-    out_dir = tmp_path / 'sweep'
-    _, out = e2e.run_tool(['prune_eval.py', cfg, ckpt, '--methods', 'learned', 'tome',
-                           '--ratios', '0', '0.3', '--out-dir', out_dir, '--replicates', '50',
-                           '--threads', '1'], cwd=root)
-    assert 'DynamicViT (fine-tuned)' in out, out[-3000:]
-    data = json.loads((out_dir / 'results.json').read_text())
+    data, learned = _sweep_learned(root, cfg, ckpt, tmp_path, 'DynamicViT')
     rows = {(r['method'], r['ratio']) for r in data['results']}
-    learned = [r for r in data['results'] if r['method'] == 'learned']
-    assert len(learned) == 1 and learned[0]['fine_tuned'] is True
+    assert learned['fine_tuned'] is True
     # 16 patches (64x64, patch 16): int(16 * 0.7) = 11 kept after block 0, int(16 * 0.49) = 7
     # after block 2
-    assert learned[0]['final_tokens'] == 7
-    assert learned[0]['reduction']['type'] == 'DynamicViT'
+    assert learned['final_tokens'] == 7
+    assert learned['reduction']['type'] == 'DynamicViT'
     # the sweep evaluates CHECKPOINT, not the config's load_from (the plain model it started
     # from): its learned row is what tools/test.py measured
-    assert learned[0]['metric'] == pytest.approx(float(tested), abs=0.01)
+    assert learned['metric'] == pytest.approx(float(tested), abs=0.01)
     assert ('tome', 0.3) in rows and ('tome', 0.0) in rows
 
 
@@ -154,15 +162,8 @@ def test_ltmp_finetune_moves_the_thresholds_and_sweeps(plain_run, tmp_path):
     ckpt = work / 'iter_3.pth'
     _, out = e2e.run_tool(['test.py', cfg, ckpt], cwd=root)
     tested = e2e.printed_metrics(out)['mIoU']
-    out_dir = tmp_path / 'sweep'
-    _, out = e2e.run_tool(['prune_eval.py', cfg, ckpt, '--methods', 'learned', 'tome',
-                           '--ratios', '0', '0.3', '--out-dir', out_dir, '--replicates', '50',
-                           '--threads', '1'], cwd=root)
-    assert 'LTMP (fine-tuned)' in out, out[-3000:]
-    data = json.loads((out_dir / 'results.json').read_text())
-    learned = [r for r in data['results'] if r['method'] == 'learned']
-    assert len(learned) == 1 and learned[0]['reduction']['type'] == 'LTMP'
-    assert learned[0]['metric'] == pytest.approx(float(tested), abs=0.01)
+    data, learned = _sweep_learned(root, cfg, ckpt, tmp_path, 'LTMP')
+    assert learned['metric'] == pytest.approx(float(tested), abs=0.01)
     # per-image token counts: the GFLOPs and the realised ratio are means over the images
     zero = next(r for r in data['results'] if r['ratio'] == 0)
-    assert learned[0]['gflops'] < zero['gflops'] and 0 < learned[0]['realised_ratio'] < 1
+    assert learned['gflops'] < zero['gflops'] and 0 < learned['realised_ratio'] < 1

@@ -423,22 +423,29 @@ def gpu_plainmamba_reduction(args):
     """PlainMamba-L3 classifier, batch 128, 224, bf16: the 8.44-GFLOPs schedule (ToP with and
     without alignment, EViT) and ToMe at a similar realised ratio; measured speed-up against
     the FLOPs ratio (official convention), CUDA graph and eager."""
-    rows = []
     name = 'plainmamba-l3'
     torch.manual_seed(0)
     m = B.build(name, 224, head=True)
     cases = [('none', None), ('ToP', dict(type='ToP', **L3_TOP_BUDGET)),
              ('ToP-noalign', dict(type='ToP', align=False, **L3_TOP_BUDGET)),
              ('EViT', dict(type='EViT', **L3_TOP_BUDGET)), ('ToMe', dict(type='ToMe', ratio=0.42))]
+    return _reduction_rows(m, name, cases, 'official', 'reduction')
+
+
+def _reduction_rows(m, name, cases, convention, part):
+    """Time ``m`` (batch 128, 224, bf16) with each ``(method, reducer config)`` of
+    ``cases`` (the first is the baseline), CUDA graph then eager; speed-up against the FLOPs
+    ratio (``convention``)."""
+    rows = []
     for mode in ('graph', 'eager'):
         base = None
         for method, red in cases:
             m.backbone.set_token_reduction(red)
             r = _attempt(B.measure, m, 128, 224, 'bf16', mode, warmup=3, iters=10, repeats=3)
-            fl = backbone_flops(m.backbone, 224, 'model', num_classes=1000,
-                                convention='official')
-            r.update(model=name, part='reduction', method=method, reduction=red, mode=mode,
-                     realised=round(fl['realised_ratio'], 3), gflops=round(fl['gflops'], 3))
+            fl = backbone_flops(m.backbone, 224, 'model', num_classes=1000, convention=convention)
+            r.update(model=name, part=part, method=method, reduction=red, mode=mode,
+                     realised=round(fl['realised_ratio'], 3), gflops=round(fl['gflops'], 3),
+                     final_tokens=fl['tokens'][-1])
             if base is None:
                 base = r
             _speedup(r, base)
@@ -463,7 +470,6 @@ def gpu_learned_reduction(args):
     locations, after blocks 5, 10, 15) at the same GFLOPs, with and without alignment;
     measured speed-up against the FLOPs ratio, CUDA graph and eager. Random predictor weights
     (the speed does not depend on which tokens are kept)."""
-    rows = []
     name = 'vim-s'
     torch.manual_seed(0)
     m = B.build(name, 224, head=True)
@@ -490,25 +496,7 @@ def gpu_learned_reduction(args):
     log(f'  DynamicViT rho {rho}: {target:.3f} G; ToP keep {kt}: {gflops(top(kt)):.3f} G')
     cases = [('none', None), ('DynamicViT', dyn(rho)), ('ToP', top(kt)),
              ('ToP-noalign', top(kt, align=False))]
-    for mode in ('graph', 'eager'):
-        base = None
-        for method, red in cases:
-            bb.set_token_reduction(red)
-            r = _attempt(B.measure, m, 128, 224, 'bf16', mode, warmup=3, iters=10, repeats=3)
-            fl = backbone_flops(bb, 224, 'model', num_classes=1000, convention='localmamba')
-            r.update(model=name, part='learned-reduction', method=method, reduction=red,
-                     mode=mode, realised=round(fl['realised_ratio'], 3),
-                     gflops=round(fl['gflops'], 3), final_tokens=fl['tokens'][-1])
-            if base is None:
-                base = r
-            _speedup(r, base)
-            rows.append(r)
-            log(f'  {name} bf16 {mode} {method}: {r.get("img_per_s")} img/s, {r["gflops"]} G, '
-                f'speed-up {r.get("speedup")} vs FLOPs ratio {r.get("flops_ratio")} '
-                f'{r.get("error", "")}')
-            torch.cuda.empty_cache()
-    bb.set_token_reduction(None)
-    return rows
+    return _reduction_rows(m, name, cases, 'localmamba', 'learned-reduction')
 
 
 # the GPU suite's parts: (name, progress title, function)
