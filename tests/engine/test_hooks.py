@@ -104,3 +104,44 @@ def test_layer_decay_accepts_mmseg_keys_when_they_agree():
         build(num_layers=depth + 1)
     with pytest.raises(ValueError, match="decay_type='stage_wise' is not supported"):
         build(decay_type='stage_wise')
+
+
+def test_frozen_warmup_hook_holds_parameters_for_the_warmup_epochs():
+    """Parameters of the held module come back after every step of the warm-up epochs (as
+    with learning rate 0), excluded ones train, and from the first epoch after it all train."""
+    from types import SimpleNamespace
+
+    import torch.nn as nn
+
+    from amvim_mm.engine import FrozenWarmupHook
+    from amvim_mm.errors import ConfigError
+
+    model = nn.Module()
+    model.student = nn.Module()
+    model.student.backbone = nn.Module()
+    model.student.backbone.layer = nn.Linear(2, 2)
+    model.student.backbone.token_reducer = nn.Linear(2, 1)
+    runner = SimpleNamespace(model=model, iter=0, epoch=0)
+    hook = FrozenWarmupHook(epochs=1)
+    layer, red = model.student.backbone.layer, model.student.backbone.token_reducer
+    start_w, start_r = layer.weight.detach().clone(), red.weight.detach().clone()
+
+    def step(i, epoch):
+        runner.iter, runner.epoch = i, epoch
+        hook.before_train_iter(runner, i)
+        with torch.no_grad():          # what an optimizer step would do
+            layer.weight.add_(1.0)
+            red.weight.add_(1.0)
+        hook.after_train_iter(runner, i)
+
+    step(0, 0)
+    step(1, 0)
+    assert torch.equal(layer.weight, start_w)                 # held through epoch 0
+    assert torch.allclose(red.weight, start_r + 2)            # the reducer trains
+    step(2, 1)
+    assert torch.allclose(layer.weight, start_w + 1)          # released in epoch 1
+    with pytest.raises(ConfigError, match='exactly one'):
+        FrozenWarmupHook(iters=2, epochs=1)
+    with pytest.raises(ConfigError, match='no module'):
+        h = FrozenWarmupHook(module='student.nothing', iters=1)
+        h.before_train_iter(SimpleNamespace(model=model, iter=0, epoch=0), 0)

@@ -395,3 +395,25 @@ def test_a_merging_reducer_that_prunes_must_say_so():
         assert torch.any(ctx.frozen[pruned].abs().sum(-1) > 0)
     finally:
         TOKEN_REDUCERS.module_dict.pop('MergeOrPrune', None)
+
+
+def test_importance_is_scored_only_in_the_block_before_a_step(monkeypatch):
+    """ToP / EViT need the SSM output's importance of the block right before each step; every
+    other block keeps the fused-path-eligible mixer (no importance)."""
+    from amvim_mm.models.backbones.mixer import BiMambaMixer
+    seen = []
+    orig = BiMambaMixer.forward
+
+    def spy(self, hidden, ctx, paths, fused=None):
+        seen.append(bool(ctx.want_importance))
+        return orig(self, hidden, ctx, paths, fused=fused)
+
+    monkeypatch.setattr(BiMambaMixer, 'forward', spy)
+    torch.manual_seed(0)
+    m = MODELS.build(dict(type='Vim', arch=dict(embed_dims=32, num_layers=6), img_size=32,
+                          patch_size=4, stride=4, fused_mixer=False,
+                          token_reduction=dict(type='ToP', keep_rate=0.7, locations=(1, 3))))
+    m.eval()
+    with torch.no_grad():
+        m(torch.randn(1, 3, 32, 32))
+    assert seen == [False, True, False, True, False, False]
