@@ -83,7 +83,7 @@ def _sweep_learned(root, cfg, ckpt, tmp_path, reducer):
     assert f'{reducer} (fine-tuned)' in out, out[-3000:]
     data = json.loads((out_dir / 'results.json').read_text())
     learned = [r for r in data['results'] if r['method'] == 'learned']
-    assert len(learned) == 1 and learned['reduction']['type'] == reducer
+    assert len(learned) == 1 and learned[0]['reduction']['type'] == reducer
     return data, learned[0]
 
 
@@ -123,6 +123,14 @@ def test_finetuned_model_tests_and_sweeps(finetuned, tmp_path):
     ckpt = finetuned['work'] / 'iter_4.pth'
     _, out = e2e.run_tool(['test.py', cfg, ckpt], cwd=root)
     tested = e2e.printed_metrics(out)['mIoU']
+    # the student exported alone (teacher dropped) tests the same
+    student = tmp_path / 'student.pth'
+    e2e.run_tool(['model_converters/export_student.py', ckpt, student], cwd=root)
+    sd = _sd(student)
+    assert not any(k.startswith(('teacher.', 'student.')) for k in sd)
+    assert any(k.startswith('backbone.token_reducer.') for k in sd)
+    _, out = e2e.run_tool(['test.py', cfg, student], cwd=root)
+    assert e2e.printed_metrics(out)['mIoU'] == tested
     data, learned = _sweep_learned(root, cfg, ckpt, tmp_path, 'DynamicViT')
     rows = {(r['method'], r['ratio']) for r in data['results']}
     assert learned['fine_tuned'] is True

@@ -45,3 +45,39 @@ def convert_main(family: str, doc: str, argv: Optional[Sequence[str]] = None) ->
     print(f'wrote {args.dst}: {len(out)} tensors, {n / 1e6:.2f}M parameters'
           + (' (backbone only)' if args.backbone_only else ''))
     return 0
+
+
+def student_state_dict(sd: dict) -> dict:
+    """A ``ReducerFineTuner`` checkpoint's student as a plain model's state dict: ``student.*``
+    without the prefix (the learned reducer's ``backbone.token_reducer.*`` included), the
+    shared ``data_preprocessor.*``; the teacher dropped."""
+    if not any(k.startswith('student.') for k in sd):
+        raise ConfigError('the checkpoint has no student.* keys: not a ReducerFineTuner '
+                          'checkpoint')
+    out = {k[len('student.'):]: v for k, v in sd.items() if k.startswith('student.')}
+    for k, v in sd.items():
+        if k.startswith('data_preprocessor.'):
+            out.setdefault(k, v)
+    return out
+
+
+def export_student_main(doc: str, argv: Optional[Sequence[str]] = None) -> int:
+    """Command line of ``tools/model_converters/export_student.py``."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument('src', help='a ReducerFineTuner training checkpoint')
+    p.add_argument('dst', help='output path')
+    args = p.parse_args(argv)
+    if os.path.isdir(args.dst):
+        raise ConfigError(f'the output {args.dst} is a directory; give a file name')
+    if os.path.exists(args.dst) and os.path.samefile(args.src, args.dst):
+        raise ConfigError(f'the output {args.dst} is the input file; give another name')
+    ck = load_checkpoint_file(args.src)
+    out = student_state_dict(extract_state_dict(ck))
+    it = ck.get('meta', {}).get('iter') if isinstance(ck, dict) else None
+    meta = mark_weights(dict(source=args.src, converter='export_student', iter=it), out)
+    buf = io.BytesIO()
+    torch.save(dict(state_dict=out, meta=meta), buf)
+    atomic_write_bytes(buf.getvalue(), args.dst)
+    red = sum(1 for k in out if '.token_reducer.' in k)
+    print(f'wrote {args.dst}: {len(out)} tensors ({red} of the learned reducer), teacher dropped')
+    return 0

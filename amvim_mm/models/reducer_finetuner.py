@@ -16,7 +16,8 @@ from the unreduced model). One training step's loss is
 
 Weights: the config's ``load_from`` may name a checkpoint of the plain model (keys
 ``backbone.*``, ``head.*`` / ``decode_head.*``): it is loaded into both the student and the
-teacher (the reducer's parameters start fresh); a checkpoint of this wrapper (``student.*``,
+teacher (the reducer's parameters start fresh); the same layout with the reducer's keys (a
+fine-tuned student exported alone) loads strictly; a checkpoint of this wrapper (``student.*``,
 ``teacher.*``, e.g. to resume) loads as it is. ``val`` / ``test`` and ``tools/test.py`` run the
 student (reducer on, inference path).
 """
@@ -105,7 +106,9 @@ class ReducerFineTuner(BaseModel):
                 continue
             v = state_dict.pop(k)
             state_dict[prefix + 'student.' + rest] = v
-            if self.teacher is not None:
+            # the teacher has no reducer: a student-only export (plain keys with the reducer's)
+            # loads strictly too
+            if self.teacher is not None and not rest.startswith('backbone.token_reducer.'):
                 state_dict[prefix + 'teacher.' + rest] = v
 
     def train(self, mode: bool = True):

@@ -49,6 +49,11 @@ def test_plain_checkpoint_loads_into_student_and_teacher():
     # its own checkpoint round trips strictly
     w2 = _wrapper()
     w2.load_state_dict(w.state_dict(), strict=True)
+    # and so does the student exported alone (plain keys with the reducer's)
+    w3 = _wrapper()
+    w3.load_state_dict(w.student.state_dict(), strict=True)
+    for k, v in w.student.state_dict().items():
+        assert torch.equal(w3.student.state_dict()[k], v)
 
 
 def test_loss_terms_gradients_and_teacher_frozen():
