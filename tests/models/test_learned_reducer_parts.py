@@ -133,3 +133,25 @@ def test_flops_ratios_and_loss_equal_official():
     assert linear_flops_ratio(ones, [1.0, 2.0, 3.0], fixed=4.0).item() == pytest.approx(1.0)
     half = [torch.full((2, 10), 0.5)] * 3
     assert linear_flops_ratio(half, [1.0, 2.0, 3.0], fixed=4.0).item() == pytest.approx(0.7)
+
+
+def test_softmax_with_policy_is_removal_the_semantics_our_masked_scan_keeps():
+    """DynamicViT's ``softmax_with_policy`` (official re-statement) makes a dropped token
+    invisible: at a kept query its row over the kept keys is the softmax of the pruned sequence
+    (to the official eps). Our scan equivalent is the masked forward, whose identity with the
+    pruned sequence is tested in tests/models/test_masked_training_path.py and
+    tests/models/test_learned_reducers.py."""
+    g = torch.Generator().manual_seed(0)
+    B, H, N = 2, 3, 9
+    attn = torch.randn(B, H, N, N, generator=g, dtype=torch.float64)
+    policy = (torch.rand(B, N, 1, generator=g) > 0.4).double()
+    policy[:, 0] = 1
+    out = ref.softmax_with_policy(attn, policy)
+    for b in range(B):
+        kept = policy[b, :, 0].nonzero().flatten()
+        want = torch.softmax(attn[b][:, kept][:, :, kept], -1)
+        got = out[b][:, kept][:, :, kept]
+        assert (got - want).abs().max() < 1e-5
+        dropped = (policy[b, :, 0] == 0).nonzero().flatten()
+        if len(dropped):
+            assert out[b][:, kept][:, :, dropped].abs().max() < 1e-5

@@ -16,6 +16,8 @@ depends on the image. Adapted to the Vim family (no attention; the scan needs or
   step (**decision**: a token carrying merged mass is not pruned in the same step) is pruned
   when its importance does not pass the prune threshold; the class token never merges nor
   prunes;
+* a destination keeps its own importance (LTMP takes the maximum over the merged tokens; ours
+  is the destination's own score of the previous block, the same in training and inference);
 * thresholds: ``sigmoid((v - theta) / tau) > 0.5`` forward, the sigmoid's gradient backward
   (:class:`~.threshold_masker.ThresholdMasker`); init merge 0.9, prune 0 (LTMP);
 * training objective term: ``reg_scale * (r_FLOPs - target)^2`` with ``r_FLOPs`` the mean over
