@@ -36,8 +36,8 @@ from .vmamba_flops import CONVENTIONS as VMAMBA_CONVENTIONS
 from .vmamba_flops import vmamba_flops
 
 CONVENTION = ('MACs of linear/conv layers + selective scan 9*L*E*N per path (mamba-ssm '
-              'convention), per-block token counts; norms, activations and reducer cost '
-              'excluded')
+              'convention), per-block token counts (a learned reducer\'s linear layers '
+              'included); norms, activations and the training-free reducers\' cost excluded')
 VIM_CONVENTIONS = {
     'mamba': CONVENTION,
     'localmamba': ("LocalMamba's flops(): projections + L*D norm, conv/x_proj/dt_proj once per "
