@@ -70,6 +70,10 @@ def plainmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
     removals, counts, realised = [0] * depth, [M] * depth, 0.0
     if reducer is not None:
         removals, counts, realised = reducer.token_plan(M, depth)
+    if getattr(reducer, 'dynamic', False):   # per-image counts (LTMP): the evaluated mean
+        counts = list(reducer.mean_tokens())
+        removals = [p0 - p1 for p0, p1 in zip([M] + counts[:-1], counts)]
+        realised = sum(M - c for c in counts) / (depth * M)
     if convention == 'mmengine':
         total = mmengine_count(model, (H, W), reducer) + C * num_classes
         return dict(gflops=total / 1e9, tokens=counts, removals=removals,
@@ -87,6 +91,8 @@ def plainmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
             f += C * 9 * L + bn * C * L
     if model.final_norm:
         f += ln * counts[-1] * C
+    if hasattr(reducer, 'extra_flops'):       # a learned reducer's own layers (predictors)
+        f += reducer.extra_flops(M, depth)
     f += C * num_classes
     return dict(gflops=f / 1e9, tokens=counts, removals=removals, realised_ratio=realised,
                 convention=CONVENTIONS[convention])

@@ -116,7 +116,9 @@ def test_learned_reducer_state_dict_round_trip_and_switching():
 
 def test_learned_reducer_refusals():
     with pytest.raises(ConfigError, match='masked training forward'):
-        MODELS.build(dict(type='PlainMamba', arch='test', img_size=64, token_reduction=DYN))
+        MODELS.build(dict(type='VMamba', arch='test', reduction_stage=2,
+                          token_reduction=dict(type='DynamicViT', keep_rate=0.7,
+                                               locations=(0, ))))
     with pytest.raises(ConfigError, match='tau'):
         DynamicViTReducer(tau=0)
     with pytest.raises(ConfigError, match='no block after'):
@@ -191,3 +193,62 @@ def test_ltmp_refusals():
     with pytest.raises(ConfigError, match='differs per image'):
         m(torch.randn(2, 3, 32, 32))
     assert m(torch.randn(1, 3, 32, 32))[-1].shape[0] == 1      # one image: fine
+
+
+# ---------------------------------------------------------------------------- PlainMamba
+def _plain(out_type, red):
+    torch.manual_seed(0)
+    return MODELS.build(dict(type='PlainMamba', arch='test', img_size=64, out_type=out_type,
+                             out_indices=(1, 3) if out_type == 'featmap' else -1,
+                             token_reduction=red)).double()
+
+
+@pytest.mark.parametrize('out_type', ['featmap', 'avg_featmap'])
+def test_plainmamba_masked_training_equals_pruned_inference(monkeypatch, out_type):
+    """PlainMamba's masked forward (dropped cells zero in the 7x7 conv, every snake direction
+    scanning the kept tokens first with delta / B / C of the kept tokens in raster order and
+    the visited cells' direction codes) equals its pruned inference without alignment."""
+    m = _plain(out_type, dict(type='DynamicViT', keep_rate=0.7, locations=(0, 2)))
+    x = torch.randn(3, 3, 64, 64, dtype=torch.float64)
+    M, depth = m.reduction_domain()
+    kept, counts = M, []
+    for k in m.token_reducer.removals(M, depth):
+        if k:
+            kept -= k
+            counts.append(kept)
+    _topk_keep.counts = list(counts)
+    monkeypatch.setattr(learned, 'gumbel_keep', _topk_keep)
+    m.train()
+    for mod in m.modules():                   # BN of L1's dw block: running statistics
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.eval()
+    with torch.no_grad():
+        got = m(x)
+    m.eval()
+    with torch.no_grad():
+        want = m(x)
+    assert m.token_counts[-1] == counts[-1]
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        assert (g - w).abs().max() <= 1e-10 * max(1.0, float(w.abs().max()))
+
+
+def test_plainmamba_ltmp_prune_only_and_merge_refused():
+    m = _plain('avg_featmap', dict(type='LTMP', merge=False, prune_init=0.8, tau=0.1))
+    m.train()
+    for mod in m.modules():                   # BN of L1's dw block: running statistics
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.eval()
+    x = torch.randn(3, 3, 64, 64, dtype=torch.float64)
+    with torch.no_grad():
+        got = m(x)[-1]
+    kept = m.keep_mask.sum(1)
+    m.eval()
+    m.token_reducer.reset_observed()
+    with torch.no_grad():
+        want = m(x)[-1]
+    assert [c[-1] for c in m.token_reducer._observed] == [int(k) for k in kept]
+    assert (got - want).abs().max() <= 1e-10
+    m = _plain('avg_featmap', dict(type='LTMP'))
+    with pytest.raises(ConfigError, match='merges tokens'):
+        m.train()(torch.randn(2, 3, 64, 64, dtype=torch.float64))

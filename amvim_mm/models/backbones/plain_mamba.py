@@ -60,7 +60,7 @@ from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
 from ..layout.grid_conv import grid_depthwise_conv, whole_grid
 from ..layout.scan_context import ScanContext
-from ..layout.scan_orders import scan_rank
+from ..layout.scan_orders import masked_path_permutation, scan_rank
 from ..reduction import ReducibleBackbone, ReductionSession, restore_grid
 from .args import check_image_batch, is_int, positive_int, rate, resolve_out_indices
 from .checkpoint_guard import CheckpointGuard
@@ -335,6 +335,51 @@ class PlainMamba2D(nn.Module):
             ctx.importance = y.float().clamp_min(0).sum(-1).detach()
         return self.out_proj(y.to(z.dtype) * F.silu(z))
 
+    def forward_masked(self, x: torch.Tensor, ctx: ScanContext, keep: torch.Tensor
+                       ) -> torch.Tensor:
+        """The mixer on the full grid with per-sample keep masks (a learned reducer's
+        training): equal, at the kept tokens, to the mixer on each sample's pruned sequence
+        without alignment; the dropped tokens' outputs are zero.
+
+        The depthwise conv sees the dropped cells as zero (what the reduced grid's conv gives
+        them); every direction scans each sample's kept tokens first in its own order, and
+        step ``j`` takes delta, B, C of the ``j``-th kept token in raster order (the first
+        quirk on the reduced sequence) and the direction code of the cell it visits
+        (``'positional'``), the dropped tokens after. ``keep`` (B, L) 0 / 1 (a float
+        straight-through mask carries the gradient into the conv output and the output).
+        """
+        if self.reduced_direction_codes != 'positional':
+            raise ConfigError("PlainMamba: a learned reducer's masked training forward uses "
+                              "reduced_direction_codes='positional'")
+        if not whole_grid(ctx):
+            raise ConfigError('forward_masked takes the whole grid')
+        B, L, _ = x.shape
+        H, W = ctx.grid
+        K, E = self.num_directions, self.d_inner
+        kf = keep.to(x.dtype).unsqueeze(-1)
+        kept = keep > 0.5
+        xi, z = self.in_proj(x).chunk(2, dim=-1)
+        xc = F.silu(grid_depthwise_conv(xi * kf, ctx, self.conv2d)) * kf
+        steps, cell_codes = snake_cell_tables(H, W, x.device)
+        pos = torch.arange(L, device=x.device)
+        store = masked_path_permutation(pos, pos, kept)                 # kept, raster order
+        x_dbl = F.linear(torch.gather(xc, 1, store.unsqueeze(-1).expand_as(xc)),
+                         self.x_proj.weight)
+        perms = torch.stack([masked_path_permutation(steps[k, :L], pos, kept)
+                             for k in range(K)], 1)                     # (B, K, L)
+        xs = torch.gather(xc.transpose(1, 2).unsqueeze(1).expand(B, K, E, L), 3,
+                          perms.unsqueeze(2).expand(B, K, E, L))
+        codes = torch.gather(cell_codes[:, :L].unsqueeze(0).expand(B, -1, -1), 2, perms)
+        ct = torch.float64 if xs.dtype == torch.float64 else torch.float32
+        A = -torch.exp(self.A_log.to(ct)).repeat(K, 1)
+        bias = self.dt_proj.bias.to(ct).repeat(K)
+        y = self._scan(xs.contiguous(), x_dbl, codes, A, bias).view(B, K, E, L)
+        y = torch.zeros_like(y).scatter_(3, perms.unsqueeze(2).expand(B, K, E, L), y)
+        y = y.sum(1).transpose(1, 2)                                      # (B, L, E)
+        if ctx.want_importance:
+            ctx.importance = y.float().clamp_min(0).sum(-1).detach()
+        return self.out_proj(y.to(z.dtype) * F.silu(z)) * kf
+
     def _scan(self, xs: torch.Tensor, x_dbl: torch.Tensor, codes: torch.Tensor,
               A: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """The official scan: step ``j`` of every direction takes u of the token the direction
@@ -459,7 +504,19 @@ class PlainMambaLayer(nn.Module):
         """ToMe's similarity features of this layer's input: its normalised input."""
         return self.norm(x)
 
-    def forward(self, x: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ScanContext,
+                keep: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``keep``: a learned reducer's (B, L) keep mask (training): the mixer's masked
+        forward; the dw block (L1's layer 0) sees the dropped cells as zero and leaves the
+        dropped tokens as they are (inference does not touch a pruned token)."""
+        if keep is not None:
+            x = x + self.drop_path(self.mamba.forward_masked(self.norm(x), ctx, keep))
+            if hasattr(self, 'dw'):
+                kf = keep.to(x.dtype).unsqueeze(-1)
+                g = grid_depthwise_conv(x * kf, ctx, self.dw[0])
+                g = self.dw[1](g.transpose(1, 2).unsqueeze(-1)).squeeze(-1).transpose(1, 2)
+                x = torch.where(kf > 0.5, self.dw[2](g), x)
+            return x
         x = x + self.drop_path(self.mamba(self.norm(x), ctx))
         if hasattr(self, 'dw'):
             B, L, C = x.shape
@@ -669,16 +726,22 @@ class PlainMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
     def check_images(self, x: torch.Tensor) -> None:
         check_image_batch(type(self).__name__, x, self.in_channels, self.patch_size)
 
-    def _output(self, i: int, x: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
+    def _output(self, i: int, x: torch.Tensor, ctx: ScanContext,
+                keep: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Layer ``i``'s output as the requested map or pooled vector. A reduced sequence is
         given its full grid back first (merged tokens copied to their cells, pruned cells
         their last feature), then normed; the pooled vector is the size-weighted mean of the
-        normed tokens (the grid mean when nothing was pruned)."""
+        normed tokens (the grid mean when nothing was pruned). ``keep``: the masked training
+        forward's (B, L) mask (the pooled vector is then the mean over the kept tokens, as
+        inference pools the present ones)."""
         last = i == self.num_layers - 1
         norm = (self.ln1 if self.final_norm else None) if last else \
             getattr(self, f'norm_layer{i}', None)
         if self.out_type == 'avg_featmap':
             x = norm(x) if norm is not None else x
+            if keep is not None:
+                w = keep.to(x.dtype)
+                return (x * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True)
             if not ctx.reduced:
                 return x.mean(1)
             w = ctx.size.to(x.dtype)
@@ -690,7 +753,14 @@ class PlainMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
         B, L, C = x.shape
         return x.transpose(1, 2).reshape(B, C, *ctx.grid).contiguous()
 
+    #: PlainMamba's mixer has the masked forward a learned (pruning) reducer trains with
+    supports_learned_reduction = True
+
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        red = self.token_reducer
+        if getattr(red, 'dynamic', False) and isinstance(x, torch.Tensor) and x.dim() == 4 \
+                and x.shape[0] > 1 and not self.training:
+            return self._forward_per_image(x)
         self.check_images(x)
         x, grid = self.patch_embed(x)
         pos = self.pos_embed
@@ -698,6 +768,8 @@ class PlainMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
             pos = resize_pos_embed(pos, self.patch_resolution, grid, with_cls_token=False)
         x = self.drop_after_pos(x + pos)
         ctx = ScanContext(grid, cls_index=NO_CLS, device=x.device)
+        if self.training and getattr(red, 'learned', False):
+            return self._forward_masked(x, ctx)
         session = ReductionSession(self.token_reducer, ctx, x, self.num_layers, self.training)
         outs, counts = [], []
         for i, layer in enumerate(self.layers):
@@ -708,4 +780,40 @@ class PlainMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
                 outs.append(self._output(i, x, session.ctx))
         self.token_counts = counts
         self.last_context = session.ctx if self.token_reducer is not None else None
+        if getattr(self.token_reducer, 'dynamic', False):
+            self.token_reducer.observe(counts)
+        return tuple(outs)
+
+    def _forward_per_image(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """Inference with per-image token counts (LTMP): one image at a time."""
+        outs, counts = [], []
+        for b in range(x.shape[0]):
+            outs.append(self.forward(x[b:b + 1]))
+            counts.append(self.token_counts)
+        self.token_counts = [sum(c) / len(c) for c in zip(*counts)]
+        return tuple(torch.cat(o, 0) for o in zip(*outs))
+
+    def _forward_masked(self, x: torch.Tensor, ctx: ScanContext) -> Tuple[torch.Tensor, ...]:
+        """The training forward with a learned reducer (see
+        :mod:`amvim_mm.models.reduction.learned`): the whole grid throughout, every layer after
+        the first decision on the mixer's masked forward; a dropped token keeps the value it
+        had when dropped (what the dense restore gives it)."""
+        red = self.token_reducer
+        if red.merges:
+            raise ConfigError(f'PlainMamba: {type(red).__name__} merges tokens; a merged '
+                              "token fills all its cells in PlainMamba's grid conv, which the "
+                              'masked training forward does not model yet (use LTMP with '
+                              'merge=False, or DynamicViT)')
+        red.begin(x.shape[0], ctx.n_patches, self.num_layers, x.device)
+        ctx.want_importance = red.needs_importance
+        keep, outs = None, []
+        for i, layer in enumerate(self.layers):
+            new = red.decide(i, x, ctx, layer)
+            if new is not None:
+                keep = new.keep
+            x = layer(x, ctx, keep=keep)
+            if i in self.out_indices:
+                outs.append(self._output(i, x, ctx, keep))
+        self.token_counts = [x.shape[1]] * self.num_layers
+        self.last_context, self.keep_mask = ctx, keep
         return tuple(outs)

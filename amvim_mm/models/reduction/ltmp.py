@@ -46,10 +46,12 @@ from .threshold_masker import ThresholdMasker
 
 
 def _metric(stream: torch.Tensor, layer) -> torch.Tensor:
-    """Cosine-similarity features: the block's normalised input (RMSNorm: ``x * w`` up to a
-    per-token scale), unit length, fp32."""
+    """Cosine-similarity features: the block's normalised input (its ``merge_metric``; a Vim
+    block's RMSNorm: ``x * w`` up to a per-token scale), unit length, at least fp32."""
     dt = torch.promote_types(stream.dtype, torch.float32)
     with torch.autocast(stream.device.type, enabled=False):
+        if hasattr(layer, 'merge_metric'):      # the layer's own normalised input
+            return F.normalize(layer.merge_metric(stream).to(dt), dim=-1)
         m = stream.to(dt) * layer.norm.weight.to(dt)
         return F.normalize(m, dim=-1)
 
@@ -91,6 +93,7 @@ class LTMPReducer(LearnedReducer):
         self.merge_init, self.prune_init, self.tau = float(merge_init), float(prune_init), tau
         self.target, self.reg_scale = float(target), float(reg_scale)
         self.merge, self.prune = bool(merge), bool(prune)
+        self.merges = self.merge          # merge=False: a pruning reducer (dst always -1)
         self.merge_thresholds = nn.ModuleList()
         self.prune_thresholds = nn.ModuleList()
         self.reset_observed()
