@@ -115,10 +115,10 @@ def test_learned_reducer_state_dict_round_trip_and_switching():
 
 
 def test_learned_reducer_refusals():
-    with pytest.raises(ConfigError, match='masked training forward'):
-        MODELS.build(dict(type='VMamba', arch='test', reduction_stage=2,
-                          token_reduction=dict(type='DynamicViT', keep_rate=0.7,
-                                               locations=(0, ))))
+    m = MODELS.build(dict(type='VMamba', arch='test', reduction_stage=2,
+                          token_reduction=dict(type='LTMP')))
+    with pytest.raises(ConfigError, match='merges tokens'):
+        m.train()(torch.randn(2, 3, 64, 64))
     with pytest.raises(ConfigError, match='tau'):
         DynamicViTReducer(tau=0)
     with pytest.raises(ConfigError, match='no block after'):
@@ -252,3 +252,31 @@ def test_plainmamba_ltmp_prune_only_and_merge_refused():
     m = _plain('avg_featmap', dict(type='LTMP'))
     with pytest.raises(ConfigError, match='merges tokens'):
         m.train()(torch.randn(2, 3, 64, 64, dtype=torch.float64))
+
+
+# -------------------------------------------------------------------------------- VMamba
+@pytest.mark.parametrize('out_type', ['featmap', 'avg_featmap'])
+def test_vmamba_masked_training_equals_pruned_inference(monkeypatch, out_type):
+    """SS2D's masked forward in the reduction stage (dropped cells zero in the 3x3 conv,
+    each direction scanning the kept tokens first, the MLP leaving dropped tokens alone)
+    equals the stage's pruned inference; the restored grid goes on to the next stages."""
+    torch.manual_seed(0)
+    m = MODELS.build(dict(type='VMamba', arch='test', reduction_stage=2, out_type=out_type,
+                          out_indices=(2, 3) if out_type == 'featmap' else (3, ),
+                          token_reduction=dict(type='DynamicViT', keep_rate=0.6,
+                                               locations=(0, )))).double()
+    x = torch.randn(2, 3, 128, 96, dtype=torch.float64)
+    M = (128 // 16) * (96 // 16)
+    _topk_keep.counts = [int(M * 0.6)]
+    monkeypatch.setattr(learned, 'gumbel_keep', _topk_keep)
+    m.train()
+    with torch.no_grad():
+        got = m(x)
+    assert int(m.keep_mask.sum(1)[0]) == int(M * 0.6)
+    m.eval()
+    with torch.no_grad():
+        want = m(x)
+    assert int(M * 0.6) in m.token_counts
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        assert (g - w).abs().max() <= 1e-10 * max(1.0, float(w.abs().max()))

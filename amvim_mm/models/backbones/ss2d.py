@@ -48,6 +48,7 @@ from amvim_mm.ops.fused_mixer import autocast_dtype
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from ..layout.grid_conv import grid_depthwise_conv, whole_grid
 from ..layout.scan_context import ScanContext
+from ..layout.scan_orders import is_reverse, masked_path_permutation, scan_rank_on
 
 #: the four cross-scan directions of the official ``CrossScan`` (k = 0..3), as scan orders
 SS2D_DIRECTIONS = (dict(order='raster'), dict(order='column'),
@@ -161,7 +162,8 @@ class SS2D(nn.Module):
             return None
         return ctx.direction_index(paths)
 
-    def directions(self, x: torch.Tensor, ctx: ScanContext, paths: Sequence = SS2D_DIRECTIONS
+    def directions(self, x: torch.Tensor, ctx: ScanContext, paths: Sequence = SS2D_DIRECTIONS,
+                   index: Optional[DirectionIndex] = None
                    ) -> Tuple[torch.Tensor, Optional[DirectionIndex]]:
         """Cross-scan, per-direction projections and one grouped selective scan of the
         (B, L, E) conv output -> the outputs in path order (B, K, E, L) and the directions'
@@ -175,7 +177,8 @@ class SS2D(nn.Module):
         B, L, E = x.shape
         K = self.num_directions
         H, W = ctx.grid
-        index = self.direction_index(ctx, paths)
+        if index is None:     # else: the masked training forward's per-sample orders
+            index = self.direction_index(ctx, paths)
         xs = cross_scan(x, H, W, index)                                     # (B, K, E, L)
         u, delta, Bs, Cs = self.project(xs)
         ct = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -198,8 +201,15 @@ class SS2D(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor, ctx: ScanContext,
-                paths: Sequence = SS2D_DIRECTIONS) -> torch.Tensor:
-        """(B, L, d) tokens of the grid cells in ``ctx`` -> (B, L, d)."""
+                paths: Sequence = SS2D_DIRECTIONS, keep: Optional[torch.Tensor] = None
+                ) -> torch.Tensor:
+        """(B, L, d) tokens of the grid cells in ``ctx`` -> (B, L, d).
+
+        ``keep``: a learned reducer's (B, L) keep mask on the whole grid (its training):
+        the conv sees the dropped cells as zero (what the reduced grid's conv gives them),
+        every direction scans each sample's kept tokens first in its own order
+        (:func:`~amvim_mm.models.layout.scan_orders.masked_path_permutation`), the dropped
+        tokens' outputs are zero: equal, at the kept tokens, to the pruned sequence."""
         if len(paths) != self.num_directions:
             raise ConfigError(f'SS2D has {self.num_directions} directions, got {len(paths)} '
                               'scan orders')
@@ -208,8 +218,20 @@ class SS2D(nn.Module):
         if self.gated:
             x, z = x.chunk(2, dim=-1)
             z = F.silu(z)
-        x = self.grid_conv(x, ctx)
-        ys, index = self.directions(x, ctx, paths)                          # (B, K, E, L)
+        index = None
+        if keep is not None:
+            if not whole_grid(ctx):
+                raise ConfigError('a keep mask takes the whole grid')
+            kf = keep.to(x.dtype).unsqueeze(-1)
+            x = self.grid_conv(x * kf, ctx) * kf
+            H, W = ctx.grid
+            pos = torch.arange(H * W, device=x.device)
+            index = DirectionIndex.from_perm(torch.stack([masked_path_permutation(
+                scan_rank_on(H, W, p, x.device), pos, keep > 0.5, -1, is_reverse(p))
+                for p in paths]))
+        else:
+            x = self.grid_conv(x, ctx)
+        ys, index = self.directions(x, ctx, paths, index)                   # (B, K, E, L)
         if ctx.want_importance:
             # ToP importance: sum over directions and channels of max(0, y), per token
             r = ys.float().clamp_min(0).sum(2)                              # (B, K, L) path
@@ -222,4 +244,5 @@ class SS2D(nn.Module):
         y = self.out_norm(y)
         if z is not None:
             y = y * z
-        return self.out_proj(y)
+        y = self.out_proj(y)
+        return y if keep is None else y * keep.to(y.dtype).unsqueeze(-1)

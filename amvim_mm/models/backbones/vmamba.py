@@ -210,10 +210,17 @@ class VSSBlock(nn.Module):
         """ToMe's similarity features of this block's input: its normalised input."""
         return self.norm(x)
 
-    def forward(self, x: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
-        x = x + self.drop_path(self.op(self.norm(x), ctx))
+    def forward(self, x: torch.Tensor, ctx: ScanContext,
+                keep: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``keep``: a learned reducer's (B, L) keep mask (training): SS2D's masked
+        forward, and the MLP leaves the dropped tokens as they are (inference does not touch
+        a pruned token)."""
+        x = x + self.drop_path(self.op(self.norm(x), ctx, keep=keep))
         if self.mlp_branch:
-            x = x + self.drop_path(self.mlp(self.norm2(x)))
+            h = self.mlp(self.norm2(x))
+            if keep is not None:
+                h = h * keep.to(h.dtype).unsqueeze(-1)
+            x = x + self.drop_path(h)
         return x
 
 
@@ -504,6 +511,8 @@ class VMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
         tokens = x.reshape(B, H * W, C)
         ctx = ScanContext((H, W), cls_index=NO_CLS, device=x.device)
         reducer = self.token_reducer if i == self.reduction_stage else None
+        if self.training and getattr(reducer, 'learned', False):
+            return self._run_stage_masked(i, tokens, ctx, counts).reshape(B, H, W, C)
         session = ReductionSession(reducer, ctx, tokens, self.depths[i], self.training)
         for j, blk in enumerate(self.layers[i].blocks):
             tokens, _, _ = session.before_block(j, blk, tokens, None, fused=False)
@@ -513,6 +522,35 @@ class VMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
             tokens = restore_grid(session.ctx, tokens)
         self.last_context = session.ctx if reducer is not None else None
         return tokens.reshape(B, H, W, C)
+
+    #: SS2D has the masked forward a learned (pruning) reducer trains with
+    supports_learned_reduction = True
+
+    def reduction_width(self) -> int:
+        return self.dims[self.reduction_stage]
+
+    def _run_stage_masked(self, i: int, tokens: torch.Tensor, ctx: ScanContext,
+                          counts: List[int]) -> torch.Tensor:
+        """Stage ``i`` in a learned reducer's training forward: the whole grid throughout,
+        the blocks after a decision on SS2D's masked forward; a dropped token keeps its value
+        (what the restore before the downsampling gives it)."""
+        red = self.token_reducer
+        if red.merges:
+            raise ConfigError(f'VMamba: {type(red).__name__} merges tokens; a merged token '
+                              "fills all its cells in SS2D's grid conv, which the masked "
+                              'training forward does not model yet (use LTMP with merge=False, '
+                              'or DynamicViT)')
+        red.begin(tokens.shape[0], ctx.n_patches, self.depths[i], tokens.device)
+        ctx.want_importance = red.needs_importance
+        keep = None
+        for j, blk in enumerate(self.layers[i].blocks):
+            new = red.decide(j, tokens, ctx, blk)
+            if new is not None:
+                keep = new.keep
+            counts.append(tokens.shape[1])
+            tokens = blk(tokens, ctx, keep=keep)
+        self.last_context, self.keep_mask = ctx, keep
+        return tokens
 
     def last_featmap(self, x: torch.Tensor) -> torch.Tensor:
         """The last stage's output as a (B, 8C, h, w) map, before any output norm (for
@@ -525,6 +563,15 @@ class VMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
         return x.permute(0, 3, 1, 2)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        red = self.token_reducer
+        if getattr(red, 'dynamic', False) and isinstance(x, torch.Tensor) and x.dim() == 4 \
+                and x.shape[0] > 1 and not self.training:
+            outs, counts = [], []        # per-image token counts (LTMP): one image at a time
+            for b in range(x.shape[0]):
+                outs.append(self.forward(x[b:b + 1]))
+                counts.append(self.token_counts)
+            self.token_counts = [sum(c) / len(c) for c in zip(*counts)]
+            return tuple(torch.cat(o, 0) for o in zip(*outs))
         self.check_images(x)
         x = self.patch_embed(x)                              # (B, H/4, W/4, C)
         outs, counts = [], []
@@ -538,4 +585,7 @@ class VMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
                     outs.append(self.classifier.norm(x).mean((1, 2)))
             x = layer.downsample(x)
         self.token_counts = counts
+        if getattr(red, 'dynamic', False) and not self.training:
+            s = self.reduction_stage
+            red.observe(counts[sum(self.depths[:s]):sum(self.depths[:s + 1])])
         return tuple(outs)

@@ -82,12 +82,12 @@ class LearnedReducer(nn.Module, TokenReducer):
     def bind(self, backbone) -> None:
         """Build the parameters for ``backbone`` (called by its ``set_token_reduction``); a
         reducer bound to one width cannot move to another."""
-        dims = backbone.embed_dims
+        dims = backbone.reduction_width()
         if self.bound_dims is not None and self.bound_dims != dims:
             raise ConfigError(f'{type(self).__name__} was built for width {self.bound_dims}, '
                               f'not {dims}')
         if self.bound_dims is None:
-            self.build(dims, backbone.num_layers)
+            self.build(dims, backbone.reduction_domain()[1])
             self.bound_dims = dims
             p = next(backbone.parameters(), None)
             if p is not None:

@@ -24,6 +24,10 @@ class ReducibleBackbone:
         """(tokens, blocks) a reducer's schedule acts on at the backbone's ``img_size``."""
         raise NotImplementedError
 
+    def reduction_width(self) -> int:
+        """The token width where a schedule acts (a learned reducer's input width)."""
+        return self.embed_dims
+
     def reduction_domain_note(self, tokens: int, blocks: int) -> str:
         return f'{tokens} tokens, {blocks} blocks'
 
