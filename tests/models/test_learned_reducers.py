@@ -35,20 +35,24 @@ def _topk_keep(log_probs, previous, tau=1.0):
     return keep.unsqueeze(-1) * previous
 
 
+def _kept_counts(m):
+    """The patch tokens kept after each of the schedule's steps."""
+    M, depth = m.reduction_domain()
+    kept, counts = M, []
+    for k in m.token_reducer.removals(M, depth):
+        if k:
+            kept -= k
+            counts.append(kept)
+    return counts
+
+
 @pytest.mark.parametrize('typ', ['Vim', 'AMVim', 'LocalVim'])
 @pytest.mark.parametrize('with_cls,out_type', [(True, 'featmap'), (False, 'featmap'),
                                                (True, 'cls_token')])
 def test_masked_training_forward_equals_pruned_inference(monkeypatch, typ, with_cls, out_type):
     m = _model(typ, out_type, with_cls).double()
-    red = m.token_reducer
     x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
-    M, depth = m.reduction_domain()
-    removals = red.removals(M, depth)
-    kept, counts = M, []
-    for k in removals:
-        if k:
-            kept -= k
-            counts.append(kept)
+    counts = _kept_counts(m)
     _topk_keep.counts = list(counts)
     monkeypatch.setattr(learned, 'gumbel_keep', _topk_keep)
     m.train()
@@ -210,12 +214,7 @@ def test_plainmamba_masked_training_equals_pruned_inference(monkeypatch, out_typ
     the visited cells' direction codes) equals its pruned inference without alignment."""
     m = _plain(out_type, dict(type='DynamicViT', keep_rate=0.7, locations=(0, 2)))
     x = torch.randn(3, 3, 64, 64, dtype=torch.float64)
-    M, depth = m.reduction_domain()
-    kept, counts = M, []
-    for k in m.token_reducer.removals(M, depth):
-        if k:
-            kept -= k
-            counts.append(kept)
+    counts = _kept_counts(m)
     _topk_keep.counts = list(counts)
     monkeypatch.setattr(learned, 'gumbel_keep', _topk_keep)
     m.train()

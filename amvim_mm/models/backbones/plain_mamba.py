@@ -758,9 +758,8 @@ class PlainMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         red = self.token_reducer
-        if getattr(red, 'dynamic', False) and isinstance(x, torch.Tensor) and x.dim() == 4 \
-                and x.shape[0] > 1 and not self.training:
-            return self._forward_per_image(x)
+        if self.runs_per_image(x):
+            return self.forward_per_image(x)
         self.check_images(x)
         x, grid = self.patch_embed(x)
         pos = self.pos_embed
@@ -783,15 +782,6 @@ class PlainMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
         if getattr(self.token_reducer, 'dynamic', False):
             self.token_reducer.observe(counts)
         return tuple(outs)
-
-    def _forward_per_image(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """Inference with per-image token counts (LTMP): one image at a time."""
-        outs, counts = [], []
-        for b in range(x.shape[0]):
-            outs.append(self.forward(x[b:b + 1]))
-            counts.append(self.token_counts)
-        self.token_counts = [sum(c) / len(c) for c in zip(*counts)]
-        return tuple(torch.cat(o, 0) for o in zip(*outs))
 
     def _forward_masked(self, x: torch.Tensor, ctx: ScanContext) -> Tuple[torch.Tensor, ...]:
         """The training forward with a learned reducer (see

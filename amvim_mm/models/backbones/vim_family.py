@@ -467,9 +467,8 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         if self.training and getattr(self.token_reducer, 'learned', False):
             return self._forward_masked(x)
-        if getattr(self.token_reducer, 'dynamic', False) and isinstance(x, torch.Tensor) and \
-                x.dim() == 4 and x.shape[0] > 1:
-            return self._forward_per_image(x)
+        if self.runs_per_image(x):
+            return self.forward_per_image(x)
         fused = self.fused_path(x)
         hidden, ctx = self.embed(x, fused)
         session = ReductionSession(self.token_reducer, ctx, hidden, self.num_layers,
@@ -487,23 +486,6 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
         if self.record_final_stream:
             self.final_stream = residual + hidden
         return tuple(outs)
-
-    def _forward_per_image(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """Inference with a reducer whose token counts depend on the image (LTMP's
-        thresholds): one image at a time (**decision**: grouping, not padding; exact, and the
-        survivors of every image stay in order), outputs stacked in the batch's order.
-        ``self.token_counts``: the per-block mean over the images."""
-        if self.out_type == 'raw':
-            raise ConfigError(f'{type(self).__name__}: out_type="raw" returns the reduced '
-                              f'sequence, whose length differs per image with '
-                              f'{type(self.token_reducer).__name__}; use featmap or cls_token, '
-                              'or one image per batch')
-        outs, counts = [], []
-        for b in range(x.shape[0]):
-            outs.append(self.forward(x[b:b + 1]))
-            counts.append(self.token_counts)
-        self.token_counts = [sum(c) / len(c) for c in zip(*counts)]
-        return tuple(torch.cat(o, 0) for o in zip(*outs))
 
     def _forward_masked(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """The training forward with a learned reducer: the full sequence throughout, a keep

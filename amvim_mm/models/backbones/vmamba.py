@@ -564,14 +564,8 @@ class VMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         red = self.token_reducer
-        if getattr(red, 'dynamic', False) and isinstance(x, torch.Tensor) and x.dim() == 4 \
-                and x.shape[0] > 1 and not self.training:
-            outs, counts = [], []        # per-image token counts (LTMP): one image at a time
-            for b in range(x.shape[0]):
-                outs.append(self.forward(x[b:b + 1]))
-                counts.append(self.token_counts)
-            self.token_counts = [sum(c) / len(c) for c in zip(*counts)]
-            return tuple(torch.cat(o, 0) for o in zip(*outs))
+        if self.runs_per_image(x):
+            return self.forward_per_image(x)
         self.check_images(x)
         x = self.patch_embed(x)                              # (B, H/4, W/4, C)
         outs, counts = [], []

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import torch
 import torch.nn as nn
 
 from amvim_mm.errors import ConfigError
@@ -61,3 +62,26 @@ class ReducibleBackbone:
             del modules['token_reducer']
         self.token_reducer = reducer
         return old
+
+    def runs_per_image(self, x) -> bool:
+        """Whether this inference forward runs image by image: a reducer whose token counts
+        depend on the image (LTMP's thresholds) and a batch of more than one image."""
+        return (getattr(getattr(self, 'token_reducer', None), 'dynamic', False)
+                and not self.training and isinstance(x, torch.Tensor) and x.dim() == 4
+                and x.shape[0] > 1)
+
+    def forward_per_image(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """Inference one image at a time (**decision**: grouping, not padding; exact, and
+        every image's survivors stay in order), outputs stacked in the batch's order;
+        ``self.token_counts``: the per-block mean over the images."""
+        if getattr(self, 'out_type', None) == 'raw':
+            raise ConfigError(f'{type(self).__name__}: out_type="raw" returns the reduced '
+                              f'sequence, whose length differs per image with '
+                              f'{type(self.token_reducer).__name__}; use featmap or cls_token, '
+                              'or one image per batch')
+        outs, counts = [], []
+        for b in range(x.shape[0]):
+            outs.append(self(x[b:b + 1]))
+            counts.append(self.token_counts)
+        self.token_counts = [sum(c) / len(c) for c in zip(*counts)]
+        return tuple(torch.cat(o, 0) for o in zip(*outs))
