@@ -80,7 +80,7 @@ def _sweep_learned(root, cfg, ckpt, tmp_path, reducer):
     _, out = e2e.run_tool(['prune_eval.py', cfg, ckpt, '--methods', 'learned', 'tome',
                            '--ratios', '0', '0.3', '--out-dir', out_dir, '--replicates', '50',
                            '--threads', '1'], cwd=root)
-    assert f'{reducer} (fine-tuned)' in out, out[-3000:]
+    assert f'{reducer} (fine-tuned ' in out and ' iterations)' in out, out[-3000:]
     data = json.loads((out_dir / 'results.json').read_text())
     learned = [r for r in data['results'] if r['method'] == 'learned']
     assert len(learned) == 1 and learned[0]['reduction']['type'] == reducer
@@ -133,7 +133,7 @@ def test_finetuned_model_tests_and_sweeps(finetuned, tmp_path):
     assert e2e.printed_metrics(out)['mIoU'] == tested
     data, learned = _sweep_learned(root, cfg, ckpt, tmp_path, 'DynamicViT')
     rows = {(r['method'], r['ratio']) for r in data['results']}
-    assert learned['fine_tuned'] is True
+    assert learned['fine_tuned'] == 'fine-tuned 4 iterations'
     # 16 patches (64x64, patch 16): int(16 * 0.7) = 11 kept after block 0, int(16 * 0.49) = 7
     # after block 2
     assert learned['final_tokens'] == 7

@@ -73,8 +73,10 @@ def export_student_main(doc: str, argv: Optional[Sequence[str]] = None) -> int:
         raise ConfigError(f'the output {args.dst} is the input file; give another name')
     ck = load_checkpoint_file(args.src)
     out = student_state_dict(extract_state_dict(ck))
-    it = ck.get('meta', {}).get('iter') if isinstance(ck, dict) else None
-    meta = mark_weights(dict(source=args.src, converter='export_student', iter=it), out)
+    src_meta = ck.get('meta') if isinstance(ck, dict) else None
+    src_meta = src_meta if isinstance(src_meta, dict) else {}
+    meta = mark_weights(dict(source=args.src, converter='export_student',
+                             epoch=src_meta.get('epoch'), iter=src_meta.get('iter')), out)
     buf = io.BytesIO()
     torch.save(dict(state_dict=out, meta=meta), buf)
     atomic_write_bytes(buf.getvalue(), args.dst)

@@ -32,8 +32,9 @@ entry: the row's metric is their mean, with ``metric_seeds`` and ``seed_std``.
 
 ``learned`` evaluates the learned reducer the model's own config carries (e.g. a
 ``*_dynamicvit.py`` fine-tuning config and its checkpoint): one row per model at the reducer's
-realised ratio (the ``ratios`` do not apply), labelled with the reducer and marked
-``fine_tuned`` in the row; the other methods run on the same fine-tuned weights with the
+realised ratio (the ``ratios`` do not apply), labelled with the reducer and how long it was
+fine-tuned (``fine_tuned``: ``'fine-tuned N epochs'`` / ``'... N iterations'`` from the
+checkpoint's ``meta``); the other methods run on the same fine-tuned weights with the
 learned reducer switched off.
 
 Intervals: every evaluation also keeps per-image statistics (``per_image/*.npz``, see
@@ -262,6 +263,22 @@ def reduction_config(method: str, ratio: float, num_patches: int, depth: int,
     return cfg
 
 
+def fine_tuning_label(ckpt: str) -> str:
+    """``'fine-tuned N epochs'`` / ``'fine-tuned N iterations'`` from a checkpoint's
+    ``meta`` (mmengine's ``epoch`` / ``iter``; an exported student keeps them), else
+    ``'fine-tuned'``."""
+    from amvim_mm.utils.safe_load import load_checkpoint_file
+    meta = load_checkpoint_file(ckpt)
+    meta = meta.get('meta') if isinstance(meta, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    epoch, it = meta.get('epoch'), meta.get('iter')
+    if isinstance(epoch, int) and epoch > 0:
+        return f'fine-tuned {epoch} epoch' + ('s' if epoch > 1 else '')
+    if isinstance(it, int) and it > 0:
+        return f'fine-tuned {it} iterations'
+    return 'fine-tuned'
+
+
 def _config_has_learned_reducer(cfg) -> bool:
     """Whether the model config's backbone (also inside a ``ReducerFineTuner``) has a learned
     token reducer."""
@@ -414,6 +431,8 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
         backbone = find_reducible_backbone(runner.model)
         learned = backbone.token_reducer if getattr(backbone.token_reducer, 'learned',
                                                     False) else None
+        if learned is not None:
+            learned.fine_tuned = fine_tuning_label(ckpt)
         cell = _Cell(runner=runner, backbone=backbone, learned=learned,
                      recorder=recorders[0], config=config, ckpt=ckpt, name=name,
                      precision=precision, metric_key=PRIMARY_METRICS[cfg.default_scope],
@@ -528,7 +547,7 @@ class _Cell:
             row.update(seeds=seeds, metric_seeds=metrics,
                        seed_std=round(float(np.std(metrics, ddof=1)), 4))
         if method == LEARNED:
-            row['fine_tuned'] = True
+            row['fine_tuned'] = getattr(self.learned, 'fine_tuned', None) or True
         if self.measure_speed:
             row.update(_speed(bb, bb.img_size, self.precision,
                               self.learned if method == LEARNED else red))
@@ -768,7 +787,8 @@ def markdown_table(data: Dict[str, object]) -> str:
         dg = _digits(r['metric_name'])
         method = r['method']
         if r.get('fine_tuned'):
-            method = f"{(r.get('reduction') or {}).get('type', method)} (fine-tuned)"
+            how = r['fine_tuned'] if isinstance(r['fine_tuned'], str) else 'fine-tuned'
+            method = f"{(r.get('reduction') or {}).get('type', method)} ({how})"
         cells = [r['model'], method, f"{r['ratio']:.2f}", f"{r['realised_ratio']:.3f}",
                  f"{r['gflops']:.3f}", r['metric_name'], f"{r['metric']:.{dg}f}",
                  '' if r.get('drop') is None else f"{r['drop']:+.{dg}f}",
