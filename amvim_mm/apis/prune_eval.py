@@ -263,14 +263,9 @@ def reduction_config(method: str, ratio: float, num_patches: int, depth: int,
     return cfg
 
 
-def fine_tuning_label(ckpt: str) -> str:
-    """``'fine-tuned N epochs'`` / ``'fine-tuned N iterations'`` from a checkpoint's
-    ``meta`` (mmengine's ``epoch`` / ``iter``; an exported student keeps them), else
-    ``'fine-tuned'``."""
-    from amvim_mm.utils.safe_load import load_checkpoint_file
-    meta = load_checkpoint_file(ckpt)
-    meta = meta.get('meta') if isinstance(meta, dict) else None
-    meta = meta if isinstance(meta, dict) else {}
+def fine_tuning_label(meta: dict) -> str:
+    """``'fine-tuned N epochs'`` / ``'fine-tuned N iterations'`` from a checkpoint's ``meta``
+    (mmengine's ``epoch`` / ``iter``; an exported student keeps them), else ``'fine-tuned'``."""
     epoch, it = meta.get('epoch'), meta.get('iter')
     if isinstance(epoch, int) and epoch > 0:
         return f'fine-tuned {epoch} epoch' + ('s' if epoch > 1 else '')
@@ -422,7 +417,7 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
             cfg.log_level = 'ERROR'
             cfg.default_hooks.logger = dict(type='LoggerHook', interval=10**9)
         runner = make_runner(cfg)
-        load_model_weights(runner.model, ckpt, strict=True)
+        ckpt_meta = load_model_weights(runner.model, ckpt, strict=True)
         recorders = [S.MetricRecorder(m) for m in runner.test_loop.evaluator.metrics
                      if type(m).__name__ in S.KINDS]
         if len(recorders) != 1:
@@ -432,7 +427,7 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
         learned = backbone.token_reducer if getattr(backbone.token_reducer, 'learned',
                                                     False) else None
         if learned is not None:
-            learned.fine_tuned = fine_tuning_label(ckpt)
+            learned.fine_tuned = fine_tuning_label(ckpt_meta)
         cell = _Cell(runner=runner, backbone=backbone, learned=learned,
                      recorder=recorders[0], config=config, ckpt=ckpt, name=name,
                      precision=precision, metric_key=PRIMARY_METRICS[cfg.default_scope],

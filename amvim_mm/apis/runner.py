@@ -64,11 +64,12 @@ def make_runner(cfg: Config):
     return Runner.from_cfg(cfg)
 
 
-def load_model_weights(model, filename: str, strict: bool = True) -> None:
+def load_model_weights(model, filename: str, strict: bool = True) -> dict:
     """Load a trained model's weights strictly (every missing/unexpected key is reported).
 
     Accepts our/mmengine checkpoints (``state_dict``) and, for classifiers, official Vim and
-    VMamba files (converted on the fly: ``backbone.*`` and ``head.fc.*``).
+    VMamba files (converted on the fly: ``backbone.*`` and ``head.fc.*``). Returns the file's
+    ``meta`` dict (mmengine's ``epoch`` / ``iter`` ...; empty when it has none).
     """
     import torch.nn as nn
     from mmengine.model import is_model_wrapper
@@ -78,7 +79,9 @@ def load_model_weights(model, filename: str, strict: bool = True) -> None:
     from amvim_mm.utils.safe_load import load_checkpoint_file
     if is_model_wrapper(model):
         model = model.module
-    sd = extract_state_dict(load_checkpoint_file(filename))
+    ckpt = load_checkpoint_file(filename)
+    meta = ckpt.get('meta') if isinstance(ckpt, dict) else None
+    sd = extract_state_dict(ckpt)
     own = set(model.state_dict())
     ema = [k for k in sd if k.startswith('ema_') and k not in own]
     if ema:   # mmcls's EMA hook keeps buffers ema_* on the model: not this model's weights
@@ -105,6 +108,7 @@ def load_model_weights(model, filename: str, strict: bool = True) -> None:
             raise CheckpointMismatchError(msg + '. Is this the checkpoint of this config?')
         from mmengine.logging import MMLogger
         MMLogger.get_current_instance().warning(msg)
+    return meta if isinstance(meta, dict) else {}
 
 
 def add_token_reduction_hook(cfg: Config, reduction: dict,

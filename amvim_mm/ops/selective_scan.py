@@ -477,10 +477,7 @@ def removal_masked_scan(u: Tensor,
                           f'{tuple(mask.shape)}')
     ct = _compute_dtype(u.dtype)
     m = mask.to(ct)[:, None, :]
-    d = delta.to(ct)
-    if delta_bias is not None:
-        d = d + delta_bias.to(ct)[:, None]
-    d = F.softplus(d) * m
+    d = _step_sizes(delta, delta_bias, True, ct) * m
     uf = u.to(ct) * m
     y = selective_scan_fn(uf, d, A.to(ct), B.to(ct), C.to(ct), None, None, None,
                           delta_softplus=False, return_last_state=False, backend=backend)

@@ -788,14 +788,7 @@ class PlainMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
         :mod:`amvim_mm.models.reduction.learned`): the whole grid throughout, every layer after
         the first decision on the mixer's masked forward; a dropped token keeps the value it
         had when dropped (what the dense restore gives it)."""
-        red = self.token_reducer
-        if red.merges:
-            raise ConfigError(f'PlainMamba: {type(red).__name__} merges tokens; a merged '
-                              "token fills all its cells in PlainMamba's grid conv, which the "
-                              'masked training forward does not model yet (use LTMP with '
-                              'merge=False, or DynamicViT)')
-        red.begin(x.shape[0], ctx.n_patches, self.num_layers, x.device)
-        ctx.want_importance = red.needs_importance
+        red = self.begin_masked_training(ctx, x, self.num_layers)
         keep, outs = None, []
         for i, layer in enumerate(self.layers):
             new = red.decide(i, x, ctx, layer)

@@ -29,6 +29,7 @@ from amvim_mm.ops.fused_mixer import autocast_dtype
 from amvim_mm.token_layout import NO_CLS, cls_index_for, cls_slot
 from ..layout.scan_context import ScanContext
 from ..reduction import ReducibleBackbone, ReductionSession, restore_grid
+from ..reduction.learned import patch_tokens
 from .args import positive_int, rate, resolve_out_indices, size_pair
 from .block import VimBlock
 from .checkpoint_guard import CheckpointGuard
@@ -415,7 +416,7 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
             if ctx.reduced:
                 feat = restore_grid(ctx, stream)
             elif ctx.cls_index >= 0:
-                feat = torch.cat([stream[:, :ctx.cls_index], stream[:, ctx.cls_index + 1:]], 1)
+                feat = patch_tokens(stream, ctx.cls_index)
             else:
                 feat = stream
             if last and self.final_norm:
@@ -458,8 +459,9 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
             return False
         return self.layers[0].mixer.use_fused(x, None)
 
-    #: Vim-family mixers have the masked forward a learned reducer trains with
+    #: Vim-family mixers have the masked forward a learned reducer trains with, merges too
     supports_learned_reduction = True
+    masked_training_merges = True
     #: keep the last forward's final stream ``residual + hidden`` (B, L, D, before ``norm_f``)
     #: in ``self.final_stream`` (for token distillation; see ``ReducerFineTuner``)
     record_final_stream = False
@@ -493,10 +495,8 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
         mixer's masked forward (see :mod:`amvim_mm.models.reduction.learned`). Outputs as the
         unreduced forward's: a dropped token's stream is its value when it was dropped (what
         inference's dense restore gives it). ``self.keep_mask``: the last (B, L) mask."""
-        reducer = self.token_reducer
         hidden, ctx = self.embed(x, False)
-        reducer.begin(hidden.shape[0], ctx.n_patches, self.num_layers, hidden.device)
-        ctx.want_importance = reducer.needs_importance
+        reducer = self.begin_masked_training(ctx, hidden, self.num_layers)
         residual, keep, outs = None, None, []
         for i, layer in enumerate(self.layers):
             stream = hidden if residual is None else residual + hidden

@@ -534,14 +534,7 @@ class VMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
         """Stage ``i`` in a learned reducer's training forward: the whole grid throughout,
         the blocks after a decision on SS2D's masked forward; a dropped token keeps its value
         (what the restore before the downsampling gives it)."""
-        red = self.token_reducer
-        if red.merges:
-            raise ConfigError(f'VMamba: {type(red).__name__} merges tokens; a merged token '
-                              "fills all its cells in SS2D's grid conv, which the masked "
-                              'training forward does not model yet (use LTMP with merge=False, '
-                              'or DynamicViT)')
-        red.begin(tokens.shape[0], ctx.n_patches, self.depths[i], tokens.device)
-        ctx.want_importance = red.needs_importance
+        red = self.begin_masked_training(ctx, tokens, self.depths[i])
         keep = None
         for j, blk in enumerate(self.layers[i].blocks):
             new = red.decide(j, tokens, ctx, blk)

@@ -116,12 +116,6 @@ class LearnedReducer(nn.Module, TokenReducer):
         """The reducer's own training terms for the last training forward (weighted)."""
         return {}
 
-    def train(self, mode: bool = True):
-        return nn.Module.train(self, mode)
-
-    def __repr__(self) -> str:
-        return nn.Module.__repr__(self)
-
 
 @TOKEN_REDUCERS.register_module(name='DynamicViT')
 class DynamicViTReducer(LearnedReducer):

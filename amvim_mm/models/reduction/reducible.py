@@ -63,6 +63,25 @@ class ReducibleBackbone:
         self.token_reducer = reducer
         return old
 
+    #: the masked training forward models merges too (the Vim family: a merge is a weighted
+    #: mean of both streams; a 2D grid conv would need the merged token in all its cells)
+    masked_training_merges = False
+
+    def begin_masked_training(self, ctx, tokens: torch.Tensor, depth: int):
+        """Start a learned reducer's training forward over ``depth`` blocks of ``tokens``
+        (B, L, D) on the grid of ``ctx``: refuse a merging reducer where the masked forward does
+        not model merges, start the reducer's decisions, ask the mixers for importance when it
+        needs them. Returns the reducer."""
+        red = self.token_reducer
+        if red.merges and not self.masked_training_merges:
+            raise ConfigError(f'{type(self).__name__}: {type(red).__name__} merges tokens; a '
+                              "merged token fills all its cells in this backbone's grid conv, "
+                              'which the masked training forward does not model yet (use LTMP '
+                              'with merge=False, or DynamicViT)')
+        red.begin(tokens.shape[0], ctx.n_patches, depth, tokens.device)
+        ctx.want_importance = red.needs_importance
+        return red
+
     def runs_per_image(self, x) -> bool:
         """Whether this inference forward runs image by image: a reducer whose token counts
         depend on the image (LTMP's thresholds) and a batch of more than one image."""

@@ -38,18 +38,20 @@ class ReductionSession:
         self.reducer = reducer
         self.training = training
         self.removals = None
-        #: a dynamic reducer's decision blocks (its counts depend on the image: batch 1)
-        self.dynamic = None
+        #: the blocks before which a step runs (a schedule's, or a dynamic reducer's decision
+        #: blocks: its counts depend on the image, so it runs one image at a time)
+        self.steps = frozenset()
         if reducer is not None:
             M = ctx.grid[0] * ctx.grid[1]
             removals = reducer.removals(M, depth)
+            steps = {i for i, k in enumerate(removals) if k}
             if getattr(reducer, 'dynamic', False):
                 if hidden.shape[0] != 1:
                     raise ConfigError(f'{type(reducer).__name__} removes a number of tokens that '
                                       'depends on the image: run it one image at a time')
-                self.dynamic = set(reducer.decision_blocks(M, depth))
-            if any(removals) or self.dynamic:
-                self.removals = removals
+                steps |= set(reducer.decision_blocks(M, depth))
+            if steps:
+                self.removals, self.steps = removals, frozenset(steps)
                 ctx = init_reduction_state(ctx, hidden.shape[0], hidden.device)
                 if hasattr(reducer, 'start'):
                     reducer.start()
@@ -68,17 +70,7 @@ class ReductionSession:
         if self.removals is None:
             return hidden, residual, None
         reducer, ctx, merge = self.reducer, self.ctx, None
-        k = self.removals[i]
-        sel = None
-        if self.dynamic is not None and i in self.dynamic:
-            sel = reducer.step(i, None, Streams(hidden, residual), ctx, layer)
-            if sel is not None and sel.removed.shape[1]:
-                hidden, residual, ctx = reduce_tokens(
-                    ctx, hidden, residual, sel.removed, sel.dst, sel.weight, False,
-                    reducer.merges, fold=not self.training, prunes=reducer.prunes)
-                ctx.align = reducer.align
-            k = 0
-        if k:
+        if i in self.steps:
             if reducer.freeze_sources:
                 hidden, residual, ctx = append_fused_slot(ctx, hidden, residual)
             # inference on the fused path: Triton kernels for the reduction step too
@@ -86,20 +78,20 @@ class ReductionSession:
                 fused = layer.mixer.use_fused(hidden, None)
             ctx.fused_ok = not self.training and fused
             streams = Streams(hidden, residual)
-            sel = reducer.step(i, k, streams, ctx, layer)
-            self._check(reducer, sel)
-            if ctx.fused_ok and can_plan_merge(ctx, reducer, sel.weight):
-                merge, ctx = plan_merge_step(ctx, sel.removed, sel.dst, sel.plan)
-            else:
-                hidden, residual, ctx = reduce_tokens(
-                    ctx, hidden, residual, sel.removed, sel.dst, sel.weight,
-                    reducer.freeze_sources, reducer.merges, fold=not self.training,
-                    stream=streams.total(), prunes=reducer.prunes)
-            ctx.align = reducer.align
+            # k: the schedule's count (0 for a dynamic reducer, whose step decides it)
+            sel = reducer.step(i, self.removals[i], streams, ctx, layer)
+            if sel is not None and sel.removed.shape[1]:
+                self._check(reducer, sel)
+                if ctx.fused_ok and can_plan_merge(ctx, reducer, sel.weight):
+                    merge, ctx = plan_merge_step(ctx, sel.removed, sel.dst, sel.plan)
+                else:
+                    hidden, residual, ctx = reduce_tokens(
+                        ctx, hidden, residual, sel.removed, sel.dst, sel.weight,
+                        reducer.freeze_sources, reducer.merges, fold=not self.training,
+                        stream=streams.total(), prunes=reducer.prunes)
+                ctx.align = reducer.align
         # only the block right before a step scores the tokens (the others keep the fused path)
-        nxt = i + 1 < len(self.removals) and (self.removals[i + 1] > 0 or (
-            self.dynamic is not None and i + 1 in self.dynamic))
-        ctx.want_importance = reducer.needs_importance and nxt
+        ctx.want_importance = reducer.needs_importance and i + 1 in self.steps
         self.ctx = ctx
         return hidden, residual, merge
 
