@@ -3,9 +3,9 @@
 # tokens kept, realised ratio 0.375. Student = the demo model with the keep predictors, teacher
 # = the same model unreduced; losses = decode head + keep ratio (2.0) + 0.5 token MSE.
 # Demo recipe (our choice for a model trained from scratch in 2000 iterations): AdamW lr 1e-3
-# for everything (the demo's own rate), poly decay, no warm-up freeze. Tried on seed 0 (Vim,
-# mIoU at 0.375 after fine-tuning): DynamicViT's recipe (rest x0.1, backbone held 100 iterations)
-# 47.1 after 300 / 47.5 after 600 iterations; rest x1, no freeze 49.2 after 300, 50.8 after 600.
+# for everything (the demo's own rate), poly decay, no warm-up freeze. The seed-0 trials that
+# chose it (DynamicViT's recipe 47.1 / 47.5 mIoU after 300 / 600 iterations, this one 49.2 /
+# 50.8) and their commands are in benchmarks/README.md ("Demo fine-tuning recipe").
 #   python tools/train.py THIS_CONFIG --cfg-options randomness.seed=S \
 #       load_from=checkpoints/demo/vim-demo-seedS_toyshapes-64x64.pth
 # Its results are "fine-tuned 600 iterations" (configs/demo/README.md has the table).
