@@ -20,6 +20,7 @@ variable                           field                     values
 ``AMVIM_FUSED_MIXER``              ``fused_mixer``           auto (None), 1 (True), 0 (False)
 ``AMVIM_FUSED_REDUCTION_KERNELS``  ``reduction_kernels``     1 (default), 0
 ``AMVIM_FUSED_SCAN_CONFIG``        ``scan_config``           "BLOCK_E,num_warps,dt_in_kernel"
+``AMVIM_FUSED_BWD_CONFIG``         ``bwd_config``            "T,BLOCK_E,num_warps"
 ``AMVIM_TOME_MATCH_CONFIG``        ``match_config``          "BLOCK_D,num_warps,num_stages"
 ``AMVIM_EMBED_CONFIG``             ``embed_config``          "BLOCK_M,BLOCK_N,warps,stages"
 ``AMVIM_UNSAFE_LOAD``              ``unsafe_load``           checkpoint paths, ``os.pathsep``
@@ -51,6 +52,7 @@ class Settings:
     fused_mixer: Optional[bool] = None
     reduction_kernels: bool = True
     scan_config: Optional[Tuple[int, int, int]] = None
+    bwd_config: Optional[Tuple[int, int, int]] = None
     match_config: Optional[Tuple[int, int, int]] = None
     embed_config: Optional[Tuple[int, int, int, int]] = None
     unsafe_load: Tuple[str, ...] = ()
@@ -120,6 +122,8 @@ VARIABLES = {
     'scan_config': ('AMVIM_FUSED_SCAN_CONFIG',
                     _launch('AMVIM_FUSED_SCAN_CONFIG', 'BLOCK_E,num_warps,dt_in_kernel',
                             '64,2,0')),
+    'bwd_config': ('AMVIM_FUSED_BWD_CONFIG',
+                   _launch('AMVIM_FUSED_BWD_CONFIG', 'T,BLOCK_E,num_warps', '16,16,4')),
     'match_config': ('AMVIM_TOME_MATCH_CONFIG',
                      _launch('AMVIM_TOME_MATCH_CONFIG', 'BLOCK_D,num_warps,num_stages',
                              '64,8,1')),

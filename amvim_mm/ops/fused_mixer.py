@@ -43,7 +43,8 @@ from amvim_mm import runtime
 from amvim_mm.errors import BackendUnavailableError, ConfigError
 
 __all__ = ['fused_mixer_available', 'fused_mixer_forward', 'fused_add_rmsnorm', 'FUSED_ENV_VAR',
-           'fused_requested', 'auto_prefers_fused', 'autocast_dtype', 'pack_mixer_weights']
+           'fused_requested', 'auto_prefers_fused', 'autocast_dtype', 'pack_mixer_weights',
+           'stack_mixer_params']
 
 FUSED_ENV_VAR = runtime.variable_of('fused_mixer')
 LOG2E = 1.4426950408889634
@@ -137,34 +138,100 @@ def pack_mixer_weights(per_path, in_proj_weight: Tensor, out_proj_weight: Tensor
     kernel), and ``x_proj``'s rows to a multiple of 8 (16-byte rows of ``x_dbl``; the kernels
     read ``B`` and ``C`` by offset).
     """
+    with torch.no_grad():
+        return stack_mixer_params(per_path, in_proj_weight, out_proj_weight, compute_dtype)
+
+
+def stack_mixer_params(per_path, in_proj_weight: Tensor, out_proj_weight: Tensor,
+                       compute_dtype: Optional[torch.dtype] = None) -> Tuple:
+    """:func:`pack_mixer_weights` without ``no_grad``: the stacking, padding and ``out_proj``
+    repetition are autograd ops, so the training path
+    (:mod:`amvim_mm.ops.fused_mixer_autograd`) differentiates through them to the per-path
+    parameters."""
     def mm(t):   # a matmul operand, in the dtype autocast would give it
         return t if compute_dtype is None else t.to(compute_dtype)
 
     P = len(per_path)
-    with torch.no_grad():
-        x_proj = torch.stack([x.weight for _, x, *_ in per_path])              # (P, R+2N, E)
-        dt_w = torch.stack([d.weight for _, _, d, *_ in per_path]).float()     # (P, E, R)
-        R = dt_w.shape[-1]
-        pad_r = -R % 8
-        if pad_r:
-            x_proj = torch.cat([x_proj[:, :R], x_proj.new_zeros(
-                x_proj.shape[0], pad_r, x_proj.shape[2]), x_proj[:, R:]], 1)
-            dt_w = F.pad(dt_w, (0, pad_r))
-        pad = -x_proj.shape[1] % 8
-        if pad:
-            x_proj = F.pad(x_proj, (0, 0, 0, pad))
-        stacked = (
-            torch.stack([c.weight[:, 0] for c, *_ in per_path]),              # (P, E, K)
-            torch.stack([c.bias for c, *_ in per_path]),                      # (P, E)
-            mm(x_proj),                                                       # (P, R'+2N+pad, E)
-            mm(dt_w),                                                         # (P, E, R')
-            torch.stack([d.bias for _, _, d, *_ in per_path]).float(),        # (P, E)
-            torch.stack([-torch.exp(a.float()) for *_, a, _ in per_path]),    # (P, E, N)
-            torch.stack([d for *_, d in per_path]).float(),                   # (P, E)
-        )
-        # Vim's mean of the paths folded into out_proj: (Dm, P * E)
-        out_cat = torch.cat([out_proj_weight] * P, 1) / P
-        return mm(in_proj_weight), stacked, mm(out_cat)
+    x_proj = torch.stack([x.weight for _, x, *_ in per_path])              # (P, R+2N, E)
+    dt_w = torch.stack([d.weight for _, _, d, *_ in per_path]).float()     # (P, E, R)
+    R = dt_w.shape[-1]
+    pad_r = -R % 8
+    if pad_r:
+        x_proj = torch.cat([x_proj[:, :R], x_proj.new_zeros(
+            x_proj.shape[0], pad_r, x_proj.shape[2]), x_proj[:, R:]], 1)
+        dt_w = F.pad(dt_w, (0, pad_r))
+    pad = -x_proj.shape[1] % 8
+    if pad:
+        x_proj = F.pad(x_proj, (0, 0, 0, pad))
+    stacked = (
+        torch.stack([c.weight[:, 0] for c, *_ in per_path]),              # (P, E, K)
+        torch.stack([c.bias for c, *_ in per_path]),                      # (P, E)
+        mm(x_proj),                                                       # (P, R'+2N+pad, E)
+        mm(dt_w),                                                         # (P, E, R')
+        torch.stack([d.bias for _, _, d, *_ in per_path]).float(),        # (P, E)
+        torch.stack([-torch.exp(a.float()) for *_, a, _ in per_path]),    # (P, E, N)
+        torch.stack([d for *_, d in per_path]).float(),                   # (P, E)
+    )
+    # Vim's mean of the paths folded into out_proj: (Dm, P * E)
+    out_cat = torch.cat([out_proj_weight] * P, 1) / P
+    return mm(in_proj_weight), stacked, mm(out_cat)
+
+
+def mixer_front(xz: Tensor, perm: Tensor, conv_weight: Tensor, conv_bias: Tensor,
+                x_proj_weight: Tensor, dt_proj_weight: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """The mixer's steps before the scan, every path at once: ``xc`` (P, B, L, E) = silu of the
+    causal conv in path order (one ``conv_kernel`` launch), ``x_dbl`` (P, B, L, W) =
+    ``xc @ x_proj.T`` and ``delta`` (P, B, L, E) = ``dt_proj`` of its first R columns (before
+    the bias), in ``xz``'s dtype. ``xz``: (B, L, 2E) channel-last; ``perm``: int32
+    (P, B or 1, L) contiguous."""
+    import triton
+    Bsz, L, _ = xz.shape
+    P, E, K = conv_weight.shape
+    R = dt_proj_weight.shape[-1]
+    conv_k = _kernels(xz.device.type != 'cuda')[0]
+    dtype = xz.dtype
+    s_pb = perm.stride(1) if perm.shape[1] > 1 else 0
+    xc = torch.empty(P, Bsz, L, E, device=xz.device, dtype=dtype)
+    bl, be = CONV_BLOCK
+    n_lb = triton.cdiv(L, bl)
+    conv_k[(Bsz * n_lb, triton.cdiv(E, be), P)](
+        xz, perm, conv_weight.contiguous(), conv_bias.contiguous(), xc, L, E, n_lb,
+        xz.stride(0), xz.stride(1), perm.stride(0), s_pb, xc.stride(0), xc.stride(1),
+        xc.stride(2), K=K, BLOCK_L=bl, BLOCK_E=be, num_warps=4)
+    x_dbl = torch.matmul(xc.view(P, Bsz * L, E), x_proj_weight.to(dtype).transpose(1, 2))
+    x_dbl = x_dbl.view(P, Bsz, L, -1)
+    if x_dbl.stride(-1) != 1:
+        x_dbl = x_dbl.contiguous()
+    if scan_config(E)[2]:
+        delta = x_dbl      # unused: dt_proj runs inside the scan kernel
+    else:   # dt_proj as one batched matmul over the paths, like the official code
+        delta = torch.bmm(x_dbl.view(P, Bsz * L, -1)[..., :R],
+                          dt_proj_weight.to(dtype).transpose(1, 2)).view(P, Bsz, L, E)
+    return xc, x_dbl, delta
+
+
+def launch_scan(xc: Tensor, x_dbl: Tensor, delta: Tensor, z: Tensor, perm: Tensor,
+                dt_proj_weight: Tensor, dt_proj_bias: Tensor, A: Tensor, D: Tensor,
+                y: Tensor) -> None:
+    """The gated scan of every path into ``y`` (B, L, P * E) (token order, path p in columns
+    p * E ...): one ``scan_kernel`` launch. Arguments as :func:`mixer_front` returns them;
+    ``z`` (B, L, E) is the gate (a view of ``xz``)."""
+    import triton
+    P, Bsz, L, E = xc.shape
+    N = A.shape[-1]
+    R = dt_proj_weight.shape[-1]
+    scan_k = _kernels(xc.device.type != 'cuda')[1]
+    block_e, warps, dt_in_kernel = scan_config(E)
+    block_e = min(block_e, triton.next_power_of_2(E))
+    block_r = max(triton.next_power_of_2(R), 2)
+    s_pb = perm.stride(1) if perm.shape[1] > 1 else 0
+    scan_k[(Bsz, triton.cdiv(E, block_e), P)](
+        xc, x_dbl, delta, z, perm, dt_proj_weight.contiguous(),
+        dt_proj_bias.float().contiguous(), A.float().contiguous(), D.float().contiguous(), y, L,
+        E, R, xc.stride(0), xc.stride(1), xc.stride(2), x_dbl.stride(0), x_dbl.stride(1),
+        x_dbl.stride(2), delta.stride(0), delta.stride(1), delta.stride(2), z.stride(0),
+        z.stride(1), perm.stride(0), s_pb, y.stride(0), y.stride(1), N=N, BLOCK_E=block_e,
+        BLOCK_R=block_r, DT_IN_KERNEL=dt_in_kernel, num_warps=warps)
 
 
 def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight: Tensor,
@@ -191,49 +258,19 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
     Bsz, L, _ = hidden.shape
     P, E, K = conv_weight.shape
     N = A.shape[-1]
-    R = dt_proj_weight.shape[-1]
     if perm.dim() != 3 or perm.shape[0] != P or perm.shape[1] not in (1, Bsz) or perm.shape[2] != L:
         raise ConfigError(f'perm must have shape (P={P}, 1 or B={Bsz}, L={L}); '
                           f'got {tuple(perm.shape)}')
     if N & (N - 1):
         raise ConfigError(f'the fused mixer needs a power-of-two d_state; got {N}')
-    interpret = hidden.device.type != 'cuda'
-    conv_k, scan_k, *_ = _kernels(interpret)
-    import triton
     xz = F.linear(hidden, in_proj_weight)                       # (B, L, 2E), channel-last
     if xz.stride(-1) != 1:
         xz = xz.contiguous()
-    dtype = xz.dtype
     perm = perm.to(device=xz.device, dtype=torch.int32).contiguous()
-    s_pb = perm.stride(1) if perm.shape[1] > 1 else 0
-    xc = torch.empty(P, Bsz, L, E, device=xz.device, dtype=dtype)
-    bl, be = CONV_BLOCK
-    n_lb = triton.cdiv(L, bl)
-    conv_k[(Bsz * n_lb, triton.cdiv(E, be), P)](
-        xz, perm, conv_weight.contiguous(), conv_bias.contiguous(), xc, L, E, n_lb,
-        xz.stride(0), xz.stride(1), perm.stride(0), s_pb, xc.stride(0), xc.stride(1),
-        xc.stride(2), K=K, BLOCK_L=bl, BLOCK_E=be, num_warps=4)
-    x_dbl = torch.matmul(xc.view(P, Bsz * L, E), x_proj_weight.transpose(1, 2))
-    x_dbl = x_dbl.view(P, Bsz, L, -1)
-    if x_dbl.stride(-1) != 1:
-        x_dbl = x_dbl.contiguous()
-    z = xz[..., E:]
-    block_e, warps, dt_in_kernel = scan_config(E)
-    block_e = min(block_e, triton.next_power_of_2(E))
-    block_r = max(triton.next_power_of_2(R), 2)
-    if dt_in_kernel:
-        delta = x_dbl      # unused
-    else:   # dt_proj as one batched matmul over the paths, like the official code
-        delta = torch.bmm(x_dbl.view(P, Bsz * L, -1)[..., :R],
-                          dt_proj_weight.to(x_dbl.dtype).transpose(1, 2)).view(P, Bsz, L, E)
+    xc, x_dbl, delta = mixer_front(xz, perm, conv_weight, conv_bias, x_proj_weight,
+                                   dt_proj_weight)
     y = torch.empty(Bsz, L, P * E, device=xz.device, dtype=x_dbl.dtype)
-    scan_k[(Bsz, triton.cdiv(E, block_e), P)](
-        xc, x_dbl, delta, z, perm, dt_proj_weight.contiguous(),
-        dt_proj_bias.float().contiguous(), A.float().contiguous(), D.float().contiguous(), y, L,
-        E, R, xc.stride(0), xc.stride(1), xc.stride(2), x_dbl.stride(0), x_dbl.stride(1),
-        x_dbl.stride(2), delta.stride(0), delta.stride(1), delta.stride(2), z.stride(0),
-        z.stride(1), perm.stride(0), s_pb, y.stride(0), y.stride(1), N=N, BLOCK_E=block_e,
-        BLOCK_R=block_r, DT_IN_KERNEL=dt_in_kernel, num_warps=warps)
+    launch_scan(xc, x_dbl, delta, xz[..., E:], perm, dt_proj_weight, dt_proj_bias, A, D, y)
     if out_proj_cat is None:
         out_proj_cat = torch.cat([out_proj_weight] * P, dim=1) / P
     return F.linear(y, out_proj_cat)

@@ -46,7 +46,8 @@ class VimBlock(nn.Module):
                 residual.float()
         if fused is None:
             fused = self.mixer.use_fused(hidden, None)
-        if fused and (not self.training or self.drop_path.drop_prob == 0):
+        if fused and not torch.is_grad_enabled() and (not self.training
+                                                       or self.drop_path.drop_prob == 0):
             # inference: residual add + RMSNorm in one Triton pass (amvim_mm.ops.fused_mixer)
             normed, residual = fused_add_rmsnorm(hidden, residual, self.norm.weight,
                                                  self.norm.eps, merge=merge)

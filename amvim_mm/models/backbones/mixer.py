@@ -12,7 +12,9 @@ from amvim_mm.errors import BackendUnavailableError, ConfigError
 from amvim_mm.ops.backends import log_choice_once, mamba_selective_scan, requested_backend
 from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
 from amvim_mm.ops.fused_mixer import (auto_prefers_fused, autocast_dtype, fused_mixer_available,
-                                      fused_mixer_forward, fused_requested, pack_mixer_weights)
+                                      fused_mixer_forward, fused_requested, pack_mixer_weights,
+                                      stack_mixer_params)
+from amvim_mm.ops.fused_mixer_autograd import fused_mixer_train
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import is_reverse, masked_path_permutation, scan_rank_on
@@ -33,13 +35,13 @@ class BiMambaMixer(nn.Module):
         dt_rank: rank R of the delta projection; ``None`` means ceil(D / 16).
         suffixes: one parameter-name suffix per path.
         scan_backend: selective-scan backend (``None``: automatic, see ``amvim_mm.ops``).
-        fused: the fused Triton inference path (:mod:`amvim_mm.ops.fused_mixer`): ``None``
-            (automatic: on for CUDA tensors when no gradient is wanted, Triton imports, no
-            scan backend was forced by argument or ``AMVIM_SCAN_BACKEND``, and the batch is
-            large enough - below batch x E = 16 x 384 the mamba-ssm kernels, when installed,
-            are faster on long sequences), ``True`` (always
-            when no gradient is wanted; CPU tensors then run Triton's interpreter, for tests) or
-            ``False`` (never). ``AMVIM_FUSED_MIXER=0/1`` overrides ``None``. Training, ToP
+        fused: the fused Triton path (:mod:`amvim_mm.ops.fused_mixer`; under autograd
+            :mod:`amvim_mm.ops.fused_mixer_autograd`): ``None`` (automatic: on for CUDA
+            tensors when Triton imports and no scan backend was forced by argument or
+            ``AMVIM_SCAN_BACKEND``; in inference also only for a large enough batch - below
+            batch x E = 16 x 384 the mamba-ssm kernels, when installed, are faster on long
+            sequences), ``True`` (always; CPU tensors then run Triton's interpreter, for
+            tests) or ``False`` (never). ``AMVIM_FUSED_MIXER=0/1`` overrides ``None``. ToP
             alignment and importance scores always take the unfused path.
     """
 
@@ -218,25 +220,31 @@ class BiMambaMixer(nn.Module):
         setting = fused_requested(self.fused)
         if setting is False or not self.supports_fused:
             return False
-        if torch.is_grad_enabled() and (hidden.requires_grad or self.in_proj.weight.requires_grad):
-            return False
+        training = self.wants_grad(hidden)
         if setting is None:
             if not hidden.is_cuda or requested_backend(self.scan_backend) != 'auto':
                 return False
             if self.d_state & (self.d_state - 1):
                 return False
-            if not auto_prefers_fused(hidden.shape[0], self.d_inner,
-                                      mamba_selective_scan()[0] is not None):
+            if not training and not auto_prefers_fused(hidden.shape[0], self.d_inner,
+                                                       mamba_selective_scan()[0] is not None):
                 return False
             ok = fused_mixer_available('cuda')[0]
             if ok:
-                log_choice_once('mixer', 'fused triton', 'inference')
+                log_choice_once('mixer' + ' training' * training, 'fused triton',
+                                'training' if training else 'inference')
             return ok
         ok, reason = fused_mixer_available(hidden.device.type)
         if not ok:
             raise BackendUnavailableError(f'the fused mixer was requested (fused=True or '
                                           f'AMVIM_FUSED_MIXER=1) but is not usable: {reason}')
         return True
+
+    def wants_grad(self, hidden: torch.Tensor) -> bool:
+        """Whether this call builds an autograd graph (the fused path then takes
+        :func:`~amvim_mm.ops.fused_mixer_autograd.fused_mixer_train`)."""
+        return torch.is_grad_enabled() and (hidden.requires_grad
+                                            or self.in_proj.weight.requires_grad)
 
     @staticmethod
     def _ctx_needs_unfused(ctx: ScanContext) -> bool:
@@ -276,6 +284,11 @@ class BiMambaMixer(nn.Module):
             fused = self.use_fused(hidden, ctx)
         elif fused:
             fused = not self._ctx_needs_unfused(ctx)
+        if fused and self.wants_grad(hidden):
+            in_w, stacked, out_cat = stack_mixer_params(
+                [self.path_params(k) for k in range(self.num_paths)], self.in_proj.weight,
+                self.out_proj.weight)
+            return fused_mixer_train(hidden, in_w, *stacked, ctx.path_perms(paths), out_cat)
         if fused:
             in_w, stacked, out_cat = self.fused_params(autocast_dtype(hidden.device.type))
             return fused_mixer_forward(hidden, in_w, self.out_proj.weight, *stacked,

@@ -76,7 +76,7 @@ class ReductionSession:
             # inference on the fused path: Triton kernels for the reduction step too
             if fused is None:
                 fused = layer.mixer.use_fused(hidden, None)
-            ctx.fused_ok = not self.training and fused
+            ctx.fused_ok = not self.training and fused and not torch.is_grad_enabled()
             streams = Streams(hidden, residual)
             # k: the schedule's count (0 for a dynamic reducer, whose step decides it)
             sel = reducer.step(i, self.removals[i], streams, ctx, layer)
