@@ -282,12 +282,15 @@ def test_fused_on_cpu_without_interpreter_says_how():
         m(torch.randn(1, 3, 32, 32))
 
 
-def test_training_takes_the_unfused_path_even_when_fused_is_forced():
+def test_automatic_choice_trains_unfused_on_cpu():
+    """The automatic choice (fused_mixer=None) never takes the fused path for CPU tensors,
+    training included (forced fused training: tests/ops/test_fused_mixer_autograd.py)."""
     torch.manual_seed(0)
-    a = MODELS.build(dict(type='AMVim', arch='test', img_size=48, fused_mixer=True))
+    a = MODELS.build(dict(type='AMVim', arch='test', img_size=48, fused_mixer=None))
     b = MODELS.build(dict(type='AMVim', arch='test', img_size=48, fused_mixer=False))
     b.load_state_dict(a.state_dict())
     x = torch.randn(2, 3, 48, 48)
+    assert not a.layers[0].mixer.use_fused(x, None)
     ya, yb = a(x)[0], b(x)[0]          # grad enabled: no Triton involved, same math
     assert torch.equal(ya, yb)
     ya.sum().backward()

@@ -1,0 +1,190 @@
+"""Training on the fused path (amvim_mm.ops.fused_mixer_autograd): outputs and gradients of
+whole backbones equal the unfused path's (the PyTorch mixer and scan, an independent route).
+
+On CPU the kernels run in Triton's interpreter (a subprocess with ``TRITON_INTERPRET=1``), with
+chunks of 4 or 8 steps so that every sequence (13 tokens, fewer after a reduction step) spans
+several chunks, a partial last one included; the cases cover Vim's two paths with some channels
+past softplus' threshold, AMVim's window paths with per-sample pruned sequences, and ToMe's
+merges without a class token. The GPU checks compile the kernels and compare at realistic sizes.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import amvim_mm  # noqa: F401
+from amvim_mm.registry import MODELS
+
+try:
+    import triton  # noqa: F401
+    HAS_TRITON = True
+except ImportError:
+    HAS_TRITON = False
+
+# one training step per case on both paths: outputs, every parameter's gradient, token counts
+GRAD_SCRIPT = textwrap.dedent('''
+    import json, sys, torch, amvim_mm
+    from amvim_mm.registry import MODELS
+    cases = json.loads(sys.argv[1])
+    res = []
+    for cfg, (h, w), big_dt in cases:
+        torch.manual_seed(0)
+        m = MODELS.build(dict(cfg, out_type='featmap', out_indices=(1, -1))).train()
+        if big_dt:   # some channels past softplus' x > 20 threshold (delta = dt + bias)
+            for layer in m.layers:
+                with torch.no_grad():
+                    layer.mixer.dt_proj.bias[::3] = 25.
+        x = torch.randn(2, 3, h, w)
+        got = {}
+        for fused in (False, True):
+            for layer in m.layers:
+                layer.mixer.fused = fused
+            m.zero_grad()
+            outs = m(x)
+            loss = sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in outs)
+            loss.backward()
+            got[fused] = ([o.detach() for o in outs], {
+                n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None},
+                list(m.token_counts))
+        (o0, g0, c0), (o1, g1, c1) = got[False], got[True]
+        res.append(dict(
+            out=max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(o1, o0)),
+            names=sorted(g0) == sorted(g1), n=len(g0), counts=[c0, c1],
+            grads={k: ((g1[k] - g0[k]).abs().max() / (g0[k].abs().max() + 1e-30)).item()
+                   for k in g0}))
+    print('RESULT' + json.dumps(res))
+''')
+
+CASES = [
+    (dict(type='Vim', arch='test', img_size=64), (48, 64), True),
+    (dict(type='AMVim', arch='test', img_size=64, window_size=2,
+          token_reduction=dict(type='RandomPrune', ratio=0.27, seed=1)), (64, 48), False),
+    (dict(type='Vim', arch='test', img_size=64, with_cls_token=False,
+          token_reduction=dict(type='ToMe', ratio=0.3)), (64, 48), False),
+]
+
+
+def _run(cases, **env):
+    env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1', **env)
+    proc = subprocess.run([sys.executable, '-c', GRAD_SCRIPT, json.dumps(cases)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
+    return json.loads(line[len('RESULT'):])
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason='triton is not installed')
+@pytest.mark.parametrize('bwd_config', ['4,8,1', '8,16,2'])
+def test_fused_training_matches_unfused_in_interpreter(bwd_config):
+    cases = CASES if bwd_config == '4,8,1' else CASES[:1]
+    results = _run(cases, AMVIM_FUSED_BWD_CONFIG=bwd_config)
+    assert len(results) == len(cases)
+    for (cfg, _, _), r in zip(cases, results):
+        assert r['names'] and r['n'] > 20, r
+        assert r['out'] < 1e-5, (cfg, r['out'])
+        worst = max(r['grads'].items(), key=lambda kv: kv[1])
+        assert worst[1] < 2e-5, (cfg, worst)
+        # every mixer parameter got a gradient (in_proj to A_log / D of both paths)
+        assert any('A_b_log' in k for k in r['grads']) and any('in_proj' in k
+                                                                 for k in r['grads'])
+        c0, c1 = r['counts']
+        assert c0 == c1
+    if bwd_config == '4,8,1':   # the reduced cases ran on shorter sequences
+        assert results[1]['counts'][0][-1] < results[1]['counts'][0][0]
+        assert results[2]['counts'][0][-1] < results[2]['counts'][0][0]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason='triton is not installed')
+@pytest.mark.skipif(os.environ.get('TRITON_INTERPRET') == '1', reason='interpreter is on')
+def test_forced_fused_training_on_cpu_without_interpreter_says_how():
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=32, fused_mixer=True)).train()
+    with pytest.raises(RuntimeError, match='TRITON_INTERPRET=1'):
+        m(torch.randn(1, 3, 32, 32))
+
+
+def test_bwd_config_env_is_validated(monkeypatch):
+    from amvim_mm.ops.fused_mixer_autograd import BWD_CONFIG, bwd_config
+    monkeypatch.delenv('AMVIM_FUSED_BWD_CONFIG', raising=False)
+    assert bwd_config() == BWD_CONFIG
+    monkeypatch.setenv('AMVIM_FUSED_BWD_CONFIG', '32,8,4')
+    assert bwd_config() == (32, 8, 4)
+    monkeypatch.setenv('AMVIM_FUSED_BWD_CONFIG', '32,8')
+    with pytest.raises(ValueError, match='AMVIM_FUSED_BWD_CONFIG=.*"T,BLOCK_E,num_warps"'):
+        bwd_config()
+
+
+# ------------------------------------------------------------------------------------ GPU
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA is not available')
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).abs().max() / (b.float().abs().max() + 1e-30)).item()
+
+
+def _step(m, x, fused, amp):
+    """One forward + backward; (outputs, {name: grad}) as fp32 copies."""
+    for layer in m.layers:
+        layer.mixer.fused = fused
+    m.zero_grad()
+    with torch.autocast('cuda', dtype=amp or torch.float32, enabled=amp is not None):
+        outs = m(x)
+        loss = sum((o.float() * torch.linspace(-1, 1, o.numel(), device=x.device)
+                    .view_as(o)).sum() / o.numel() ** 0.5 for o in outs)
+    loss.backward()
+    return ([o.detach().float() for o in outs],
+            {n: p.grad.detach().float().clone() for n, p in m.named_parameters()
+             if p.grad is not None})
+
+
+def _worst(ga, gb):
+    return max(((_rel(ga[k], gb[k]), k) for k in gb))
+
+
+@pytest.fixture
+def exact_fp32():
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize('typ, arch, batch, size, reduction', [
+    ('Vim', 'tiny', 8, 224, None),
+    ('AMVim', 'tiny', 4, 224, None),
+    ('Vim', 'tiny', 2, 512, None),                    # 1025 tokens
+    ('Vim', 'small', 4, 224, dict(type='ToMe', ratio=0.17)),
+    ('AMVim', 'tiny', 4, 224, dict(type='RandomPrune', ratio=0.3, seed=0)),
+])
+@pytest.mark.usefixtures('exact_fp32')
+def test_fused_training_grads_cuda(typ, arch, batch, size, reduction):
+    """fp32: fused = unfused to 1e-4 relative (per tensor, against its largest entry) through
+    every block. bf16 autocast: both are compared with the fp32 result; the fused path's error
+    is at most 1.5x the unfused path's plus 2e-3 (the two round differently, neither is
+    exact)."""
+    torch.manual_seed(0)
+    cfg = dict(type=typ, arch=arch, img_size=size, out_type='featmap', out_indices=(5, -1))
+    if reduction:
+        cfg['token_reduction'] = reduction
+    m = MODELS.build(cfg).cuda().train()
+    x = torch.randn(batch, 3, size, size, device='cuda')
+    o_ref, g_ref = _step(m, x, False, None)
+    o_f, g_f = _step(m, x, True, None)
+    assert sorted(g_ref) == sorted(g_f)
+    assert max(_rel(a, b) for a, b in zip(o_f, o_ref)) < 1e-4
+    worst = _worst(g_f, g_ref)
+    assert worst[0] < 1e-4, worst
+    o_u16, g_u16 = _step(m, x, False, torch.bfloat16)
+    o_f16, g_f16 = _step(m, x, True, torch.bfloat16)
+    err_u, err_f = _worst(g_u16, g_ref), _worst(g_f16, g_ref)
+    print(f'{typ}-{arch} b{batch} {size} {reduction}: fp32 worst {worst}; bf16 worst vs fp32:'
+          f' unfused {err_u}, fused {err_f}')
+    assert err_f[0] <= 1.5 * err_u[0] + 2e-3, (err_f, err_u)
+    out_u = max(_rel(a, b) for a, b in zip(o_u16, o_ref))
+    out_f = max(_rel(a, b) for a, b in zip(o_f16, o_ref))
+    assert out_f <= 1.5 * out_u + 2e-3, (out_f, out_u)
