@@ -1,4 +1,4 @@
-"""One Vim block: residual add + RMSNorm (fused on the inference path) + mixer."""
+"""One Vim block: residual add + RMSNorm (fused on the fused path) + mixer."""
 from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 from amvim_mm.errors import ConfigError
+from amvim_mm.ops.fused_add_rmsnorm import fused_add_rmsnorm_train
 from amvim_mm.ops.fused_mixer import fused_add_rmsnorm
 from amvim_mm.ops.token_merge import apply_merge_plan
 from ..layout.scan_context import ScanContext
@@ -38,7 +39,11 @@ class VimBlock(nn.Module):
         old length and the merge happens in the fused add + RMSNorm. ``fused``: the forward's
         fused-path decision (the backbone takes it once per forward); None asks the mixer.
         ``keep``: a learned reducer's (B, L) keep mask (training): the mixer's masked forward
-        (``forward_masked``) on the full sequence."""
+        (``forward_masked``) on the full sequence.
+
+        With ``fused`` and a gradient wanted (:meth:`_wants_grad`) the add + RMSNorm is the
+        trainable :func:`~amvim_mm.ops.fused_add_rmsnorm.fused_add_rmsnorm_train`; without a
+        gradient the inference kernel (with the merge in its pass); unfused otherwise."""
         if keep is not None:
             residual = hidden if residual is None else residual + self.drop_path(hidden)
             normed = self.norm(residual.to(self.norm.weight.dtype))
@@ -46,8 +51,17 @@ class VimBlock(nn.Module):
                 residual.float()
         if fused is None:
             fused = self.mixer.use_fused(hidden, None)
-        if fused and not torch.is_grad_enabled() and (not self.training
-                                                       or self.drop_path.drop_prob == 0):
+        if fused and self._wants_grad(hidden, residual):
+            # training on the fused path: the trainable add + RMSNorm (Triton forward and
+            # backward, stochastic depth as a per-sample factor); a ToMe merge plan is applied
+            # in PyTorch first, as on the unfused path (no stochastic depth on a merged stream)
+            if merge is not None:
+                hidden, residual = apply_merge_plan(hidden, residual, merge), None
+            scale = None if residual is None else self.drop_path.scale(hidden)
+            normed, residual = fused_add_rmsnorm_train(hidden, residual, self.norm.weight,
+                                                       self.norm.eps, scale=scale)
+            return self.mixer(normed, ctx, self.path_keys, fused=True), residual
+        if fused and (not self.training or self.drop_path.drop_prob == 0):
             # inference: residual add + RMSNorm in one Triton pass (amvim_mm.ops.fused_mixer)
             normed, residual = fused_add_rmsnorm(hidden, residual, self.norm.weight,
                                                  self.norm.eps, merge=merge)
@@ -58,3 +72,10 @@ class VimBlock(nn.Module):
         hidden = self.norm(residual.to(self.norm.weight.dtype))
         residual = residual.float()
         return self.mixer(hidden, ctx, self.path_keys, fused=fused), residual
+
+    def _wants_grad(self, hidden: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
+        """Autograd records this block's add + RMSNorm: grad mode is on and the streams or the
+        norm weight require grad."""
+        return torch.is_grad_enabled() and (
+            hidden.requires_grad or self.norm.weight.requires_grad
+            or (residual is not None and residual.requires_grad))

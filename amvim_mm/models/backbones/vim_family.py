@@ -24,7 +24,7 @@ from mmengine.model import BaseModule
 
 from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops.backends import check_backend_usable
-from amvim_mm.ops.fused_embed import fused_patch_embed
+from amvim_mm.ops.fused_embed import fused_patch_embed, fused_patch_embed_train
 from amvim_mm.ops.fused_mixer import autocast_dtype
 from amvim_mm.token_layout import NO_CLS, cls_index_for, cls_slot
 from ..layout.scan_context import ScanContext
@@ -315,19 +315,27 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
                                 self.interpolate_mode)
 
     def _embed_fused(self, x: torch.Tensor, fused: Optional[bool]) -> bool:
+        """Whether :meth:`embed` runs the fused kernel: the forward's fused decision
+        (``fused``; None asks the first block's mixer), a kernel-shaped patch (stride ==
+        patch size, a power of two >= 4) and, on CUDA, 16-bit autocast. Training and gradients
+        are allowed (:meth:`_embed_wants_grad` picks the trainable Function)."""
         pe = self.patch_embed
         p = pe.patch_size
-        if self.training or pe.stride != p or p < 4 or p & (p - 1):   # the kernel's K steps
-            return False
-        if torch.is_grad_enabled() and (x.requires_grad or any(
-                t.requires_grad for t in (pe.proj.weight, pe.proj.bias, self.pos_embed,
-                                          self.cls_token))):
+        if pe.stride != p or p < 4 or p & (p - 1):   # the kernel's K steps
             return False
         if x.is_cuda and autocast_dtype('cuda') not in (torch.float16, torch.bfloat16):
             return False
         if fused is None:
             fused = x.dim() == 4 and self.layers[0].mixer.use_fused(x, None)
         return fused
+
+    def _embed_wants_grad(self, x: torch.Tensor) -> bool:
+        """Autograd records the embedding: grad mode is on and the image or an embedding
+        parameter requires grad."""
+        pe = self.patch_embed
+        return torch.is_grad_enabled() and (x.requires_grad or any(
+            t.requires_grad for t in (pe.proj.weight, pe.proj.bias, self.pos_embed,
+                                      self.cls_token)))
 
     #: check every forward's images for NaN/inf (see :meth:`check_images`); a subclass or an
     #: instance may set it to False to save the reduction and its host sync
@@ -369,8 +377,10 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
               ) -> Tuple[torch.Tensor, ScanContext]:
         """Patch embed, middle class token and position embedding -> (tokens, context).
 
-        On the fused inference path (CUDA under 16-bit autocast; any dtype in Triton's
-        interpreter) this is one kernel, :func:`amvim_mm.ops.fused_embed.fused_patch_embed`.
+        On the fused path (CUDA under 16-bit autocast; any dtype in Triton's interpreter) this
+        is one kernel, :func:`amvim_mm.ops.fused_embed.fused_patch_embed`; when a gradient is
+        wanted, the same kernel as the autograd Function
+        :class:`~amvim_mm.ops.fused_embed.FusedPatchEmbed` (PyTorch backward).
         In fp32 on CUDA cuBLAS's fp32 GEMM stays (Triton's fp32 dot products are not faster).
 
         The images are checked first (:meth:`check_images`): a tensor that is not (B, C, H, W)
@@ -382,12 +392,19 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
         if self._embed_fused(x, fused):
             pe = self.patch_embed
             grid = pe.check_input(x)
-            w, b = pe.gemm_weight(autocast_dtype(x.device.type) or pe.proj.weight.dtype)
-            tokens = fused_patch_embed(x, w, b, self.pos_embed_for(grid),
-                                       self.cls_token if self.with_cls_token else None,
-                                       pe.patch_size, grid)
+            dtype = autocast_dtype(x.device.type) or pe.proj.weight.dtype
+            cls = self.cls_token if self.with_cls_token else None
+            if self._embed_wants_grad(x):      # training: the same kernel, a PyTorch backward
+                tokens = fused_patch_embed_train(x, pe.proj.weight, pe.proj.bias,
+                                                 self.pos_embed_for(grid), cls, pe.patch_size,
+                                                 grid, dtype)
+            else:
+                w, b = pe.gemm_weight(dtype)
+                tokens = fused_patch_embed(x, w, b, self.pos_embed_for(grid), cls,
+                                           pe.patch_size, grid)
             cls_index = cls_index_for(grid[0] * grid[1], self.with_cls_token)
-            return tokens, ScanContext(grid, cls_index=cls_index, device=tokens.device)
+            ctx = ScanContext(grid, cls_index=cls_index, device=tokens.device)
+            return self.drop_after_pos(tokens), ctx
         tokens, grid = self.patch_embed(x)
         B, M, _ = tokens.shape
         pos_embed = self.pos_embed_for(grid)
