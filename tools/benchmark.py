@@ -499,13 +499,85 @@ def gpu_learned_reduction(args):
     return _reduction_rows(m, name, cases, 'localmamba', 'learned-reduction')
 
 
+def _training_path(m) -> str:
+    """Which mixer path a training step of classifier ``m`` takes (asked of its first mixer
+    with a gradient wanted, as the forward asks)."""
+    mixer = m.backbone.layers[0].mixer
+    with torch.enable_grad():
+        x = torch.empty(2, 3, 16, 16, device='cuda')
+        return 'fused' if mixer.use_fused(x, None) else 'unfused'
+
+
+def gpu_train(args):
+    """Training step (forward, cross-entropy, backward; eager) of the whole classifier, batch
+    128, 224, bf16 autocast and fp32: the fused path (automatic choice) against the unfused
+    path (the official code's speed) in the same run; ``vs_unfused`` = fused / unfused
+    img/s, with both peak memories."""
+    rows = []
+    for name in args.models:
+        for dtype in ('bf16', 'fp32'):
+            here = {}
+            for mixer in ('unfused', 'fused'):
+                torch.manual_seed(0)
+                m = B.build(name, 224, head=True, fused_mixer=None if mixer == 'fused'
+                            else False)
+                r = _attempt(B.measure_train, m, args.train_batch, 224, dtype)
+                r.update(model=name, mixer=mixer, path=_training_path(m))
+                here[mixer] = r
+                log(f'  {name} {dtype} train {mixer} ({r["path"]}): {r.get("img_per_s")} '
+                    f'img/s, {r.get("peak_mem_mib")} MiB {r.get("error", "")}')
+                del m
+                torch.cuda.empty_cache()
+            f, u = here['fused'], here['unfused']
+            if f.get('img_per_s') and u.get('img_per_s'):
+                f['vs_unfused'] = round(f['img_per_s'] / u['img_per_s'], 3)
+                f['mem_vs_unfused'] = round(f['peak_mem_mib'] / u['peak_mem_mib'], 3)
+            rows += [u, f]
+    return rows
+
+
+def gpu_tune_bwd(args):
+    """Launch configuration of the fused scan's backward (T, BLOCK_E, num_warps): a bf16
+    training step of Vim-T at batch 128, 224 and of the backbone at batch 8, 512 (1025
+    tokens), eager; the best at 224 is used for the rest of the run (and goes into
+    BWD_CONFIG by hand)."""
+    from amvim_mm.ops import fused_mixer_autograd as FA
+    rows = []
+    cases = [('vim-t', 224, args.train_batch, True), ('vim-t', 512, 8, False)]
+    best = {}
+    for name, res, batch, head in cases:
+        torch.manual_seed(0)
+        m = B.build(name, res, head=head, fused_mixer=None)
+        if not head:
+            m = B.Classifier(m).cuda()
+        for cfg in args.bwd_configs:
+            with runtime.override(bwd_config=cfg):
+                r = _attempt(B.measure_train, m, batch, res, 'bf16', iters=5)
+            r.update(model=name, config=cfg)
+            rows.append(r)
+            log(f'  {name} {res} b{batch} bwd {cfg}: {r.get("img_per_s")} img/s '
+                f'{r.get("error", "")}')
+        ok = [r for r in rows if r.get('res') == res and r.get('img_per_s')]
+        if ok:
+            best[res] = max(ok, key=lambda r: r['img_per_s'])['config']
+        del m
+        torch.cuda.empty_cache()
+    if 224 in best:
+        FA.BWD_CONFIG = tuple(int(v) for v in best[224].split(','))
+        log(f'  scan backward: using {FA.BWD_CONFIG} (best at 512: {best.get(512)})')
+    return rows
+
+
 # the GPU suite's parts: (name, progress title, function)
 GPU_PARTS = [
     ('tune', 'fused scan kernel launch configuration (Vim-T bf16 graph)', gpu_tune),
     ('tune-match', 'ToMe matching kernel launch configuration', gpu_tune_match),
     ('tune-embed', 'one-kernel embedding launch configuration', gpu_tune_embed),
+    ('tune-bwd', 'fused scan backward launch configuration (Vim-T bf16 training step)',
+     gpu_tune_bwd),
     ('profile', None, gpu_profile),
     ('main', 'whole classifiers, batch 128, 224', gpu_main),
+    ('train', 'training step, fused vs unfused, batch 128, 224', gpu_train),
     ('reduction', 'ToMe, bf16, batch 128, 224', gpu_reduction),
     ('resolution', 'bf16, CUDA graph, pixels per batch constant', gpu_resolution),
     ('vmamba', 'VMamba-T whole classifier, batch 128, 224, ours and official', gpu_vmamba),
@@ -532,6 +604,11 @@ def main(argv=None):
         '64,128,4,3', '64,64,4,3', '128,64,4,3', '32,128,4,3', '64,128,4,4', '64,128,8,3',
         '64,256,4,1', '128,256,8,1'],
         help='tune-embed part: BLOCK_M,BLOCK_N,num_warps,num_stages of the embedding kernel')
+    p.add_argument('--bwd-configs', nargs='+', default=[
+        '16,16,4', '16,8,4', '8,16,4', '16,16,8', '32,8,4', '8,32,4', '16,32,8', '32,16,8'],
+        help='tune-bwd part: T,BLOCK_E,num_warps of the fused scan backward')
+    p.add_argument('--train-batch', type=int, default=128,
+                   help='train and tune-bwd parts: batch of the 224 training step')
     p.add_argument('--reduction-modes', nargs='+', default=['graph'], choices=['eager', 'graph'],
                    help='reduction part: eager is launch-bound at batch 128 (many small ops)')
     p.add_argument('--reduction-variants', nargs='+', default=['default'],
@@ -585,6 +662,15 @@ def main(argv=None):
                                                    'vs_official_run', 'official',
                                                    'vs_official', 'latency_ms', 'spread_pct',
                                                    'peak_mem_mib']), '']
+    if 'train' in result:
+        md += ['## train (training step, eager; vs_unfused: same run)', B.table(
+            result['train'], ['model', 'dtype', 'mixer', 'path', 'batch', 'img_per_s',
+                              'vs_unfused', 'latency_ms', 'spread_pct', 'peak_mem_mib',
+                              'mem_vs_unfused', 'error']), '']
+    if 'tune_bwd' in result:
+        md += ['## tune-bwd (fused scan backward: T,BLOCK_E,num_warps; bf16 training step)',
+               B.table(result['tune_bwd'], ['model', 'res', 'batch', 'config', 'img_per_s',
+                                            'peak_mem_mib', 'error']), '']
     if 'tune' in result:
         md += ['## tune (fused scan kernel: BLOCK_E,num_warps,dt_in_kernel; bf16 graph)', B.table(
             result['tune'], ['model', 'E', 'config', 'img_per_s', 'spread_pct']), '']

@@ -3,6 +3,7 @@
 #   bash tools/gpu/run.sh [build] [tests] [bench] [bench-main] [bench-reduction] [bench-resolution]
 #                         [bench-vmamba] [bench-vmamba-profile] [build-scan] [bench-plainmamba]
 #                         [bench-plainmamba-reduction] [bench-learned-reduction]
+#                         [bench-tune-bwd] [bench-train]
 # (build-scan: mamba-ssm only, without causal-conv1d, which VMamba and PlainMamba do not use)
 # Installs the carried wheels into .gpu_build/site, builds mamba-ssm for this GPU's architecture
 # only (about 140 s for sm_90; reused while the machine stays warm), then runs the GPU tests and
@@ -19,6 +20,8 @@ steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build tests bench)
 # bench-tune: launch configuration of the fused Triton scan kernel (the best is used afterwards)
 # bench-tune-match: the same for ToMe's matching kernel
 # bench-tune-embed: the same for the one-kernel embedding (patch GEMM, class token, position)
+# bench-tune-bwd: launch configuration of the fused scan's backward (training)
+# bench-train: training step, fused vs unfused path (batch 128, 224)
 # bench-profile: torch.profiler tables of Vim-T/AMVim-T bf16 forwards (top CUDA kernels)
 # Wheels built here are copied to $OUT/built; carried back in .whl/built/ they are installed
 # instead of building again (same GPU architecture and image).
@@ -93,6 +96,8 @@ has bench-vmamba-profile && parts+=(vmamba-profile)
 has bench-plainmamba && parts+=(plainmamba)
 has bench-plainmamba-reduction && parts+=(plainmamba-reduction)
 has bench-learned-reduction && parts+=(learned-reduction)
+has bench-tune-bwd && parts+=(tune-bwd)
+has bench-train && parts+=(train)
 extra=()
 # the official Vim code, timed beside ours in the main part when its files were carried
 # (tools/gpu/prepare.sh with OFFICIAL_VIM_GIT; amvim_mm/analysis/official_vim.py)
