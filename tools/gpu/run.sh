@@ -3,6 +3,7 @@
 #   bash tools/gpu/run.sh [build] [tests] [bench] [bench-main] [bench-reduction] [bench-resolution]
 #                         [bench-vmamba] [bench-vmamba-profile] [build-scan] [bench-plainmamba]
 #                         [bench-plainmamba-reduction] [bench-learned-reduction]
+#                         [bench-tune-chunk]
 # (build-scan: mamba-ssm only, without causal-conv1d, which VMamba and PlainMamba do not use)
 # Installs the carried wheels into .gpu_build/site, builds mamba-ssm for this GPU's architecture
 # only (about 140 s for sm_90; reused while the machine stays warm), then runs the GPU tests and
@@ -19,6 +20,9 @@ steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build tests bench)
 # bench-tune: launch configuration of the fused Triton scan kernel (the best is used afterwards)
 # bench-tune-match: the same for ToMe's matching kernel
 # bench-tune-embed: the same for the one-kernel embedding (patch GEMM, class token, position)
+# bench-tune-chunk: sequential vs chunked fused scan (T = 32-256) vs mamba-ssm, one mixer call
+#   per batch x E x L (bf16, graph and eager): the measured table of the automatic scan choice
+#   (SCAN_CHOICE_TABLE, printed ready to paste); run with `build` for the mamba-ssm rows
 # bench-profile: torch.profiler tables of Vim-T/AMVim-T bf16 forwards (top CUDA kernels)
 # Wheels built here are copied to $OUT/built; carried back in .whl/built/ they are installed
 # instead of building again (same GPU architecture and image).
@@ -82,6 +86,7 @@ fi
 parts=()
 has bench && parts=(tune tune-match tune-embed main reduction resolution)
 has bench-tune && parts+=(tune)
+has bench-tune-chunk && parts+=(tune-chunk)
 has bench-tune-match && parts+=(tune-match)
 has bench-tune-embed && parts+=(tune-embed)
 has bench-main && parts+=(main)

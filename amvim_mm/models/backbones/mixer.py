@@ -35,9 +35,9 @@ class BiMambaMixer(nn.Module):
         scan_backend: selective-scan backend (``None``: automatic, see ``amvim_mm.ops``).
         fused: the fused Triton inference path (:mod:`amvim_mm.ops.fused_mixer`): ``None``
             (automatic: on for CUDA tensors when no gradient is wanted, Triton imports, no
-            scan backend was forced by argument or ``AMVIM_SCAN_BACKEND``, and the batch is
-            large enough - below batch x E = 16 x 384 the mamba-ssm kernels, when installed,
-            are faster on long sequences), ``True`` (always
+            scan backend was forced by argument or ``AMVIM_SCAN_BACKEND``, and the measured
+            table of :func:`~amvim_mm.ops.fused_mixer.auto_scan_choice` does not name the
+            mamba-ssm kernels for this batch, width and length), ``True`` (always
             when no gradient is wanted; CPU tensors then run Triton's interpreter, for tests) or
             ``False`` (never). ``AMVIM_FUSED_MIXER=0/1`` overrides ``None``. Training, ToP
             alignment and importance scores always take the unfused path.
@@ -208,10 +208,14 @@ class BiMambaMixer(nn.Module):
             out = out + y
         return out / len(ys)
 
-    def use_fused(self, hidden: torch.Tensor, ctx: Optional[ScanContext]) -> bool:
+    def use_fused(self, hidden: torch.Tensor, ctx: Optional[ScanContext],
+                  seq_len: Optional[int] = None) -> bool:
         """Whether this call takes the fused inference path (see ``fused`` in the class doc).
 
         ``ctx=None`` asks about the block's fused add + RMSNorm (no scan-context conditions).
+        ``seq_len``: the sequence length for the automatic choice (default: ``hidden.shape[1]``
+        of a (B, L, D) ``hidden``; the backbone passes its token count when it asks with the
+        images).
         """
         if ctx is not None and self._ctx_needs_unfused(ctx):
             return False
@@ -225,8 +229,11 @@ class BiMambaMixer(nn.Module):
                 return False
             if self.d_state & (self.d_state - 1):
                 return False
+            if seq_len is None:
+                seq_len = hidden.shape[1]
             if not auto_prefers_fused(hidden.shape[0], self.d_inner,
-                                      mamba_selective_scan()[0] is not None):
+                                      mamba_selective_scan()[0] is not None, seq_len,
+                                      self.num_paths):
                 return False
             ok = fused_mixer_available('cuda')[0]
             if ok:
