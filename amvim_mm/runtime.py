@@ -21,6 +21,7 @@ variable                           field                     values
 ``AMVIM_FUSED_REDUCTION_KERNELS``  ``reduction_kernels``     1 (default), 0
 ``AMVIM_FUSED_SCAN_CONFIG``        ``scan_config``           "BLOCK_E,num_warps,dt_in_kernel"
 ``AMVIM_FUSED_BWD_CONFIG``         ``bwd_config``            "T,BLOCK_E,num_warps"
+``AMVIM_FUSED_SCAN_CHUNK``         ``scan_chunk``            auto (None), 0 (sequential), T
 ``AMVIM_TOME_MATCH_CONFIG``        ``match_config``          "BLOCK_D,num_warps,num_stages"
 ``AMVIM_EMBED_CONFIG``             ``embed_config``          "BLOCK_M,BLOCK_N,warps,stages"
 ``AMVIM_UNSAFE_LOAD``              ``unsafe_load``           checkpoint paths, ``os.pathsep``
@@ -53,6 +54,7 @@ class Settings:
     reduction_kernels: bool = True
     scan_config: Optional[Tuple[int, int, int]] = None
     bwd_config: Optional[Tuple[int, int, int]] = None
+    scan_chunk: Optional[int] = None
     match_config: Optional[Tuple[int, int, int]] = None
     embed_config: Optional[Tuple[int, int, int, int]] = None
     unsafe_load: Tuple[str, ...] = ()
@@ -107,6 +109,22 @@ def _launch(var: str, fields: str, example: str):
     return parse
 
 
+def _chunk(var: str):
+    def parse(raw: str) -> Optional[int]:
+        v = raw.strip().lower()
+        if v in ('', 'auto'):
+            return None
+        try:
+            n = int(v)
+            if n < 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f'{var}={raw!r}: use auto, 0 (the sequential scan) or a chunk '
+                              'length T > 0 (the chunked scan), e.g. "64"') from None
+        return n
+    return parse
+
+
 def _paths(raw: str) -> Tuple[str, ...]:
     return tuple(p for p in raw.split(os.pathsep) if p)
 
@@ -124,6 +142,7 @@ VARIABLES = {
                             '64,2,0')),
     'bwd_config': ('AMVIM_FUSED_BWD_CONFIG',
                    _launch('AMVIM_FUSED_BWD_CONFIG', 'T,BLOCK_E,num_warps', '16,16,4')),
+    'scan_chunk': ('AMVIM_FUSED_SCAN_CHUNK', _chunk('AMVIM_FUSED_SCAN_CHUNK')),
     'match_config': ('AMVIM_TOME_MATCH_CONFIG',
                      _launch('AMVIM_TOME_MATCH_CONFIG', 'BLOCK_D,num_warps,num_stages',
                              '64,8,1')),

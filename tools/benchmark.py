@@ -6,7 +6,9 @@
 Suites:
   cpu: Vim-T at 224 on the CPU, the ``torch`` scan backend against the ``reference`` loop
        (ratio in one run), and AMVim-T against Vim-T.
-  gpu: (tune) launch configuration of the fused scan kernel; (main) Vim-T/S and AMVim-T/S
+  gpu: (tune) launch configuration of the fused scan kernel; (tune-chunk) sequential against
+       chunked fused scan (T = 32-256) against the mamba-ssm kernels, one mixer call per
+       batch x E x L: the table of the automatic scan choice; (main) Vim-T/S and AMVim-T/S
        whole classifiers, batch 128, 224, fp32 and bf16, eager and CUDA-graph, the unfused
        mixer (mamba-ssm kernels) and the fused Triton mixer side by side, next to the official
        code (``--official-vim PATH``: timed in the same process) or its earlier anchors;
@@ -24,6 +26,7 @@ Every row records the command, device and versions.
 """
 import argparse
 import json
+import math
 import os
 import os.path as osp
 import sys
@@ -165,6 +168,100 @@ def gpu_tune_embed(args):
     us = _graph_us(embed)
     log(f'  embed (reference, 5 launches): {us} us')
     return rows + [dict(config='reference (5 launches)', us_per_call=us)]
+
+
+CHUNK_BATCHES = (1, 2, 4, 8, 16, 32, 128)
+CHUNK_LENGTHS = (197, 1025, 2305, 4097)     # Vim at 224 / 512 / 768 / 1024 px, class token
+
+
+def _mixer_us(fn, mode: str) -> float:
+    """Microseconds per call of ``fn`` (median of 3 repeats), as CUDA-graph replays
+    (``mode='graph'``) or eager calls; the iteration count is set for ~50 ms a repeat."""
+    graph = None
+    if mode == 'graph':
+        graph, _ = B.capture_cuda_graph(fn, warmup=3)
+        call = graph.replay
+    else:
+        for _ in range(3):
+            fn()
+        call = fn
+    torch.cuda.synchronize()
+    once = B._timer(call, 1, 'cuda')
+    iters = int(min(200, max(3, 0.05 / max(once, 1e-6))))
+    times = [B._timer(call, iters, 'cuda') for _ in range(3)]
+    del graph
+    return round(sorted(times)[1] * 1e6, 2)
+
+
+def gpu_tune_chunk(args):
+    """The automatic scan choice's table (``SCAN_CHOICE_TABLE`` in
+    ``amvim_mm/ops/fused_mixer.py``): one dense mixer call (Vim's two paths, raster and its
+    reverse; E = 384 and 768, N = 16; batch x L of ``--chunk-batches`` x ``--chunk-lengths``
+    up to ``--chunk-max-tokens`` tokens a call) under ``--chunk-dtype`` autocast, timed as
+    CUDA-graph replays and eagerly, for: the sequential fused scan ('seq'), the chunked fused
+    scan for every T of ``--chunk-sizes`` ('chunkT'), and the unfused mixer with the mamba-ssm
+    kernels ('mamba', when importable). The fastest per shape in graph mode makes the table,
+    printed ready to paste and used for the rest of the run."""
+    from amvim_mm.models.backbones.mixer import BiMambaMixer
+    from amvim_mm.models.layout.scan_context import ScanContext
+    from amvim_mm.models.layout.scan_orders import normalize_order
+    from amvim_mm.ops import fused_mixer as FM
+    from amvim_mm.ops.backends import mamba_selective_scan
+    from amvim_mm.token_layout import cls_slot
+    has_mamba = mamba_selective_scan()[0] is not None
+    variants = ['seq'] + [f'chunk{T}' for T in args.chunk_sizes] + (['mamba'] if has_mamba
+                                                                     else [])
+    amp = {'fp32': None, 'bf16': torch.bfloat16}[args.chunk_dtype]
+    keys = tuple(normalize_order(p) for p in (dict(order='raster'),
+                                              dict(order='raster', reverse=True)))
+    log(f'  variants {variants} (mamba-ssm {"usable" if has_mamba else "absent"}), '
+        f'{args.chunk_dtype}')
+    rows = []
+    for E in args.chunk_widths:
+        torch.manual_seed(0)
+        mixer = BiMambaMixer(E // 2).cuda().eval()
+        for L in args.chunk_lengths:
+            # Vim's dense sequence: an s x s grid and the middle class token where L = s^2 + 1
+            s = math.isqrt(L - 1)
+            ctx = (ScanContext((s, s), cls_index=cls_slot(L - 1), device='cuda')
+                   if s * s == L - 1 else ScanContext((1, L), device='cuda'))
+            for batch in args.chunk_batches:
+                if batch * L > args.chunk_max_tokens:
+                    continue
+                h = torch.randn(batch, L, E // 2, device='cuda')
+                for mode in ('graph', 'eager'):
+                    row = dict(E=E, L=L, batch=batch, dtype=args.chunk_dtype, mode=mode,
+                               sequential_programs=batch * -(-E // FM._scan_block(E)[0]) * 2)
+                    for v in variants:
+                        def call(v=v):
+                            with torch.no_grad(), torch.autocast(
+                                    'cuda', dtype=amp or torch.float32, enabled=amp is not None):
+                                return mixer(h, ctx, keys, fused=v != 'mamba')
+                        with runtime.override(scan_chunk=FM.choice_chunk(v)):
+                            r = _attempt(_mixer_us, call, mode)
+                        row[v] = r if not isinstance(r, dict) else None
+                        if isinstance(r, dict):
+                            row.setdefault('errors', {})[v] = r['error']
+                        torch.cuda.empty_cache()
+                    timed = {v: row[v] for v in variants if row[v] is not None}
+                    if timed:
+                        row['best'] = min(timed, key=timed.get)
+                        if row.get('seq'):
+                            row['best_over_seq'] = round(row['seq'] / timed[row['best']], 3)
+                    rows.append(row)
+                    log(f'  E={E} L={L} b{batch} {mode}: '
+                        + ', '.join(f'{v} {row[v]}' for v in variants)
+                        + f' us -> {row.get("best")}')
+                del h
+        del mixer
+        torch.cuda.empty_cache()
+    table = B.scan_choice_table([r for r in rows if r['mode'] == 'graph'], variants)
+    FM.SCAN_CHOICE_TABLE.update(table)
+    literal = B.format_scan_choice_table(table)
+    log('  measured table (graph mode), ready to paste into amvim_mm/ops/fused_mixer.py:\n'
+        + literal)
+    return dict(variants=variants, rows=rows, table_literal=literal,
+                table={f'{E},{L}': row for (E, L), row in table.items()})
 
 
 def gpu_main(args):
@@ -571,6 +668,8 @@ def gpu_tune_bwd(args):
 # the GPU suite's parts: (name, progress title, function)
 GPU_PARTS = [
     ('tune', 'fused scan kernel launch configuration (Vim-T bf16 graph)', gpu_tune),
+    ('tune-chunk', 'sequential / chunked fused scan / mamba-ssm per shape (one mixer call)',
+     gpu_tune_chunk),
     ('tune-match', 'ToMe matching kernel launch configuration', gpu_tune_match),
     ('tune-embed', 'one-kernel embedding launch configuration', gpu_tune_embed),
     ('tune-bwd', 'fused scan backward launch configuration (Vim-T bf16 training step)',
@@ -597,6 +696,18 @@ def main(argv=None):
     p.add_argument('--tune-configs', nargs='+', default=[
         '32,1,1', '32,1,0', '64,2,1', '64,2,0', '16,1,1', '16,1,0'],
         help='tune part: BLOCK_E,num_warps,dt_in_kernel of the fused scan kernel')
+    p.add_argument('--chunk-sizes', nargs='+', type=int, default=[32, 64, 128, 256],
+                   help='tune-chunk part: chunk lengths T of the chunked fused scan')
+    p.add_argument('--chunk-widths', nargs='+', type=int, default=[384, 768],
+                   help='tune-chunk part: inner widths E (the mixer has D = E / 2)')
+    p.add_argument('--chunk-lengths', nargs='+', type=int, default=list(CHUNK_LENGTHS),
+                   help='tune-chunk part: sequence lengths L')
+    p.add_argument('--chunk-batches', nargs='+', type=int, default=list(CHUNK_BATCHES),
+                   help='tune-chunk part: batch sizes')
+    p.add_argument('--chunk-max-tokens', type=int, default=128 * 1025,
+                   help='tune-chunk part: skip shapes with batch x L above this')
+    p.add_argument('--chunk-dtype', choices=['bf16', 'fp32'], default='bf16',
+                   help='tune-chunk part: autocast dtype of the mixer calls')
     p.add_argument('--match-configs', nargs='+', default=[
         '32,8,1', '32,4,1', '32,16,1', '64,8,1', '64,16,1', '32,8,2', '64,16,2', '32,4,3'],
         help='tune-match part: BLOCK_D,num_warps,num_stages of the ToMe matching kernel')
@@ -674,6 +785,14 @@ def main(argv=None):
     if 'tune' in result:
         md += ['## tune (fused scan kernel: BLOCK_E,num_warps,dt_in_kernel; bf16 graph)', B.table(
             result['tune'], ['model', 'E', 'config', 'img_per_s', 'spread_pct']), '']
+    if 'tune_chunk' in result:
+        tc = result['tune_chunk']
+        md += ['## tune-chunk (one mixer call, us; sequential / chunked fused scan / mamba-ssm)',
+               B.table(tc['rows'], ['E', 'L', 'batch', 'dtype', 'mode', 'sequential_programs']
+                       + tc['variants'] + ['best', 'best_over_seq']), '',
+               'Fastest per shape (graph mode), ready to paste into '
+               '`amvim_mm/ops/fused_mixer.py`:', '', '```python', tc['table_literal'], '```',
+               '']
     if 'tune_match' in result:
         md += ['## tune-match (ToMe matching kernel: BLOCK_D,num_warps,num_stages)',
                B.table(result['tune_match'], ['config', 'us_per_call']), '']

@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -216,4 +216,39 @@ def table(rows: List[Dict[str, object]], cols: List[str]) -> str:
     for r in rows:
         lines.append('| ' + ' | '.join('' if r.get(c) is None else str(r.get(c))
                                        for c in cols) + ' |')
+    return '\n'.join(lines)
+
+
+def scan_choice_table(rows: List[Dict[str, object]], variants: List[str]
+                      ) -> Dict[Tuple[int, int], Dict[int, str]]:
+    """The fastest scan per shape, as :data:`amvim_mm.ops.fused_mixer.SCAN_CHOICE_TABLE` holds
+    it: ``{(E, L): {batch: variant}}`` from timing rows with keys ``E``, ``L``, ``batch`` and
+    one microsecond time (or None: not measured) per name in ``variants`` ('seq', 'chunkT',
+    'mamba'). Ties go to the earlier variant; shapes with no time are left out."""
+    table: Dict[Tuple[int, int], Dict[int, str]] = {}
+    for r in rows:
+        timed = [(r[v], i, v) for i, v in enumerate(variants)
+                 if isinstance(r.get(v), (int, float))]
+        if timed:
+            table.setdefault((int(r['E']), int(r['L'])), {})[int(r['batch'])] = min(timed)[2]
+    return table
+
+
+def format_scan_choice_table(table: Dict[Tuple[int, int], Dict[int, str]],
+                             name: str = 'SCAN_CHOICE_TABLE', width: int = 100) -> str:
+    """``table`` as a Python literal ready to paste into ``amvim_mm/ops/fused_mixer.py``
+    (sorted keys, lines of at most ``width`` characters)."""
+    lines = [f'{name}: Dict[Tuple[int, int], Dict[int, str]] = {{']
+    for (E, L), row in sorted(table.items()):
+        head = f'    ({E}, {L}): {{'
+        items = [f'{b}: {row[b]!r}' for b in sorted(row)]
+        line = head
+        for k, item in enumerate(items):
+            piece = item + (', ' if k + 1 < len(items) else '},')
+            if len(line) + len(piece.rstrip()) > width and line != head:
+                lines.append(line.rstrip())
+                line = ' ' * len(head)
+            line += piece
+        lines.append(line if items else head + '},')
+    lines.append('}')
     return '\n'.join(lines)

@@ -1,19 +1,18 @@
 """Triton kernels of the fused mixer's training path (:mod:`amvim_mm.ops.fused_mixer_autograd`):
-the scan's states at chunk starts, the scan's backward and the causal conv's backward.
+the scan's backward and the causal conv's backward.
 
 Undecorated like :mod:`._fused_mixer_kernels` (the autograd module compiles them or wraps them
 for Triton's interpreter); helpers they call are decorated here.
 
 The scan's backward works on chunks of ``T`` steps as (T, BLOCK_E, N) tiles: within a chunk the
 states come from an associative scan (``h_i = a_i h_{i-1} + b_i``) started from the chunk's
-stored initial state, and the state gradients from the reverse scan
+initial state (:func:`amvim_mm.ops.fused_mixer.chunk_initial_states`, recomputed), and the state gradients from the reverse scan
 ``dh_i = a_{i+1} dh_{i+1} + g_i`` carried in from the next chunk; so the backward recomputes the
 states instead of storing one per step (only one (E, N) state per chunk, transient).
 """
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -54,36 +53,6 @@ def _chunk_inputs(xc_row, xd_row, dl_row, i, mi, offs_e, me, offs_n, R, s_cl, s_
 def _row(x, offs_t, t):
     """Row ``t`` of a (T, E, N) tile as (E, N)."""
     return tl.sum(tl.where((offs_t == t)[:, None, None], x, 0.), axis=0)
-
-
-def scan_states_kernel(xc_ptr, xd_ptr, dl_ptr, dtb_ptr, a_ptr, st_ptr, L, E, R, n_chunks,
-                       s_cp, s_cb, s_cl, s_dp, s_db, s_dl, s_lp, s_lb, s_ll, N: tl.constexpr,
-                       T: tl.constexpr, BLOCK_E: tl.constexpr):
-    """Program (sample b, channel block, path p): the state before each chunk's first step,
-    ``st[p, b, c] (E, N)`` fp32 (chunk 0: zero), walking the chunks with one associative scan
-    each."""
-    b = tl.program_id(0)
-    eb = tl.program_id(1)
-    p = tl.program_id(2)
-    offs_t = tl.arange(0, T)
-    offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
-    offs_n = tl.arange(0, N)
-    me = offs_e < E
-    a2 = tl.load(a_ptr + (p * E + offs_e[:, None]) * N + offs_n[None, :], mask=me[:, None],
-                 other=0.).to(tl.float32) * 1.4426950408889634
-    dtb = tl.load(dtb_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
-    xc_row = xc_ptr + p * s_cp + b * s_cb
-    xd_row = xd_ptr + p * s_dp + b * s_db
-    dl_row = dl_ptr + p * s_lp + b * s_lb
-    st_row = st_ptr + (p * tl.num_programs(0) + b) * n_chunks * E * N
-    h = tl.zeros((BLOCK_E, N), dtype=tl.float32)
-    for c in range(n_chunks):
-        tl.store(st_row + (c * E + offs_e[:, None]) * N + offs_n[None, :], h, mask=me[:, None])
-        i = c * T + offs_t
-        _, _, _, _, decay, inp = _chunk_inputs(xc_row, xd_row, dl_row, i, i < L, offs_e, me,
-                                               offs_n, R, s_cl, s_dl, s_ll, dtb, a2, N)
-        pa, sb = tl.associative_scan((decay, inp), 0, _affine)
-        h = _row(pa, offs_t, T - 1) * h + _row(sb, offs_t, T - 1)
 
 
 def scan_bwd_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dy_ptr, dtb_ptr, a_ptr, d_ptr,

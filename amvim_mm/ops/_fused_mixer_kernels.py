@@ -107,6 +107,114 @@ def scan_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, wdt_ptr, dtb_ptr, a_ptr
         tl.store(out_row + t * s_ol + offs_e, y.to(out_ptr.dtype.element_ty), mask=me)
 
 
+def chunk_scan_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dtb_ptr, a_ptr, d_ptr, out_ptr,
+                      st_ptr, ds_ptr, L, E, R, n_grid_chunks, s_cp, s_cb, s_cl, s_dp, s_db, s_dl,
+                      s_lp, s_lb, s_ll, s_zb, s_zl, s_pp, s_pb, s_ob, s_ol, s_sp, s_sb, s_sc,
+                      s_qp, s_qb, s_qc, N: tl.constexpr, BLOCK_E: tl.constexpr, T: tl.constexpr,
+                      OUTPUT: tl.constexpr):
+    """Passes 1 and 3 of the chunked scan: one program per (sample b and chunk c, block of
+    channels, path p) walks steps ``[c * T, min((c + 1) * T, L))`` of the path.
+
+    ``OUTPUT=False`` (pass 1): from a zero state; stores the chunk's end state
+    ``st[p, b, c, e, :]`` (fp32) and the sum of its step sizes ``ds[p, b, c, e]`` (the chunk's
+    total decay is ``exp(A * ds)``, formed by :func:`chunk_carry_kernel`). ``OUTPUT=True``
+    (pass 3): from the chunk's initial state ``st[p, b, c]`` (after the carry), writing the
+    gated outputs exactly as :func:`scan_kernel` does. The step's math is scan_kernel's (delta
+    read pre-bias from ``dl_ptr``; dt_proj in the kernel is not supported here).
+    """
+    pid = tl.program_id(0)
+    eb = tl.program_id(1)
+    p = tl.program_id(2)
+    b = pid // n_grid_chunks
+    c = pid % n_grid_chunks
+    i0 = c * T
+    n_steps = tl.minimum(L - i0, T)
+    offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_n = tl.arange(0, N)
+    me = offs_e < E
+    a2 = tl.load(a_ptr + (p * E + offs_e[:, None]) * N + offs_n[None, :],
+                 mask=me[:, None], other=0.).to(tl.float32) * 1.4426950408889634
+    dtb = tl.load(dtb_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
+    st = st_ptr + p * s_sp + b * s_sb + c * s_sc + offs_e[:, None] * N + offs_n[None, :]
+    if OUTPUT:
+        dsk = tl.load(d_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
+        h = tl.load(st, mask=me[:, None], other=0.)
+    else:
+        h = tl.zeros((BLOCK_E, N), dtype=tl.float32)
+        dsum = tl.zeros((BLOCK_E, ), dtype=tl.float32)
+    xc_row = xc_ptr + p * s_cp + b * s_cb + i0 * s_cl
+    xd_row = xd_ptr + p * s_dp + b * s_db + i0 * s_dl
+    dl_row = dl_ptr + p * s_lp + b * s_lb + i0 * s_ll
+    pm_row = perm_ptr + p * s_pp + b * s_pb + i0
+    out_row = out_ptr + b * s_ob + p * E
+    # the chunk's first step's operands; each iteration prefetches the next step's
+    u_n = tl.load(xc_row + offs_e, mask=me, other=0.)
+    r_n = tl.load(dl_row + offs_e, mask=me, other=0.)
+    b_n = tl.load(xd_row + R + offs_n)
+    if OUTPUT:
+        t_n = tl.load(pm_row)
+        c_n = tl.load(xd_row + R + N + offs_n)
+        z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me, other=0.)
+    for i in range(n_steps):
+        u = u_n.to(tl.float32)
+        dr = r_n.to(tl.float32)
+        bv = b_n.to(tl.float32)
+        nx = i + 1
+        more = nx < n_steps
+        u_n = tl.load(xc_row + nx * s_cl + offs_e, mask=me & more, other=0.)
+        r_n = tl.load(dl_row + nx * s_ll + offs_e, mask=me & more, other=0.)
+        b_n = tl.load(xd_row + nx * s_dl + R + offs_n, mask=(offs_n < N) & more, other=0.)
+        if OUTPUT:
+            t = t_n
+            cv = c_n.to(tl.float32)
+            zv = z_n.to(tl.float32)
+            t_n = tl.load(pm_row + nx, mask=more, other=0)
+            c_n = tl.load(xd_row + nx * s_dl + R + N + offs_n, mask=(offs_n < N) & more,
+                          other=0.)
+            z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me & more, other=0.)
+        # delta = softplus(dt + bias) as in scan_kernel (x > 20 -> x; Kahan's log1p)
+        dt = dr + dtb
+        ex = tl.exp(tl.minimum(dt, 20.))
+        w1 = 1. + ex
+        lp = tl.where(w1 == 1., ex, tl.log(w1) * (ex / (w1 - 1.)))
+        dt = tl.where(dt > 20., dt, lp)
+        h = tl.exp2(dt[:, None] * a2) * h + (dt * u)[:, None] * bv[None, :]
+        if OUTPUT:
+            y = tl.sum(h * cv[None, :], axis=1) + dsk * u
+            y = y * (zv / (1. + tl.exp(-zv)))
+            tl.store(out_row + t * s_ol + offs_e, y.to(out_ptr.dtype.element_ty), mask=me)
+        else:
+            dsum += dt
+    if not OUTPUT:
+        tl.store(st, h, mask=me[:, None])
+        tl.store(ds_ptr + p * s_qp + b * s_qb + c * s_qc + offs_e, dsum, mask=me)
+
+
+def chunk_carry_kernel(st_ptr, ds_ptr, a_ptr, E, n_chunks, s_sp, s_sb, s_sc, s_qp, s_qb, s_qc,
+                       N: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Pass 2 of the chunked scan: one program per (sample b, block of channels, path p) walks
+    the chunks in order, ``H_c = exp(A * ds_{c-1}) * H_{c-1} + end_{c-1}`` (``H_0 = 0``),
+    turning ``st[p, b, c]`` in place from chunk c's end state (from a zero state; pass 1,
+    chunks ``0 .. n_chunks - 2``) into its initial state (the state before its first step)."""
+    b = tl.program_id(0)
+    eb = tl.program_id(1)
+    p = tl.program_id(2)
+    offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_n = tl.arange(0, N)
+    me = offs_e < E
+    a2 = tl.load(a_ptr + (p * E + offs_e[:, None]) * N + offs_n[None, :],
+                 mask=me[:, None], other=0.).to(tl.float32) * 1.4426950408889634
+    st = st_ptr + p * s_sp + b * s_sb + offs_e[:, None] * N + offs_n[None, :]
+    ds = ds_ptr + p * s_qp + b * s_qb + offs_e
+    h = tl.zeros((BLOCK_E, N), dtype=tl.float32)
+    for c in range(n_chunks - 1):
+        end = tl.load(st + c * s_sc, mask=me[:, None], other=0.)
+        dsum = tl.load(ds + c * s_qc, mask=me, other=0.)
+        tl.store(st + c * s_sc, h, mask=me[:, None])
+        h = tl.exp2(dsum[:, None] * a2) * h + end
+    tl.store(st + (n_chunks - 1) * s_sc, h, mask=me[:, None])
+
+
 def add_rmsnorm_kernel(h_ptr, r_ptr, w_ptr, out_ptr, res_ptr, M, D, eps, HAS_RES: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rows [pid * BLOCK_M, ...): ``res = h + r`` (fp32, stored), ``out = rmsnorm(res) * w``."""

@@ -14,18 +14,31 @@ path costs the same as Vim's identity and flip:
 2. ``conv_kernel`` (one launch, every path): ``xc[p, b, i] = silu(conv_p(x[b, perm[p, b, :]]))``
    in path order, reading the rows of ``x`` through ``perm`` (each row is contiguous);
 3. ``x_dbl[p] = xc[p] @ x_proj_p.T`` (one batched matmul over the paths);
-4. ``scan_kernel`` (one launch, every path): one program per (sample, block of channels, path)
-   walks its path step by step with the state (channels x N) in registers; ``delta`` is
-   ``dt_proj`` as one batched matmul (or, per width, formed in the kernel from the low-rank
-   ``dt``), the output is gated by ``silu(z)`` read at the token's place and written into token
-   order, path ``p`` into columns ``p * E ... (p + 1) * E - 1``;
+4. the scan (:func:`launch_scan`, every path in one launch): ``scan_kernel``, one program per
+   (sample, block of channels, path), walks its path step by step with the state (channels x
+   N) in registers; ``delta`` is ``dt_proj`` as one batched matmul (or, per width, formed in
+   the kernel from the low-rank ``dt``), the output is gated by ``silu(z)`` read at the token's
+   place and written into token order, path ``p`` into columns ``p * E ... (p + 1) * E - 1``;
 5. ``out_proj`` over those P * E columns with its weight repeated per path and scaled by 1 / P:
    Vim's mean of the paths in the same matmul.
+
+The sequential walk has only ``B * E / BLOCK_E * P`` programs (96 for batch 8 at E = 384 on a
+132-SM H200): long sequences at small batches (segmentation at 512 px: L = 1025, detection at
+1024 px: L = 4097) leave the GPU idle. The chunked scan splits each path into chunks of T steps:
+pass 1 (``chunk_scan_kernel``, one program per sample, channel block, path and chunk) walks
+every chunk from a zero state and keeps its end state and the sum of its step sizes; pass 2
+(``chunk_carry_kernel``, sequential over the chunks, cheap) carries ``H_c = exp(A * sum
+delta) * H_{c-1} + end_c``, the state before each chunk (:func:`chunk_initial_states`); pass 3
+(``chunk_scan_kernel`` again) walks every chunk from its initial state, writing the outputs as
+``scan_kernel`` does. About twice the arithmetic, ``ceil(L / T)`` times the programs. Which
+scan runs, and whether the fused path beats the mamba-ssm kernels at all, comes from a table
+measured per batch x E x L (:data:`SCAN_CHOICE_TABLE`, :func:`auto_scan_choice`).
 
 It computes exactly the mixer's math (fp32 state and accumulation; bf16 or fp32 storage like the
 inputs) and is used for inference only (no autograd): on CUDA when Triton imports, no gradient is
 wanted, no hidden-state alignment gaps and no importance scores are needed (and, automatically,
-a large enough batch: :func:`auto_prefers_fused`). Everything else runs the unfused path. On CPU
+where the table does not name the mamba-ssm kernels: :func:`auto_prefers_fused`). Everything
+else runs the unfused path. On CPU
 tensors the same kernels run in Triton's interpreter when ``TRITON_INTERPRET=1`` is set before
 Python starts (slow; for tests). ``fused_add_rmsnorm`` is the block's residual add + RMSNorm in
 one kernel, for the same inference path.
@@ -33,7 +46,8 @@ one kernel, for the same inference path.
 from __future__ import annotations
 
 import functools
-from typing import Optional, Tuple
+import math
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -43,24 +57,130 @@ from amvim_mm import runtime
 from amvim_mm.errors import BackendUnavailableError, ConfigError
 
 __all__ = ['fused_mixer_available', 'fused_mixer_forward', 'fused_add_rmsnorm', 'FUSED_ENV_VAR',
-           'fused_requested', 'auto_prefers_fused', 'autocast_dtype', 'pack_mixer_weights',
-           'stack_mixer_params']
+           'fused_requested', 'auto_prefers_fused', 'auto_scan_choice', 'autocast_dtype',
+           'pack_mixer_weights', 'stack_mixer_params', 'mixer_front', 'launch_scan',
+           'chunk_initial_states', 'SCAN_CHOICE_TABLE']
 
 FUSED_ENV_VAR = runtime.variable_of('fused_mixer')
 LOG2E = 1.4426950408889634
 
 
-# The fused scan walks each path sequentially, one program per (sample, channel block, path):
-# with few samples and long sequences it leaves most of the GPU idle (the resolution sweeps in
-# benchmarks/README.md: slower than the mamba-ssm kernels at 768 and 1024 pixels with batch 11
-# and 6). So the automatic choice keeps the mamba-ssm path, when it is installed, below
-# batch x E = 16 x 384.
-MIN_FUSED_BATCH_WIDTH = 16 * 384
+# The automatic choice of the scan (see ``auto_scan_choice``): which of the sequential fused scan
+# ('seq'), the chunked fused scan with chunk length T ('chunkT') and the mamba-ssm kernels on
+# the unfused path ('mamba') is fastest, per shape bucket (E, L) -> {batch: choice}, measured on
+# one H200 by ``python tools/benchmark.py --suite gpu --parts tune-chunk`` (bf16, CUDA graph, one
+# mixer call with P = 2 paths), which prints this literal ready to paste.
+#
+# PLACEHOLDER until that run: the entries below are not measured, they are the fallback rule
+# (``rule_scan_choice``) evaluated at the table's points: chunked where the sequential grid has
+# fewer than TARGET_PROGRAMS programs and L >= CHUNK_MIN_LEN, else sequential; never mamba-ssm.
+SCAN_CHOICE_TABLE: Dict[Tuple[int, int], Dict[int, str]] = {
+    (384, 197): {1: 'seq', 2: 'seq', 4: 'seq', 8: 'seq', 16: 'seq', 32: 'seq', 128: 'seq'},
+    (384, 1025): {1: 'chunk32', 2: 'chunk32', 4: 'chunk64', 8: 'chunk128', 16: 'chunk256',
+                  32: 'chunk256', 128: 'seq'},
+    (384, 2305): {1: 'chunk32', 2: 'chunk64', 4: 'chunk128', 8: 'chunk256', 16: 'chunk256',
+                  32: 'chunk256', 128: 'seq'},
+    (384, 4097): {1: 'chunk64', 2: 'chunk128', 4: 'chunk256', 8: 'chunk256', 16: 'chunk256',
+                  32: 'chunk256', 128: 'seq'},
+    (768, 197): {1: 'seq', 2: 'seq', 4: 'seq', 8: 'seq', 16: 'seq', 32: 'seq', 128: 'seq'},
+    (768, 1025): {1: 'chunk32', 2: 'chunk64', 4: 'chunk128', 8: 'chunk256', 16: 'chunk256',
+                  32: 'seq', 128: 'seq'},
+    (768, 2305): {1: 'chunk64', 2: 'chunk128', 4: 'chunk256', 8: 'chunk256', 16: 'chunk256',
+                  32: 'seq', 128: 'seq'},
+    (768, 4097): {1: 'chunk128', 2: 'chunk256', 4: 'chunk256', 8: 'chunk256', 16: 'chunk256',
+                  32: 'seq', 128: 'seq'},
+}
+#: the number of paths the table was measured with (other P: the fallback rule)
+SCAN_TABLE_PATHS = 2
+#: the fallback rule's target grid: 4 programs per SM of an H200 (132 SMs)
+TARGET_PROGRAMS = 4 * 132
+#: the fallback rule chunks only sequences at least this long
+CHUNK_MIN_LEN = 512
+#: the chunk lengths the rule and the tune-chunk part consider
+CHUNK_SIZES = (32, 64, 128, 256)
 
 
-def auto_prefers_fused(batch: int, d_inner: int, has_mamba_kernel: bool) -> bool:
-    """The automatic choice between the fused path and the mamba-ssm kernels (see above)."""
-    return not has_mamba_kernel or batch * d_inner >= MIN_FUSED_BATCH_WIDTH
+def rule_scan_choice(batch: int, d_inner: int, seq_len: int, num_paths: int = 2) -> str:
+    """The fallback rule of the automatic scan choice (shapes outside ``SCAN_CHOICE_TABLE``).
+
+    The sequential scan has ``batch * ceil(E / BLOCK_E) * P`` programs, each walking L steps.
+    Below ``TARGET_PROGRAMS`` programs and for ``L >= CHUNK_MIN_LEN`` the chunked scan is taken
+    with the largest T of ``CHUNK_SIZES`` whose grid (times ``ceil(L / T)`` chunks) reaches
+    ``TARGET_PROGRAMS`` (else the smallest T); otherwise the sequential scan. Never 'mamba'.
+    """
+    block_e = min(scan_config(d_inner)[0], 1 << max(d_inner - 1, 0).bit_length())
+    programs = batch * -(-d_inner // block_e) * num_paths
+    if seq_len < CHUNK_MIN_LEN or programs >= TARGET_PROGRAMS:
+        return 'seq'
+    for T in sorted(CHUNK_SIZES, reverse=True):
+        if programs * -(-seq_len // T) >= TARGET_PROGRAMS:
+            return f'chunk{T}'
+    return f'chunk{min(CHUNK_SIZES)}'
+
+
+def _nearest(points, value: float) -> int:
+    """The point nearest to ``value`` in log scale (ties: the larger point)."""
+    return min(sorted(points, reverse=True), key=lambda v: abs(math.log(v / value)))
+
+
+def table_scan_choice(batch: int, d_inner: int, seq_len: int, num_paths: int = 2
+                      ) -> Optional[str]:
+    """``SCAN_CHOICE_TABLE``'s entry for a shape, or None when the shape lies outside it.
+
+    A shape is inside when the table was measured with its P (``SCAN_TABLE_PATHS``) and its E
+    exactly, its L lies within a factor 2 of the table's lengths for that E, and its batch
+    within a factor 2 of the batches of the row at the nearest L; it then takes that row's
+    entry at the nearest batch (nearest in log scale; ties: the larger).
+    """
+    if num_paths != SCAN_TABLE_PATHS or batch < 1 or seq_len < 1:
+        return None
+    lens = [L for E, L in SCAN_CHOICE_TABLE if E == d_inner]
+    if not lens or not min(lens) / 2 <= seq_len <= 2 * max(lens):
+        return None
+    row = SCAN_CHOICE_TABLE[(d_inner, _nearest(lens, seq_len))]
+    if not row or not min(row) / 2 <= batch <= 2 * max(row):
+        return None
+    return row[_nearest(row, batch)]
+
+
+def auto_scan_choice(batch: int, d_inner: int, seq_len: int, num_paths: int = 2,
+                     has_mamba_kernel: bool = True) -> str:
+    """The automatic choice of the scan: 'seq', 'chunkT' or 'mamba'.
+
+    ``SCAN_CHOICE_TABLE`` for shapes inside it (:func:`table_scan_choice`), else
+    :func:`rule_scan_choice`; a 'mamba' entry without the mamba-ssm kernel installed becomes the
+    rule's choice.
+    """
+    choice = table_scan_choice(batch, d_inner, seq_len, num_paths)
+    if choice is None or (choice == 'mamba' and not has_mamba_kernel):
+        choice = rule_scan_choice(batch, d_inner, seq_len, num_paths)
+    return choice
+
+
+def auto_prefers_fused(batch: int, d_inner: int, has_mamba_kernel: bool, seq_len: int,
+                       num_paths: int = 2) -> bool:
+    """The automatic choice between the fused path and the mamba-ssm kernels: fused unless
+    :func:`auto_scan_choice` says 'mamba' (never without the mamba-ssm kernel)."""
+    return auto_scan_choice(batch, d_inner, seq_len, num_paths, has_mamba_kernel) != 'mamba'
+
+
+def choice_chunk(choice: str) -> int:
+    """The chunk length of a scan choice: 0 for 'seq' (and 'mamba'), T for 'chunkT'."""
+    return int(choice[len('chunk'):]) if choice.startswith('chunk') else 0
+
+
+def auto_scan_chunk(batch: int, d_inner: int, seq_len: int, num_paths: int) -> int:
+    """The fused scan :func:`launch_scan` takes with ``chunk=None``: ``AMVIM_FUSED_SCAN_CHUNK``
+    (``runtime.settings().scan_chunk``) when set, else :func:`auto_scan_choice` on the fused
+    path (a 'mamba' entry counts as the rule's choice); 0 (sequential) whenever the scan
+    configuration computes ``dt_proj`` in the kernel (the chunked kernels do not)."""
+    if scan_config(d_inner)[2]:
+        return 0
+    setting = runtime.settings().scan_chunk
+    if setting is not None:
+        return setting
+    return choice_chunk(auto_scan_choice(batch, d_inner, seq_len, num_paths,
+                                         has_mamba_kernel=False))
 
 
 def fused_requested(setting: Optional[bool]) -> Optional[bool]:
@@ -74,7 +194,7 @@ def fused_requested(setting: Optional[bool]) -> Optional[bool]:
 @functools.lru_cache(maxsize=None)
 def _kernels(interpret: bool):
     """Compile (or wrap for the interpreter) the kernels once; (conv, scan, add_rmsnorm,
-    merge_add_rmsnorm)."""
+    merge_add_rmsnorm, chunk_scan, chunk_carry)."""
     import triton
 
     from . import _fused_mixer_kernels as k
@@ -83,7 +203,8 @@ def _kernels(interpret: bool):
                                       'interpreter only: set TRITON_INTERPRET=1 before '
                                       'starting Python (slow; meant for tests)')
     return (triton.jit(k.conv_kernel), triton.jit(k.scan_kernel),
-            triton.jit(k.add_rmsnorm_kernel), triton.jit(k.merge_add_rmsnorm_kernel))
+            triton.jit(k.add_rmsnorm_kernel), triton.jit(k.merge_add_rmsnorm_kernel),
+            triton.jit(k.chunk_scan_kernel), triton.jit(k.chunk_carry_kernel))
 
 
 @functools.lru_cache(maxsize=None)
@@ -178,12 +299,14 @@ def stack_mixer_params(per_path, in_proj_weight: Tensor, out_proj_weight: Tensor
 
 
 def mixer_front(xz: Tensor, perm: Tensor, conv_weight: Tensor, conv_bias: Tensor,
-                x_proj_weight: Tensor, dt_proj_weight: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+                x_proj_weight: Tensor, dt_proj_weight: Tensor, with_delta: bool = False
+                ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """The mixer's steps before the scan, every path at once: ``xc`` (P, B, L, E) = silu of the
     causal conv in path order (one ``conv_kernel`` launch), ``x_dbl`` (P, B, L, W) =
     ``xc @ x_proj.T`` and ``delta`` (P, B, L, E) = ``dt_proj`` of its first R columns (before
-    the bias), in ``xz``'s dtype. ``xz``: (B, L, 2E) channel-last; ``perm``: int32
-    (P, B or 1, L) contiguous."""
+    the bias), in ``xz``'s dtype; ``delta`` is None when the scan configuration forms it inside
+    the sequential kernel, unless ``with_delta``. ``xz``: (B, L, 2E) channel-last; ``perm``:
+    int32 (P, B or 1, L) contiguous."""
     import triton
     Bsz, L, _ = xz.shape
     P, E, K = conv_weight.shape
@@ -202,42 +325,19 @@ def mixer_front(xz: Tensor, perm: Tensor, conv_weight: Tensor, conv_bias: Tensor
     x_dbl = x_dbl.view(P, Bsz, L, -1)
     if x_dbl.stride(-1) != 1:
         x_dbl = x_dbl.contiguous()
-    if scan_config(E)[2]:
-        delta = x_dbl      # unused: dt_proj runs inside the scan kernel
+    if scan_config(E)[2] and not with_delta:
+        delta = None       # dt_proj runs inside the scan kernel
     else:   # dt_proj as one batched matmul over the paths, like the official code
         delta = torch.bmm(x_dbl.view(P, Bsz * L, -1)[..., :R],
                           dt_proj_weight.to(dtype).transpose(1, 2)).view(P, Bsz, L, E)
     return xc, x_dbl, delta
 
 
-def launch_scan(xc: Tensor, x_dbl: Tensor, delta: Tensor, z: Tensor, perm: Tensor,
-                dt_proj_weight: Tensor, dt_proj_bias: Tensor, A: Tensor, D: Tensor,
-                y: Tensor) -> None:
-    """The gated scan of every path into ``y`` (B, L, P * E) (token order, path p in columns
-    p * E ...): one ``scan_kernel`` launch. Arguments as :func:`mixer_front` returns them;
-    ``z`` (B, L, E) is the gate (a view of ``xz``)."""
-    import triton
-    P, Bsz, L, E = xc.shape
-    N = A.shape[-1]
-    R = dt_proj_weight.shape[-1]
-    scan_k = _kernels(xc.device.type != 'cuda')[1]
-    block_e, warps, dt_in_kernel = scan_config(E)
-    block_e = min(block_e, triton.next_power_of_2(E))
-    block_r = max(triton.next_power_of_2(R), 2)
-    s_pb = perm.stride(1) if perm.shape[1] > 1 else 0
-    scan_k[(Bsz, triton.cdiv(E, block_e), P)](
-        xc, x_dbl, delta, z, perm, dt_proj_weight.contiguous(),
-        dt_proj_bias.float().contiguous(), A.float().contiguous(), D.float().contiguous(), y, L,
-        E, R, xc.stride(0), xc.stride(1), xc.stride(2), x_dbl.stride(0), x_dbl.stride(1),
-        x_dbl.stride(2), delta.stride(0), delta.stride(1), delta.stride(2), z.stride(0),
-        z.stride(1), perm.stride(0), s_pb, y.stride(0), y.stride(1), N=N, BLOCK_E=block_e,
-        BLOCK_R=block_r, DT_IN_KERNEL=dt_in_kernel, num_warps=warps)
-
-
 def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight: Tensor,
                         conv_weight: Tensor, conv_bias: Tensor, x_proj_weight: Tensor,
                         dt_proj_weight: Tensor, dt_proj_bias: Tensor, A: Tensor, D: Tensor,
-                        perm: Tensor, out_proj_cat: Optional[Tensor] = None) -> Tensor:
+                        perm: Tensor, out_proj_cat: Optional[Tensor] = None,
+                        chunk: Optional[int] = None) -> Tensor:
     """The Vim-family mixer with ``P`` paths, fused (inference only, no autograd).
 
     Args:
@@ -251,6 +351,7 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
             (each row a permutation of ``0..L-1``).
         out_proj_cat: (Dm, P * E) ``cat([out_proj_weight] * P, 1) / P`` (Vim's mean of the
             paths folded into the projection); built here when not given (callers cache it).
+        chunk: the scan, as :func:`launch_scan` takes it (None: automatic).
 
     Returns:
         (B, L, Dm) in the dtype ``F.linear`` gives under the current autocast state.
@@ -270,10 +371,170 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
     xc, x_dbl, delta = mixer_front(xz, perm, conv_weight, conv_bias, x_proj_weight,
                                    dt_proj_weight)
     y = torch.empty(Bsz, L, P * E, device=xz.device, dtype=x_dbl.dtype)
-    launch_scan(xc, x_dbl, delta, xz[..., E:], perm, dt_proj_weight, dt_proj_bias, A, D, y)
+    launch_scan(xc, x_dbl, delta, xz[..., E:], perm, dt_proj_weight, dt_proj_bias, A, D, y,
+                chunk=chunk)
     if out_proj_cat is None:
         out_proj_cat = torch.cat([out_proj_weight] * P, dim=1) / P
     return F.linear(y, out_proj_cat)
+
+
+def _scan_operands(xc: Tensor, x_dbl: Tensor, delta: Optional[Tensor], dt_proj_bias: Tensor,
+                   A: Tensor, R: int):
+    """Shapes and checked operands shared by the scan launches."""
+    P, Bsz, L, E = xc.shape
+    N = A.shape[-1]
+    if x_dbl.shape[:3] != (P, Bsz, L) or x_dbl.shape[3] < R + 2 * N:
+        raise ConfigError(f'x_dbl must be (P={P}, B={Bsz}, L={L}, >= R + 2N = {R + 2 * N}); '
+                          f'got {tuple(x_dbl.shape)}')
+    if delta is not None and delta.shape != xc.shape:
+        raise ConfigError(f'delta must have the shape of xc {tuple(xc.shape)}; '
+                          f'got {tuple(delta.shape)}')
+    if A.shape != (P, E, N) or N & (N - 1):
+        raise ConfigError(f'A must be (P={P}, E={E}, N) with N a power of two; '
+                          f'got {tuple(A.shape)}')
+    if xc.stride(-1) != 1 or x_dbl.stride(-1) != 1 or (delta is not None
+                                                        and delta.stride(-1) != 1):
+        raise ConfigError('xc, x_dbl and delta need unit stride along their last dimension')
+    return P, Bsz, L, E, N, dt_proj_bias.float().contiguous(), A.float().contiguous()
+
+
+def _chunk_passes_1_2(chunk_k, carry_k, xc, x_dbl, delta, dtb, A, R, chunk, block_e, warps):
+    """Passes 1 and 2 of the chunked scan: (P, B, n_chunks, E, N) fp32 initial states."""
+    import triton
+    P, Bsz, L, E = xc.shape
+    N = A.shape[-1]
+    nc = triton.cdiv(L, chunk)
+    if nc == 1:
+        return torch.zeros(P, Bsz, 1, E, N, device=xc.device, dtype=torch.float32)
+    states = torch.empty(P, Bsz, nc, E, N, device=xc.device, dtype=torch.float32)
+    dsum = torch.empty(P, Bsz, nc - 1, E, device=xc.device, dtype=torch.float32)
+    n_eb = triton.cdiv(E, block_e)
+    # pass 1 over chunks 0 .. nc - 2 (the last chunk's end state starts no chunk)
+    chunk_k[(Bsz * (nc - 1), n_eb, P)](
+        xc, x_dbl, delta, xc, xc, dtb, A, dtb, xc, states, dsum, L, E, R, nc - 1,
+        *xc.stride()[:3], *x_dbl.stride()[:3], *delta.stride()[:3], 0, 0, 0, 0, 0, 0,
+        *states.stride()[:3], *dsum.stride()[:3], N=N, BLOCK_E=block_e, T=chunk, OUTPUT=False,
+        num_warps=warps)
+    carry_k[(Bsz, n_eb, P)](states, dsum, A, E, nc, *states.stride()[:3], *dsum.stride()[:3],
+                            N=N, BLOCK_E=block_e, num_warps=warps)
+    return states
+
+
+def _scan_block(E: int) -> Tuple[int, int, bool]:
+    """(BLOCK_E, num_warps, dt_in_kernel) of the scan kernels for width E."""
+    import triton
+    block_e, warps, dt_in_kernel = scan_config(E)
+    return min(block_e, triton.next_power_of_2(E)), warps, dt_in_kernel
+
+
+def chunk_initial_states(xc: Tensor, x_dbl: Tensor, delta: Tensor, dt_proj_bias: Tensor,
+                         A: Tensor, R: int, chunk: int) -> Tensor:
+    """The state of every path's scan before the first step of each chunk of ``chunk`` steps.
+
+    The scan is the fused mixer's (and Mamba's): along path p of sample b, at step i,
+    ``delta_i = softplus(delta[p, b, i] + dt_proj_bias[p])`` (softplus as mamba: x > 20 -> x)
+    and ``h_i = exp(delta_i * A[p]) * h_{i-1} + delta_i * xc[p, b, i, :, None] * B_i[None, :]``
+    with ``B_i = x_dbl[p, b, i, R:R + N]`` and ``h_{-1} = 0``. Chunk c holds steps
+    ``c * chunk .. min((c + 1) * chunk, L) - 1``.
+
+    Args:
+        xc: (P, B, L, E) the conv output in path order (the scan's ``u``).
+        x_dbl: (P, B, L, R' + 2N (+ pad)) ``x_proj`` output in path order; ``B`` starts at
+            column ``R``, ``C`` at ``R + N``.
+        delta: (P, B, L, E) ``dt_proj`` output before its bias (no softplus).
+        dt_proj_bias: (P, E). A: (P, E, N) real (``-exp(A_log)``), N a power of two.
+        R: the column where ``B`` starts in ``x_dbl`` (the padded low rank R').
+        chunk: the chunk length T >= 1.
+
+    Returns:
+        (P, B, ceil(L / chunk), E, N) fp32: ``out[p, b, c] = h_{c * chunk - 1}`` (zero for
+        c = 0). Computed in two launches (no autograd): every chunk but the last walked from a
+        zero state in parallel (its end state and the sum of its step sizes), then one carry
+        over the chunks per (sample, channel block, path): ``H_c = exp(A * sum_{c-1} delta) *
+        H_{c-1} + end_{c-1}``. Runs the Triton kernels (CUDA, or the interpreter on CPU
+        tensors with ``TRITON_INTERPRET=1``); the accumulation is fp32 whatever the inputs'
+        dtype (bf16 / fp32).
+    """
+    if chunk < 1:
+        raise ConfigError(f'chunk must be >= 1; got {chunk}')
+    *_, E, _, dtb, A32 = _scan_operands(xc, x_dbl, delta, dt_proj_bias, A, R)
+    _, _, _, _, chunk_k, carry_k = _kernels(xc.device.type != 'cuda')
+    block_e, warps, _ = _scan_block(E)
+    return _chunk_passes_1_2(chunk_k, carry_k, xc, x_dbl, delta, dtb, A32, R, chunk, block_e,
+                             warps)
+
+
+def launch_scan(xc: Tensor, x_dbl: Tensor, delta: Optional[Tensor], z: Tensor, perm: Tensor,
+                dt_proj_weight: Tensor, dt_proj_bias: Tensor, A: Tensor, D: Tensor, y: Tensor,
+                chunk: Optional[int] = None) -> Tensor:
+    """The fused mixer's scan of every path, gated, into token order: fills and returns ``y``.
+
+    ``y[b, perm[p, b, i], p * E + e] = (C_i . h_i[e] + D[p, e] * xc[p, b, i, e]) *
+    silu(z[b, perm[p, b, i], e])`` with the state ``h`` of :func:`chunk_initial_states`.
+
+    Args:
+        xc: (P, B, L, E) conv output in path order. x_dbl: (P, B, L, R' + 2N (+ pad)).
+        delta: (P, B, L, E) ``dt_proj`` output before its bias, or None: formed here as one
+            batched matmul ``x_dbl[..., :R'] @ dt_proj_weight^T`` (or, with a scan
+            configuration that says so, inside the sequential kernel).
+        z: (B, L, E) the gate in token order (any strides with unit stride along E, e.g.
+            ``xz[..., E:]``). perm: (P, B or 1, L) int32 token at each path position.
+        dt_proj_weight: (P, E, R'); dt_proj_bias: (P, E); A: (P, E, N); D: (P, E).
+        y: (B, L, P * E) output (unit stride along the last dimension).
+        chunk: which scan: None (automatic: :func:`auto_scan_chunk`, i.e.
+            ``AMVIM_FUSED_SCAN_CHUNK`` or :func:`auto_scan_choice`), 0 (the sequential kernel:
+            one program per sample, channel block and path walks all L steps) or T > 0 (the
+            chunked scan: passes 1 and 2 of :func:`chunk_initial_states`, then every chunk of
+            T steps walked in parallel from its initial state, writing the outputs). The
+            chunked scan does about twice the sequential one's arithmetic but has
+            ``ceil(L / T)`` times its programs: faster where the sequential grid leaves the GPU
+            idle (long sequences, small batches).
+    """
+    import triton
+    P, Bsz, L, E = xc.shape
+    R = dt_proj_weight.shape[-1]
+    block_e, warps, dt_in_kernel = _scan_block(E)
+    if chunk is None:
+        chunk = auto_scan_chunk(Bsz, E, L, P)
+    if chunk < 0:
+        raise ConfigError(f'chunk must be None, 0 (sequential) or >= 1; got {chunk}')
+    if chunk and dt_in_kernel:
+        raise ConfigError('the chunked scan reads delta (dt_in_kernel=0); the scan '
+                          f'configuration {scan_config(E)} computes it in the kernel')
+    if delta is None and not (dt_in_kernel and not chunk):
+        delta = torch.bmm(x_dbl.reshape(P, Bsz * L, -1)[..., :R],
+                          dt_proj_weight.to(x_dbl.dtype).transpose(1, 2)).view(P, Bsz, L, E)
+    *_, dtb, A32 = _scan_operands(xc, x_dbl, delta, dt_proj_bias, A, R)
+    perm = perm.to(device=xc.device, dtype=torch.int32).contiguous()
+    if perm.dim() != 3 or perm.shape[0] != P or perm.shape[1] not in (1, Bsz) or \
+            perm.shape[2] != L:
+        raise ConfigError(f'perm must have shape (P={P}, 1 or B={Bsz}, L={L}); '
+                          f'got {tuple(perm.shape)}')
+    if y.shape != (Bsz, L, P * E) or y.stride(-1) != 1 or z.stride(-1) != 1:
+        raise ConfigError(f'y must be (B, L, P * E) = {(Bsz, L, P * E)} and y, z need unit '
+                          f'stride along the last dimension; got y {tuple(y.shape)}')
+    s_pb = perm.stride(1) if perm.shape[1] > 1 else 0
+    D32 = D.float().contiguous()
+    _, scan_k, _, _, chunk_k, carry_k = _kernels(xc.device.type != 'cuda')
+    if delta is None:
+        delta = x_dbl      # unused (dt_proj in the kernel)
+    if not chunk:
+        scan_k[(Bsz, triton.cdiv(E, block_e), P)](
+            xc, x_dbl, delta, z, perm, dt_proj_weight.contiguous(), dtb, A32, D32, y, L, E, R,
+            *xc.stride()[:3], *x_dbl.stride()[:3], *delta.stride()[:3], z.stride(0),
+            z.stride(1), perm.stride(0), s_pb, y.stride(0), y.stride(1), N=A.shape[-1],
+            BLOCK_E=block_e, BLOCK_R=max(triton.next_power_of_2(R), 2),
+            DT_IN_KERNEL=dt_in_kernel, num_warps=warps)
+        return y
+    states = _chunk_passes_1_2(chunk_k, carry_k, xc, x_dbl, delta, dtb, A32, R, chunk,
+                               block_e, warps)
+    nc = states.shape[2]
+    chunk_k[(Bsz * nc, triton.cdiv(E, block_e), P)](
+        xc, x_dbl, delta, z, perm, dtb, A32, D32, y, states, states, L, E, R, nc,
+        *xc.stride()[:3], *x_dbl.stride()[:3], *delta.stride()[:3], z.stride(0), z.stride(1),
+        perm.stride(0), s_pb, y.stride(0), y.stride(1), *states.stride()[:3], 0, 0, 0,
+        N=A.shape[-1], BLOCK_E=block_e, T=chunk, OUTPUT=True, num_warps=warps)
+    return y
 
 
 def fused_add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float,
@@ -296,7 +557,7 @@ def fused_add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor
     r = residual.contiguous() if residual is not None else h
     if out_dtype is None:
         out_dtype = autocast_dtype(hidden.device.type) or weight.dtype
-    _, _, k, merge_k = _kernels(hidden.device.type != 'cuda')
+    _, _, k, merge_k, *_ = _kernels(hidden.device.type != 'cuda')
     block_d = triton.next_power_of_2(D)
     if merge is None:
         res = torch.empty(h.shape, device=h.device, dtype=torch.float32)

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from amvim_mm import runtime
-from .fused_mixer import CONV_BLOCK, _kernels, launch_scan, mixer_front
+from .fused_mixer import (CONV_BLOCK, _kernels, chunk_initial_states, launch_scan,
+                          mixer_front)
 
 __all__ = ['FusedSSM', 'fused_mixer_train', 'BWD_CONFIG', 'bwd_config']
 
@@ -42,14 +43,14 @@ def bwd_config() -> Tuple[int, int, int]:
 
 @functools.lru_cache(maxsize=None)
 def _bwd_kernels(interpret: bool):
-    """Compile (or wrap for the interpreter) the backward kernels once: (states, scan_bwd,
-    conv_bwd, conv_bwd_dx)."""
+    """Compile (or wrap for the interpreter) the backward kernels once: (scan_bwd, conv_bwd,
+    conv_bwd_dx)."""
     import triton
 
     from . import _fused_mixer_bwd_kernels as k
     _kernels(interpret)     # the same availability check and message as the forward
-    return (triton.jit(k.scan_states_kernel), triton.jit(k.scan_bwd_kernel),
-            triton.jit(k.conv_bwd_kernel), triton.jit(k.conv_bwd_dx_kernel))
+    return (triton.jit(k.scan_bwd_kernel), triton.jit(k.conv_bwd_kernel),
+            triton.jit(k.conv_bwd_dx_kernel))
 
 
 def _inverse(perm: Tensor) -> Tensor:
@@ -68,7 +69,8 @@ class FusedSSM(torch.autograd.Function):
         Bsz, L, E2 = xz.shape
         P, E, _ = conv_w.shape
         with torch.autocast(xz.device.type, enabled=False):
-            xc, x_dbl, delta = mixer_front(xz, perm, conv_w, conv_b, x_proj_w, dt_w)
+            xc, x_dbl, delta = mixer_front(xz, perm, conv_w, conv_b, x_proj_w, dt_w,
+                                           with_delta=True)
             y = torch.empty(Bsz, L, P * E, device=xz.device, dtype=x_dbl.dtype)
             launch_scan(xc, x_dbl, delta, xz[..., E:], perm, dt_w, dt_b, A, D, y)
         ctx.save_for_backward(xz, perm, conv_w, conv_b, x_proj_w, dt_w, dt_b, A, D)
@@ -83,24 +85,24 @@ class FusedSSM(torch.autograd.Function):
         N = A.shape[-1]
         R = dt_w.shape[-1]
         dev, dtype = xz.device, xz.dtype
-        states_k, scan_bwd_k, conv_bwd_k, conv_dx_k = _bwd_kernels(dev.type != 'cuda')
+        scan_bwd_k, conv_bwd_k, conv_dx_k = _bwd_kernels(dev.type != 'cuda')
         T, block_e, warps = bwd_config()
         block_e = min(block_e, triton.next_power_of_2(E))
         n_chunks = triton.cdiv(L, T)
         dy = dy.contiguous()
         s_pb = perm.stride(1) if perm.shape[1] > 1 else 0
         with torch.autocast(dev.type, enabled=False):
-            xc, x_dbl, delta = mixer_front(xz, perm, conv_w, conv_b, x_proj_w, dt_w)
+            xc, x_dbl, delta = mixer_front(xz, perm, conv_w, conv_b, x_proj_w, dt_w,
+                                           with_delta=True)
             z = xz[..., E:]
             dt_b32, A32, D32 = dt_b.float().contiguous(), A.float().contiguous(), \
                 D.float().contiguous()
             grid = (Bsz, triton.cdiv(E, block_e), P)
-            states = torch.empty(P, Bsz, n_chunks, E, N, device=dev, dtype=torch.float32)
+            # the state before each chunk of T steps (chunk-parallel, fused_mixer)
+            states = chunk_initial_states(xc, x_dbl, delta, dt_b32, A32, R, T)
             strides = (xc.stride(0), xc.stride(1), xc.stride(2), x_dbl.stride(0),
                        x_dbl.stride(1), x_dbl.stride(2), delta.stride(0), delta.stride(1),
                        delta.stride(2))
-            states_k[grid](xc, x_dbl, delta, dt_b32, A32, states, L, E, R, n_chunks, *strides,
-                           N=N, T=T, BLOCK_E=block_e, num_warps=warps)
             dxc = torch.empty_like(xc)
             dbc = torch.zeros(P, Bsz, L, 2 * N, device=dev, dtype=torch.float32)
             ddelta = torch.empty_like(delta)

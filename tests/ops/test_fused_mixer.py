@@ -243,12 +243,21 @@ def test_fused_scan_config_env_is_validated(monkeypatch):
         scan_config(384)
 
 
-def test_auto_choice_keeps_mamba_for_small_batches():
-    from amvim_mm.ops.fused_mixer import auto_prefers_fused
-    assert auto_prefers_fused(128, 384, True) and auto_prefers_fused(16, 384, True)
-    assert not auto_prefers_fused(6, 384, True) and not auto_prefers_fused(11, 384, True)
-    assert auto_prefers_fused(8, 768, True)           # Vim-S: same batch x width
-    assert auto_prefers_fused(1, 384, False)          # no mamba-ssm: fused beats torch scan
+def test_auto_choice_takes_mamba_only_where_the_table_says(monkeypatch):
+    from amvim_mm.ops import fused_mixer as FM
+    # the small batches at long sequences that kept the mamba-ssm kernels before the chunked
+    # scan (resolution sweep: 768 / 1024 px at batch 11 / 6) now take the chunked fused scan
+    assert FM.auto_prefers_fused(11, 384, True, 2305) and FM.auto_prefers_fused(6, 384, True, 4097)
+    assert FM.auto_scan_choice(11, 384, 2305, 2, True).startswith('chunk')
+    assert FM.auto_scan_choice(6, 384, 4097, 2, True).startswith('chunk')
+    assert FM.auto_prefers_fused(128, 384, True, 197) and FM.auto_prefers_fused(1, 384, True, 197)
+    assert FM.auto_scan_choice(16, 384, 197, 2, True) == 'seq'
+    # a measured 'mamba' entry is honoured when the kernel is installed (nearest batch: 8)
+    monkeypatch.setitem(FM.SCAN_CHOICE_TABLE, (384, 4097),
+                        {**FM.SCAN_CHOICE_TABLE[(384, 4097)], 8: 'mamba'})
+    assert not FM.auto_prefers_fused(6, 384, True, 4097)
+    assert FM.auto_prefers_fused(6, 384, False, 4097)   # no mamba-ssm: the fused scan
+    assert FM.auto_prefers_fused(6, 768, True, 4097)    # another width's row
 
 
 def test_reduction_kernels_switch_is_validated(monkeypatch):
@@ -386,7 +395,7 @@ def test_gpu_fused_embedding_matches_reference(with_cls):
 @gpu
 def test_gpu_fused_is_chosen_automatically_and_graph_capturable():
     m = _pair(dict(type='AMVim', arch='tiny', img_size=224))
-    x = torch.randn(16, 3, 224, 224, device='cuda')   # batch x E = 16 x 384: fused
+    x = torch.randn(16, 3, 224, 224, device='cuda')   # L = 197: the sequential fused scan
     mixer = m.layers[0].mixer
     from amvim_mm.models.layout.scan_context import ScanContext
     h = torch.randn(16, 197, 192, device='cuda')

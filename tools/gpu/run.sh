@@ -4,6 +4,7 @@
 #                         [bench-vmamba] [bench-vmamba-profile] [build-scan] [bench-plainmamba]
 #                         [bench-plainmamba-reduction] [bench-learned-reduction]
 #                         [bench-tune-bwd] [bench-train]
+#                         [bench-tune-chunk]
 # (build-scan: mamba-ssm only, without causal-conv1d, which VMamba and PlainMamba do not use)
 # Installs the carried wheels into .gpu_build/site, builds mamba-ssm for this GPU's architecture
 # only (about 140 s for sm_90; reused while the machine stays warm), then runs the GPU tests and
@@ -22,6 +23,9 @@ steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build tests bench)
 # bench-tune-embed: the same for the one-kernel embedding (patch GEMM, class token, position)
 # bench-tune-bwd: launch configuration of the fused scan's backward (training)
 # bench-train: training step, fused vs unfused path (batch 128, 224)
+# bench-tune-chunk: sequential vs chunked fused scan (T = 32-256) vs mamba-ssm, one mixer call
+#   per batch x E x L (bf16, graph and eager): the measured table of the automatic scan choice
+#   (SCAN_CHOICE_TABLE, printed ready to paste); run with `build` for the mamba-ssm rows
 # bench-profile: torch.profiler tables of Vim-T/AMVim-T bf16 forwards (top CUDA kernels)
 # Wheels built here are copied to $OUT/built; carried back in .whl/built/ they are installed
 # instead of building again (same GPU architecture and image).
@@ -85,6 +89,7 @@ fi
 parts=()
 has bench && parts=(tune tune-match tune-embed main reduction resolution)
 has bench-tune && parts+=(tune)
+has bench-tune-chunk && parts+=(tune-chunk)
 has bench-tune-match && parts+=(tune-match)
 has bench-tune-embed && parts+=(tune-embed)
 has bench-main && parts+=(main)

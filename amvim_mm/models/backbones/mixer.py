@@ -38,10 +38,11 @@ class BiMambaMixer(nn.Module):
         fused: the fused Triton path (:mod:`amvim_mm.ops.fused_mixer`; under autograd
             :mod:`amvim_mm.ops.fused_mixer_autograd`): ``None`` (automatic: on for CUDA
             tensors when Triton imports and no scan backend was forced by argument or
-            ``AMVIM_SCAN_BACKEND``; in inference also only for a large enough batch - below
-            batch x E = 16 x 384 the mamba-ssm kernels, when installed, are faster on long
-            sequences), ``True`` (always; CPU tensors then run Triton's interpreter, for
-            tests) or ``False`` (never). ``AMVIM_FUSED_MIXER=0/1`` overrides ``None``. ToP
+            ``AMVIM_SCAN_BACKEND``; in inference also only where the measured table of
+            :func:`~amvim_mm.ops.fused_mixer.auto_scan_choice` does not name the mamba-ssm
+            kernels for this batch, width and length), ``True`` (always; CPU tensors then run
+            Triton's interpreter, for tests) or ``False`` (never). ``AMVIM_FUSED_MIXER=0/1``
+            overrides ``None``. ToP
             alignment and importance scores always take the unfused path.
     """
 
@@ -210,10 +211,14 @@ class BiMambaMixer(nn.Module):
             out = out + y
         return out / len(ys)
 
-    def use_fused(self, hidden: torch.Tensor, ctx: Optional[ScanContext]) -> bool:
+    def use_fused(self, hidden: torch.Tensor, ctx: Optional[ScanContext],
+                  seq_len: Optional[int] = None) -> bool:
         """Whether this call takes the fused inference path (see ``fused`` in the class doc).
 
         ``ctx=None`` asks about the block's fused add + RMSNorm (no scan-context conditions).
+        ``seq_len``: the sequence length for the automatic choice (default: ``hidden.shape[1]``
+        of a (B, L, D) ``hidden``; the backbone passes its token count when it asks with the
+        images).
         """
         if ctx is not None and self._ctx_needs_unfused(ctx):
             return False
@@ -226,8 +231,11 @@ class BiMambaMixer(nn.Module):
                 return False
             if self.d_state & (self.d_state - 1):
                 return False
-            if not training and not auto_prefers_fused(hidden.shape[0], self.d_inner,
-                                                       mamba_selective_scan()[0] is not None):
+            if seq_len is None:
+                seq_len = hidden.shape[1]
+            if not training and not auto_prefers_fused(
+                    hidden.shape[0], self.d_inner, mamba_selective_scan()[0] is not None,
+                    seq_len, self.num_paths):
                 return False
             ok = fused_mixer_available('cuda')[0]
             if ok:

@@ -326,7 +326,7 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
         if x.is_cuda and autocast_dtype('cuda') not in (torch.float16, torch.bfloat16):
             return False
         if fused is None:
-            fused = x.dim() == 4 and self.layers[0].mixer.use_fused(x, None)
+            fused = x.dim() == 4 and self._images_use_fused(x)
         return fused
 
     def _embed_wants_grad(self, x: torch.Tensor) -> bool:
@@ -336,6 +336,13 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
         return torch.is_grad_enabled() and (x.requires_grad or any(
             t.requires_grad for t in (pe.proj.weight, pe.proj.bias, self.pos_embed,
                                       self.cls_token)))
+
+    def _images_use_fused(self, x: torch.Tensor) -> bool:
+        """The first mixer's ``use_fused`` for a forward on images ``x`` (B, C, H, W): the
+        automatic choice is told the token count (patches, plus the class token)."""
+        grid = self.patch_embed.grid_size(*x.shape[-2:])
+        L = grid[0] * grid[1] + int(self.with_cls_token)
+        return self.layers[0].mixer.use_fused(x, None, seq_len=L)
 
     #: check every forward's images for NaN/inf (see :meth:`check_images`); a subclass or an
     #: instance may set it to False to save the reduction and its host sync
@@ -474,7 +481,10 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
         to :meth:`check_images`, which names the problem."""
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[0] == 0:
             return False
-        return self.layers[0].mixer.use_fused(x, None)
+        p = self.patch_embed.patch_size
+        if x.shape[-2] < p or x.shape[-1] < p:
+            return False      # check_images names the problem
+        return self._images_use_fused(x)
 
     #: Vim-family mixers have the masked forward a learned reducer trains with, merges too
     supports_learned_reduction = True
