@@ -283,7 +283,7 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
     got = {}
     for fused in (False, True):
         for layer in m.layers:
-            layer.mixer.use_fused = lambda h, ctx, f=fused: f
+            layer.mixer.use_fused = lambda h, ctx, f=fused, **kw: f
         n_train, n_embed = len(train_calls), len(embed_calls)
         fe.fused_patch_embed = counting_kernel
         decision = m.fused_path(x)
