@@ -2,6 +2,7 @@
 
     python tools/benchmark.py --suite cpu [--out-dir benchmarks]
     python tools/benchmark.py --suite gpu [--out-dir DIR] [--parts main reduction resolution]
+    python tools/benchmark.py --suite dense [--out-dir DIR] [--budget-s S] [--smoke]
 
 Suites:
   cpu: Vim-T at 224 on the CPU, the ``torch`` scan backend against the ``reference`` loop
@@ -22,6 +23,13 @@ Suites:
        8.44-GFLOPs schedule of ToP-ViM: speed-up against the FLOPs ratio;
        (learned-reduction) Vim-S DynamicViT-style pruning at 3.56 GFLOPs against ToP at the
        same GFLOPs.
+  dense: the dense tasks (amvim_mm/analysis/dense_benchmark.py): ADE20K UperNet training
+       step (512, batch 8), slide and whole-image inference (512-1024), the COCO backbone +
+       simple feature pyramid forward + backward (1024, batch 2) and the ImageNet fine-tuning
+       step (224, batch 128), each for Vim-T and AMVim-T on the automatic (fused) and the
+       unfused path next to mmseg's ViT at DeiT-T size, plus ToMe / ToP rows; the path that
+       ran is recorded per row. ``--smoke`` runs every row at tiny sizes on the CPU;
+       ``--budget-s`` skips the rows that no longer fit. Writes benchmark_dense.json / .md.
 Every row records the command, device and versions.
 """
 import argparse
@@ -36,6 +44,7 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmen
 import torch  # noqa: E402
 
 from amvim_mm.analysis import benchmark as B  # noqa: E402
+from amvim_mm.analysis import dense_benchmark as DB  # noqa: E402
 from amvim_mm.analysis import official_vim as OV  # noqa: E402
 from amvim_mm.analysis import official_vmamba as OVM  # noqa: E402
 from amvim_mm.analysis.flops import backbone_flops  # noqa: E402
@@ -43,6 +52,7 @@ from amvim_mm.models.backbones.plain_mamba import L3_TOP_BUDGET  # noqa: E402
 from amvim_mm.models.reduction import ReductionSchedule  # noqa: E402
 from amvim_mm import runtime  # noqa: E402
 from amvim_mm.apis.cli import run_cli  # noqa: E402
+from amvim_mm.errors import ConfigError  # noqa: E402
 
 RATIOS = (0.0, 0.17, 0.27, 0.36, 0.46)
 
@@ -690,7 +700,7 @@ GPU_PARTS = [
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--suite', choices=['cpu', 'gpu'], required=True)
+    p.add_argument('--suite', choices=['cpu', 'gpu', 'dense'], required=True)
     p.add_argument('--parts', nargs='+', default=['main', 'reduction', 'resolution'],
                    choices=[part for part, *_ in GPU_PARTS])
     p.add_argument('--tune-configs', nargs='+', default=[
@@ -739,7 +749,39 @@ def main(argv=None):
                         'and mode (see amvim_mm/analysis/official_vmamba.py)')
     p.add_argument('--cpu-iters', type=int, default=5)
     p.add_argument('--out-dir', default='benchmarks')
+    dense = p.add_argument_group('dense suite (amvim_mm/analysis/dense_benchmark.py)')
+    dense.add_argument('--smoke', action='store_true',
+                       help='every row at tiny sizes on the CPU (a test of the code paths, '
+                            'not a measurement)')
+    dense.add_argument('--budget-s', metavar='S',
+                       help='time budget in seconds from the start: rows that no longer fit '
+                            'are skipped and listed')
+    dense.add_argument('--workloads', nargs='+', metavar='W',
+                       help=f'a subset of {", ".join(DB.WORKLOADS)} (default: all)')
+    dense.add_argument('--whole-sizes', metavar='RES:BATCH,...',
+                       help='whole-image inference sizes (default 512:8,768:4,1024:2)')
+    dense.add_argument('--repeats', metavar='N', help='timed repeats per row (default 3)')
+    dense.add_argument('--warmup', metavar='N', help='warm-up calls per row (default 3)')
+    dense.add_argument('--train-iters', metavar='N',
+                       help='training steps per timed repeat (default 5)')
+    dense.add_argument('--infer-iters', metavar='N',
+                       help='inference calls per timed repeat (default 10)')
     args = p.parse_args(argv)
+    dense_opts = dict(workloads=args.workloads, whole_sizes=args.whole_sizes,
+                      budget_s=args.budget_s, repeats=args.repeats, warmup=args.warmup,
+                      train_iters=args.train_iters, infer_iters=args.infer_iters)
+    if args.suite != 'dense':
+        given = [k for k, v in dense_opts.items() if v is not None] + \
+            (['smoke'] if args.smoke else [])
+        if given:
+            raise ConfigError(f'--{given[0].replace("_", "-")} belongs to --suite dense')
+    else:
+        command = 'python tools/benchmark.py ' + ' '.join(argv or sys.argv[1:])
+        root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+        result = DB.run_dense(out_dir=args.out_dir, root=root, command=command,
+                              smoke=args.smoke, log=log, **dense_opts)
+        print(DB.markdown(result))
+        return 0
     if args.suite == 'gpu' and not torch.cuda.is_available():
         print('error: --suite gpu needs a CUDA device', file=sys.stderr)
         return 2

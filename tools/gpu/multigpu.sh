@@ -10,7 +10,8 @@
 #
 # Steps (GPU): `tools/gpu/run.sh build` (carried wheels into .gpu_build/site, mamba-ssm and
 # causal-conv1d for this GPU) and, in parallel, mmcv 2.1.0 from its sdist with CPU ops only; then
-# mmsegmentation & co. from .whl/seg; a tiny ADE20K-format dataset (amvim_mm.testing.make_ade20k);
+# mmsegmentation & co. from .whl/seg (both through tools/gpu/seg_stack.sh, which run.sh's
+# bench-dense step uses too); a tiny ADE20K-format dataset (amvim_mm.testing.make_ade20k);
 # run 1: torchrun (python3 -m torch.distributed.run) --nproc_per_node N tools/train.py on the
 # Vim-T UperNet ADE20K config, 200 iterations, checkpoints every 100; run 2: --resume from
 # iter_200.pth up to 300. tools/gpu/summarize_multigpu.py then writes $OUT/multigpu.json and
@@ -62,69 +63,27 @@ say "mode: $([ "$SMOKE" = 1 ] && echo 'CPU smoke test' || echo GPU), config $CON
 # 1. installs and builds (GPU mode only)
 # ------------------------------------------------------------------------------------------
 PKGRES=""
-MMCV_DIST=$B/dist_mmcv
 if [ "$SMOKE" = 1 ]; then
   NGPU=1
   GPUS="cpu"
   # MG_PYTHONPATH_PREFIX: e.g. the carried wheels installed with pip --target, to try them here
   export PYTHONPATH=${MG_PYTHONPATH_PREFIX:+$MG_PYTHONPATH_PREFIX:}$ROOT
 else
-  for f in .whl/mmengine-0.10.7-py3-none-any.whl .whl/seg/mmsegmentation-1.2.2-py3-none-any.whl \
-           .whl/seg/mmcv-2.1.0.tar.gz; do
-    [ -f "$f" ] || { say "missing $f: run 'bash tools/gpu/prepare.sh' on the CPU machine and" \
-                         "carry .whl"; exit 2; }
-  done
+  # the segmentation stack's install, shared with run.sh's bench-dense step
+  source tools/gpu/seg_stack.sh
+  seg_stack_check || exit 2
   GPUS=$(nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader)
   echo "$GPUS" | tee "$LOGS/gpus.txt"
   NGPU=${MG_NGPU:-$(echo "$GPUS" | grep -c .)}
   [ "$NGPU" -ge 2 ] || say "WARNING: $NGPU GPU(s): this is not a multi-GPU run"
   say "$(nproc) CPU cores; $NGPU processes (one per GPU)"
-
-  # mmengine 0.10.7 (Config.fromfile with `mmseg::` bases) and mmcv's setup.py need
-  # pkg_resources, which setuptools >= 82 dropped: then use the carried setuptools 80.9.
-  if ! python3 -c 'import pkg_resources' >/dev/null 2>&1; then
-    PKGRES=$B/site_setuptools
-    [ -f "$PKGRES/pkg_resources/__init__.py" ] || python3 -m pip install -q --no-index --no-deps \
-      --no-compile --no-cache-dir --target "$PKGRES" .whl/seg/setuptools/setuptools-*.whl
-    say "python3's setuptools ($(python3 -c 'import setuptools; print(setuptools.__version__)' \
-        2>/dev/null)) has no pkg_resources: using the carried one from $PKGRES"
-  fi
-
-  build_mmcv() {  # leaves mmcv-2.1.0-*.whl in $MMCV_DIST (or nothing to do)
-    if ls "$SITE"/mmcv/_ext*.so >/dev/null 2>&1 && [ -d "$SITE/mmcv-2.1.0.dist-info" ]; then
-      echo "mmcv 2.1.0 with ops already installed in $SITE"; return 0
-    fi
-    rm -rf "$MMCV_DIST" && mkdir -p "$MMCV_DIST"
-    if ls .whl/built/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
-      cp .whl/built/mmcv-2.1.0-*.whl "$MMCV_DIST/" && echo "mmcv: wheel from .whl/built" && return 0
-    fi
-    local src=$B/src/mmcv-2.1.0 t0
-    rm -rf "$src" && mkdir -p "$B/src" && tar xzf .whl/seg/mmcv-2.1.0.tar.gz -C "$B/src"
-    # mmcv 2.1.0 compiles with -std=c++17; torch >= 2.14's ATen.h demands C++20 (see
-    # tools/setup_env.sh): switch only when the installed headers say so.
-    local inc
-    inc=$(python3 -c 'import torch.utils.cpp_extension as c; print(c.include_paths()[0])')
-    if grep -qs 'C++20 or later compatible compiler is required' "$inc/ATen/ATen.h"; then
-      sed -i 's/-std=c++17/-std=c++20/g' "$src/setup.py"; echo "mmcv: setup.py set to -std=c++20"
-    else
-      echo "mmcv: keeping -std=c++17 (enough for torch $(python3 -c 'import torch; print(torch.__version__)'))"
-    fi
-    t0=$(date +%s)
-    # CPU ops only: mmcv's setup.py builds the CUDA ops whenever torch sees a GPU, whatever
-    # FORCE_CUDA says, so the GPUs are hidden from this build.
-    (cd "$src" && env CUDA_VISIBLE_DEVICES= MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS="$(nproc)" \
-        CFLAGS=-g0 CXXFLAGS=-g0 PYTHONPATH="$PKGRES" python3 -m pip wheel -q --no-deps \
-        --no-build-isolation --no-cache-dir -w "$MMCV_DIST" .) > "$LOGS/mmcv_build.log" 2>&1 \
-      || { tail -30 "$LOGS/mmcv_build.log"; echo "mmcv build failed"; return 1; }
-    mkdir -p "$OUT/built" && cp "$MMCV_DIST"/mmcv-2.1.0-*.whl "$OUT/built/"
-    echo "mmcv built in $(( $(date +%s) - t0 )) s"
-  }
+  seg_stack_pkgres
 
   say "building: tools/gpu/run.sh build (mamba-ssm, causal-conv1d) and mmcv 2.1.0, in parallel"
   rm -rf "$B/out_runsh"
   OUT=$B/out_runsh bash tools/gpu/run.sh build > "$LOGS/runsh_build.log" 2>&1 &
   runsh_pid=$!
-  build_mmcv > "$LOGS/mmcv.log" 2>&1 &
+  seg_stack_build_mmcv "$LOGS/mmcv_build.log" > "$LOGS/mmcv.log" 2>&1 &
   mmcv_pid=$!
   wait $mmcv_pid; mmcv_rc=$?
   say "mmcv: $(tail -1 "$LOGS/mmcv.log") (rc $mmcv_rc)"
@@ -139,25 +98,8 @@ else
   [ $mmcv_rc -eq 0 ] || { cat "$LOGS/mmcv.log"; say "mmcv unavailable: stopping"; exit 3; }
 
   # after run.sh's installs (both use pip --target on the same folder: never at once)
-  inst=(.whl/seg/*.whl)
-  ls "$MMCV_DIST"/mmcv-2.1.0-*.whl >/dev/null 2>&1 && inst+=("$MMCV_DIST"/mmcv-2.1.0-*.whl)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" "${inst[@]}" || { say "installing ${inst[*]} failed"; exit 3; }
-  rm -rf "$MMCV_DIST"
-  # the mmsegmentation wheel ships a top-level `tests` package, which would shadow ours
-  rm -rf "$SITE/tests"
-  export PYTHONPATH=${PKGRES:+$PKGRES:}$SITE:$ROOT
-  # Python 3.12 has no distutils; mmengine's collect_env (at every Runner start) imports it and
-  # normally gets setuptools' copy through setuptools' .pth hook. Without it: the same hook from a
-  # sitecustomize on the path.
-  if ! python3 -c 'from distutils import errors' >/dev/null 2>&1; then
-    mkdir -p "$B/site_compat"
-    printf 'try:\n    import _distutils_hack\n    _distutils_hack.add_shim()\nexcept Exception:\n    pass\n' \
-      > "$B/site_compat/sitecustomize.py"
-    export PYTHONPATH=$B/site_compat:$PYTHONPATH
-    python3 -c 'from distutils import errors' >/dev/null 2>&1 && say "distutils: setuptools' shim" \
-      || say "WARNING: no distutils module: mmengine's Runner (collect_env) will fail"
-  fi
+  seg_stack_install || exit 3
+  seg_stack_distutils
 fi
 
 # MG_THEN: run this command with the segmentation stack installed (e.g. an evaluation on one

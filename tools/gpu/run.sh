@@ -2,10 +2,14 @@
 # On the GPU machine (the device tool, with `.whl` carried; see tools/gpu/README.md):
 #   bash tools/gpu/run.sh [build] [tests] [bench] [bench-main] [bench-reduction] [bench-resolution]
 #                         [bench-vmamba] [bench-vmamba-profile] [build-scan] [bench-plainmamba]
-#                         [bench-plainmamba-reduction] [bench-learned-reduction]
-#                         [bench-tune-bwd] [bench-train]
-#                         [bench-tune-chunk]
+#                         [bench-plainmamba-reduction] [bench-learned-reduction] [bench-dense]
+#                         [bench-tune-bwd] [bench-train] [bench-tune-chunk]
 # (build-scan: mamba-ssm only, without causal-conv1d, which VMamba and PlainMamba do not use)
+# bench-dense: the dense-task suite (python3 tools/benchmark.py --suite dense) with the
+# segmentation stack of tools/gpu/seg_stack.sh (mmcv 2.1.0 built with CPU ops in parallel with
+# the builds, mmsegmentation from .whl/seg); its time budget ends DENSE_DEADLINE_S (480) seconds
+# after this script started (rows that no longer fit are skipped and listed); DENSE_ARGS: more
+# arguments for the suite. One call: `bash tools/gpu/run.sh build-scan bench-dense`.
 # Installs the carried wheels into .gpu_build/site, builds mamba-ssm for this GPU's architecture
 # only (about 140 s for sm_90; reused while the machine stays warm), then runs the GPU tests and
 # the benchmarks. Results and logs go to $OUT (default .gpu_build/out).
@@ -13,6 +17,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$PWD
+T0=$(date +%s)
 OUT=${OUT:-$ROOT/.gpu_build/out}
 SITE=${SITE:-$ROOT/.gpu_build/site}
 mkdir -p "$SITE" "$OUT"
@@ -35,6 +40,19 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target "$SITE" .whl/*.whl || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH=$SITE:$ROOT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+
+# bench-dense needs mmcv + mmseg: mmcv builds (CPU ops only) while the CUDA extensions build;
+# its logs stay in .gpu_build/seg_logs ($OUT brings back 8 files at most)
+mmcv_pid=
+SEG_LOGS=$ROOT/.gpu_build/seg_logs
+if has bench-dense; then
+  source tools/gpu/seg_stack.sh
+  seg_stack_check || exit 2
+  seg_stack_pkgres
+  mkdir -p "$SEG_LOGS"
+  seg_stack_build_mmcv "$SEG_LOGS/mmcv_build.log" > "$SEG_LOGS/mmcv.log" 2>&1 &
+  mmcv_pid=$!
+fi
 
 build_ext() {  # build_ext SDIST_GLOB PREFIX (the package's env-var prefix) MODULE
   local glob=$1 prefix=$2 module=$3 src t0
@@ -78,6 +96,15 @@ elif has build-scan; then
   build_ext mamba_ssm MAMBA selective_scan_cuda || exit 1
   : > "$SITE/mamba_ssm/__init__.py"
 fi
+if [ -n "$mmcv_pid" ]; then
+  wait $mmcv_pid; mmcv_rc=$?
+  echo "mmcv: $(tail -1 "$SEG_LOGS/mmcv.log") (rc $mmcv_rc," \
+       "$(( $(date +%s) - T0 )) s since start)"
+  [ $mmcv_rc -eq 0 ] || { cat "$SEG_LOGS/mmcv.log"
+    echo "WARNING: no mmcv: the dense suite's rows that need mmseg will record the error"; }
+  # after the builds' installs (pip --target on the same folder: never at once)
+  seg_stack_install && seg_stack_distutils
+fi
 python3 -c 'from amvim_mm.utils.env import collect_env; i, _ = collect_env(); print(i)' | tee "$OUT/env.txt"
 
 rc=0
@@ -114,5 +141,17 @@ if [ ${#parts[@]} -gt 0 ]; then
   python3 tools/benchmark.py --suite gpu --parts "${parts[@]}" --out-dir "$OUT" \
     --models ${BENCH_MODELS:-vim-t amvim-t vim-s amvim-s} "${extra[@]}" "${official[@]}" 2>&1 \
     | tee "$OUT/benchmark.log"
+fi
+if has bench-dense; then
+  # the suite's budget: what is left of DENSE_DEADLINE_S, less 15 s for its imports and the
+  # last write; a hard stop 90 s later (it writes its results after every row)
+  left=$(( T0 + ${DENSE_DEADLINE_S:-480} - $(date +%s) - 15 ))
+  [ $left -ge 20 ] || left=20
+  echo "bench-dense: budget ${left} s ($(( $(date +%s) - T0 )) s since start)"
+  timeout -k 10 $(( left + 90 )) python3 tools/benchmark.py --suite dense --out-dir "$OUT" \
+    --budget-s "$left" ${DENSE_ARGS:-} 2>&1 | tee "$OUT/benchmark_dense.log"
+  dense_rc=${PIPESTATUS[0]}
+  echo "bench-dense: exit $dense_rc, $(( $(date +%s) - T0 )) s since start"
+  [ $rc -ne 0 ] || rc=$dense_rc
 fi
 exit $rc

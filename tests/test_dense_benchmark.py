@@ -1,0 +1,250 @@
+"""The dense benchmark suite (``tools/benchmark.py --suite dense``) on the CPU: the smoke run end
+to end, the fused rows in Triton's interpreter, the time budget, the argument errors, and the
+recipes it pins against the configs they come from."""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from amvim_mm.analysis import dense_benchmark as DB
+from amvim_mm.apis.cli import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_suite(out_dir, *args, interpret=False):
+    """``tools/benchmark.py --suite dense --smoke`` in a subprocess on one thread; PYTHONPATH
+    names this checkout (a worktree's environment may have another one installed)."""
+    env = dict(os.environ, OMP_NUM_THREADS='1',
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
+    env.pop('TRITON_INTERPRET', None)
+    if interpret:
+        env['TRITON_INTERPRET'] = '1'
+    return subprocess.run([sys.executable, 'tools/benchmark.py', '--suite', 'dense', '--smoke',
+                           '--out-dir', str(out_dir), *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def case_key(r):
+    return (r['workload'], r['model'], r['impl'], r['reduction'], r['res'], r['batch'])
+
+
+def planned(workloads, sizes=DB.SMOKE):
+    cases = DB.plan_cases(sizes, workloads, DB._ours_depth(sizes))
+    return {(c.workload, DB._model_name(c.model, sizes), c.impl, c.reduction_name, c.res,
+             c.batch) for c in cases}
+
+
+def check_ratios(rows):
+    """The ratio columns are the quotients of the rows' own images/s."""
+    by = {case_key(r): r for r in rows}
+    peer = {(r['workload'], r['res'], r['batch']): r for r in rows if r['impl'] == 'peer'}
+    checked = 0
+    for r in rows:
+        if r['impl'] == 'peer':
+            assert 'ours_over_peer' not in r and 'fused_over_unfused' not in r
+            continue
+        w, m, impl, red, res, b = case_key(r)
+        p = peer[(w, res, b)]
+        assert r['ours_over_peer'] == round(r['img_per_s'] / p['img_per_s'], 3)
+        if impl != 'unfused':
+            base = by[(w, m, 'unfused', red, res, b)]
+            assert r['fused_over_unfused'] == round(r['img_per_s'] / base['img_per_s'], 3)
+            checked += 1
+        else:
+            assert 'fused_over_unfused' not in r
+        if red != 'none':
+            base = by[(w, m, impl, 'none', res, b)]
+            assert r['speedup_vs_unreduced'] == round(r['img_per_s'] / base['img_per_s'], 3)
+    assert checked
+
+
+def test_smoke_suite_end_to_end(tmp_path):
+    """Every workload, model, path and reduction at tiny sizes on the CPU: all planned rows
+    measured (the forced fused rows need Triton's interpreter: listed as skipped), positive
+    numbers, the path that ran, ratios from the numbers; JSON and markdown written."""
+    t = time.time()
+    r = run_suite(tmp_path, '--budget-s', 900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert time.time() - t < 120
+    res = json.loads((tmp_path / 'benchmark_dense.json').read_text())
+    rows, skipped = res['rows'], res['skipped']
+    assert res['suite'] == 'dense' and res['smoke'] is True and res['device'] == 'cpu'
+    plan = planned(list(DB.WORKLOADS))
+    assert {case_key(x) for x in rows} == {k for k in plan if k[2] != 'forced'}
+    assert {case_key(x) for x in skipped} == {k for k in plan if k[2] == 'forced'}
+    assert all('TRITON_INTERPRET=1' in x['reason'] for x in skipped)
+    assert len(rows) == len({case_key(x) for x in rows})
+    for x in rows:
+        assert 'error' not in x, x
+        assert x['img_per_s'] > 0 and x['ms_per_iter'] > 0 and x['spread_pct'] >= 0, x
+        assert len(x['times_ms']) == res['sizes']['repeats'] and min(x['times_ms']) > 0
+        assert x['dtype'] == 'bf16' and x['res'] > 0 and x['batch'] > 0
+        assert x['mode'] == ('train-eager' if x['workload'] in DB.TRAINING else 'infer-eager')
+        assert x['peak_mib'] is None          # CPU: not measured
+        if x['impl'] == 'peer':
+            assert x['path_ran'] == 'attention' and x['reduction'] == 'none'
+        else:
+            # the automatic choice on CPU tensors, and every unfused row: the unfused path
+            assert x['path_ran'] == 'unfused', x
+            assert re.fullmatch(r'0/\d+', x['fused_calls']) and 'path_note' not in x
+            assert x['scan_backend'] == 'torch' and x['conv_backend'] == 'torch'
+        if x['reduction'].startswith('ToP'):
+            assert x['token_counts'][-1] < x['token_counts'][0], x
+        if x['workload'] == 'ade-slide':
+            assert x['windows_per_forward'] == x['batch']
+        if x['workload'] in ('ade-train', 'in1k'):
+            assert x['optimizer'].startswith('AdamW')
+    check_ratios(rows)
+    md = (tmp_path / 'benchmark_dense.md').read_text()
+    for w in DB.WORKLOADS:
+        assert f'## {w}:' in md
+    assert '## skipped' in md and 'CPU smoke run' in md
+    assert r.stdout.count('] ade-train') == 9
+
+
+@pytest.mark.slow
+def test_forced_fused_rows_in_triton_interpreter(tmp_path):
+    """``fused_mixer=True`` rows (plain and with ToMe) run the fused path in Triton's
+    interpreter: the probe sees every mixer call fused, as many as the fused function ran."""
+    r = run_suite(tmp_path, '--workloads', 'ade-whole', '--whole-sizes', '64:1',
+                  interpret=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / 'benchmark_dense.json').read_text())
+    rows = res['rows']
+    assert not res['skipped']
+    assert {case_key(x) for x in rows} == planned(['ade-whole'], DB.dataclasses.replace(
+        DB.SMOKE, whole=((64, 1), )))
+    forced = [x for x in rows if x['impl'] == 'forced']
+    assert len(forced) == 6
+    for x in rows:
+        assert 'error' not in x and x['img_per_s'] > 0, x
+    for x in forced:
+        n = x['fused_calls'].split('/')
+        assert x['path_ran'] == 'fused' and n[0] == n[1] != '0' and 'path_note' not in x, x
+    check_ratios(rows)
+
+
+def test_budget_skips_rows_with_a_note(tmp_path):
+    """A spent budget skips every remaining row and says so in the JSON and the markdown."""
+    sizes, workloads = DB.SMOKE, ['in1k']
+    suite = DB.DenseSuite(sizes=sizes, workloads=workloads, device='cpu', out_dir=str(tmp_path),
+                          root=str(ROOT), command='test', budget_s=5, smoke=True,
+                          log=lambda msg: None)
+    suite.deadline = time.perf_counter()          # spent
+    res = suite.run(DB.plan_cases(sizes, workloads, DB._ours_depth(sizes)))
+    assert res['rows'] == [] and len(res['skipped']) == 9
+    assert all(s['reason'].startswith('time budget') for s in res['skipped'])
+    md = (tmp_path / 'benchmark_dense.md').read_text()
+    assert '## skipped' in md and 'time budget' in md
+    assert json.loads((tmp_path / 'benchmark_dense.json').read_text())['skipped']
+
+
+def _main():
+    spec = importlib.util.spec_from_file_location('_tool_benchmark', ROOT / 'tools/benchmark.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--smoke', '--workloads', 'ade', 'coco'], "unknown dense workload 'ade'"),
+    (['--smoke', '--whole-sizes', '512x8'], 'expects RES:BATCH pairs'),
+    (['--smoke', '--whole-sizes', '512:0'], 'expects RES:BATCH pairs'),
+    (['--smoke', '--budget-s', 'soon'], '--budget-s expects a number >= 1'),
+    (['--smoke', '--budget-s', '0'], '--budget-s expects a number >= 1'),
+    (['--smoke', '--repeats', '1'], '--repeats must be at least 2'),
+    (['--smoke', '--train-iters', '2.5'], '--train-iters expects a whole number'),
+])
+def test_bad_arguments_give_a_short_error(argv, message, capsys, tmp_path):
+    main = _main()
+    rc = run_cli(lambda: main(['--suite', 'dense', '--out-dir', str(tmp_path)] + argv))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith('error: ') and message in err, err
+    assert len(err.splitlines()) <= 2
+    assert not list(tmp_path.iterdir())          # nothing written
+
+
+def test_dense_options_belong_to_the_dense_suite(capsys):
+    main = _main()
+    for argv in (['--suite', 'cpu', '--smoke'], ['--suite', 'gpu', '--budget-s', '60']):
+        rc = run_cli(lambda: main(argv))
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and err.startswith('error: ') and 'belongs to --suite dense' in err
+        assert len(err.splitlines()) == 1
+
+
+def test_dense_without_cuda_needs_smoke(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(DB.torch.cuda, 'is_available', lambda: False)
+    rc = run_cli(lambda: _main()(['--suite', 'dense', '--out-dir', str(tmp_path)]))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and 'needs a CUDA device; --smoke runs it' in err
+    assert len(err.splitlines()) == 1
+
+
+def _plain(x):
+    return json.loads(json.dumps(x))
+
+
+def test_pinned_recipes_match_the_configs():
+    """The COCO backbone + neck and the ImageNet recipe are pinned in the suite (the GPU job
+    has no mmdet / mmpretrain): they must equal what the configs build."""
+    pytest.importorskip('mmdet')
+    pytest.importorskip('mmpretrain')
+    from mmengine.config import Config
+    for model, typ in (('vim', 'Vim'), ('amvim', 'AMVim')):
+        cfg = Config.fromfile(str(ROOT / f'configs/{model}/{model}-t_sfp_mask-rcnn_8xb8-lsj-'
+                                         '184k_coco-1024x1024.py'))
+        backbone = _plain(cfg.model.backbone)
+        backbone.pop('init_cfg')
+        assert backbone == _plain(dict(DB.COCO_BACKBONE, type=typ))
+        assert _plain(cfg.model.neck) == _plain(DB.COCO_NECK)
+    cfg = Config.fromfile(str(ROOT / 'configs/amvim/amvim-t_linear_8xb128-150e_in1k-224.py'))
+    backbone = _plain(cfg.model.backbone)
+    backbone.pop('init_cfg')
+    assert backbone == _plain(dict(DB.IN1K_BACKBONE, type='AMVim'))
+    assert _plain(cfg.optim_wrapper) == _plain(DB.IN1K_OPTIM)
+    head = cfg.model.head
+    assert head.type == 'LinearClsHead' and head.num_classes == DB.IN1K_HEAD['num_classes']
+    assert head.loss == dict(type='LabelSmoothLoss', mode='original',
+                             label_smooth_val=DB.IN1K_HEAD['label_smooth_val'])
+    # the dense configs' out_indices, which the peer's are scaled from
+    for model in ('vim', 'amvim'):
+        cfg = Config.fromfile(str(ROOT / DB.ADE_CONFIGS[model]))
+        assert tuple(cfg.model.backbone.out_indices) == DB._quarter_indices(24)
+        assert cfg.model.test_cfg.mode == 'slide'
+        assert tuple(cfg.model.test_cfg.stride) == (DB.FULL.ade_stride, ) * 2
+    assert DB._quarter_indices(12) == (2, 5, 8, 11)
+
+
+def test_path_probe_summary():
+    """The probe's verdicts: no call fused, some, all; a failed probe falls back on the count
+    of the fused function's calls; a disagreement between the two is noted."""
+    import torch
+    from amvim_mm.registry import MODELS
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=32, out_type='featmap'))
+    with torch.no_grad(), DB.PathProbe(m) as probe:
+        m(torch.randn(1, 3, 32, 32))
+    from amvim_mm.models.backbones import mixer
+    from amvim_mm.ops import fused_mixer
+    assert mixer.fused_mixer_forward is fused_mixer.fused_mixer_forward       # restored
+    assert not any(x._forward_pre_hooks for x in m.modules())
+    s = probe.summary()
+    assert s['path_ran'] == 'unfused' and s['fused_calls'] == '0/4' and 'path_note' not in s
+    assert s['scan_backend'] == 'torch' and s['conv_backend'] == 'torch'
+    probe.decisions = [True, False, True, False]
+    assert probe.summary()['path_ran'] == 'mixed'
+    assert 'decisions say 2' in probe.summary()['path_note']
+    probe.decisions, probe.kernel_calls = [True] * 4, 4
+    assert probe.summary() == dict(fused_calls='4/4', path_ran='fused', scan_backend='torch',
+                                   conv_backend='torch')
+    probe.decisions, probe.errors = [None] * 4, ['AttributeError: x']
+    s = probe.summary()
+    assert s['path_ran'] == 'fused' and 'probe failed on 1 calls' in s['path_note']
+    assert DB.PathProbe(torch.nn.Linear(2, 2)).summary() == dict(path_ran='attention')
