@@ -398,6 +398,61 @@ def gpu_profile(args):
 
 
 
+def _triton_kernel_report() -> list:
+    """Registers and spills of every compiled Triton kernel of the fused path (from the jit
+    caches), one row each."""
+    from amvim_mm.ops import fused_mixer as FM
+    from amvim_mm.ops import fused_mixer_autograd as FA
+    rows = []
+    kernels = list(FM._kernels(False)) + list(FA._bwd_kernels(False))
+    try:
+        for k in kernels:
+            for cache in getattr(k, 'device_caches', {}).values():
+                for compiled in cache[0].values():
+                    rows.append(dict(kernel=k.fn.__name__,
+                                     n_regs=getattr(compiled, 'n_regs', None),
+                                     n_spills=getattr(compiled, 'n_spills', None),
+                                     num_warps=getattr(compiled.metadata, 'num_warps', None)))
+    except Exception as e:   # noqa: BLE001  (Triton's cache layout differs between versions)
+        rows.append(dict(error=f'{type(e).__name__}: {e}'))
+    return rows
+
+
+def gpu_train_profile(args):
+    """Top CUDA kernels of one bf16 training step (forward, loss, backward) of Vim-T, batch
+    128, 224: the fused and the unfused path; and the fused path's Triton kernels' registers
+    and spills."""
+    from torch.profiler import ProfilerActivity, profile
+    out = {}
+    for mixer in ('fused', 'unfused'):
+        m = B.build('vim-t', 224, head=True, fused_mixer=None if mixer == 'fused' else False)
+        m.train()
+        x = torch.randn(args.train_batch, 3, 224, 224, device='cuda')
+        y = torch.randint(0, 1000, (args.train_batch, ), device='cuda')
+
+        def step():
+            with torch.autocast('cuda', dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(m(x).float(), y)
+            loss.backward()
+            for p in m.parameters():
+                p.grad = None
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        t = prof.key_averages().table(sort_by='cuda_time_total', row_limit=30,
+                                      max_name_column_width=120)
+        out[f'vim-t_{mixer}'] = t
+        log(f'train profile, vim-t {mixer}:\n{t}')
+        del m
+        torch.cuda.empty_cache()
+    out['triton_kernels'] = _triton_kernel_report()
+    log(f'triton kernels: {out["triton_kernels"]}')
+    return out
+
+
 def _speedup(r: dict, base: dict) -> None:
     """Add the speed-up over ``base``, the FLOPs ratio and their quotient to row ``r`` (when
     both were measured)."""
@@ -687,6 +742,8 @@ GPU_PARTS = [
     ('profile', None, gpu_profile),
     ('main', 'whole classifiers, batch 128, 224', gpu_main),
     ('train', 'training step, fused vs unfused, batch 128, 224', gpu_train),
+    ('train-profile', 'top CUDA kernels of a bf16 training step (Vim-T, batch 128, 224)',
+     gpu_train_profile),
     ('reduction', 'ToMe, bf16, batch 128, 224', gpu_reduction),
     ('resolution', 'bf16, CUDA graph, pixels per batch constant', gpu_resolution),
     ('vmamba', 'VMamba-T whole classifier, batch 128, 224, ours and official', gpu_vmamba),

@@ -3,7 +3,8 @@
 #   bash tools/gpu/run.sh [build] [tests] [bench] [bench-main] [bench-reduction] [bench-resolution]
 #                         [bench-vmamba] [bench-vmamba-profile] [build-scan] [bench-plainmamba]
 #                         [bench-plainmamba-reduction] [bench-learned-reduction] [bench-dense]
-#                         [bench-tune-bwd] [bench-train] [bench-tune-chunk]
+#                         [bench-tune-bwd] [bench-train] [bench-train-profile]
+#                         [bench-tune-chunk]
 # (build-scan: mamba-ssm only, without causal-conv1d, which VMamba and PlainMamba do not use)
 # bench-dense: the dense-task suite (python3 tools/benchmark.py --suite dense) with the
 # segmentation stack of tools/gpu/seg_stack.sh (mmcv 2.1.0 built with CPU ops in parallel with
@@ -130,6 +131,7 @@ has bench-plainmamba-reduction && parts+=(plainmamba-reduction)
 has bench-learned-reduction && parts+=(learned-reduction)
 has bench-tune-bwd && parts+=(tune-bwd)
 has bench-train && parts+=(train)
+has bench-train-profile && parts+=(train-profile)
 extra=()
 # the official Vim code, timed beside ours in the main part when its files were carried
 # (tools/gpu/prepare.sh with OFFICIAL_VIM_GIT; amvim_mm/analysis/official_vim.py)
