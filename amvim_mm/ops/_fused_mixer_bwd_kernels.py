@@ -4,21 +4,18 @@ the scan's backward and the causal conv's backward.
 Undecorated like :mod:`._fused_mixer_kernels` (the autograd module compiles them or wraps them
 for Triton's interpreter); helpers they call are decorated here.
 
-The scan's backward works on chunks of ``T`` steps as (T, BLOCK_E, N) tiles: within a chunk the
-states come from an associative scan (``h_i = a_i h_{i-1} + b_i``) started from the chunk's
-initial state (:func:`amvim_mm.ops.fused_mixer.chunk_initial_states`, recomputed), and the state gradients from the reverse scan
-``dh_i = a_{i+1} dh_{i+1} + g_i`` carried in from the next chunk; so the backward recomputes the
-states instead of storing one per step (only one (E, N) state per chunk, transient).
+The scan's backward walks chunks of ``T`` steps last to first: each chunk's states are rebuilt
+from the chunk's initial state (:func:`amvim_mm.ops.fused_mixer.chunk_initial_states`,
+recomputed in the backward) into a small per-program scratch, then the chunk is walked backwards
+with the state gradient ``dh_i = exp(d_{i+1} A) dh_{i+1} + g_i C_i`` in registers. So the
+backward recomputes the states instead of storing one per step (one (E, N) state per chunk,
+transient). (A first version scanned (T, BLOCK_E, N) tiles with ``tl.associative_scan``: 255
+registers with spills and 5.7 ms per Vim-T layer at batch 128 on an H200, 2.4x mamba-ssm's
+backward; benchmarks/README.md.)
 """
 import triton
 import triton.language as tl
 
-
-
-@triton.jit
-def _affine(a1, b1, a2, b2):
-    """Composition of ``h -> a1 h + b1`` then ``h -> a2 h + b2`` (the scans' combine)."""
-    return a1 * a2, b1 * a2 + b2
 
 
 @triton.jit
@@ -31,53 +28,36 @@ def _softplus(raw):
     return tl.where(raw > 20., raw, lp)
 
 
-@triton.jit
-def _chunk_inputs(xc_row, xd_row, dl_row, i, mi, offs_e, me, offs_n, R, s_cl, s_dl, s_ll, dtb,
-                  a2, N: tl.constexpr):
-    """One chunk's scan inputs as tiles: ``u`` (T, E), ``raw`` (T, E) = dt + bias, ``d`` =
-    delta (0 outside the sequence: the state passes unchanged), ``B`` (T, N), and the decay
-    ``exp(d A)`` and input ``d u B`` as (T, E, N) tiles."""
-    m2 = mi[:, None] & me[None, :]
-    u = tl.load(xc_row + i[:, None] * s_cl + offs_e[None, :], mask=m2, other=0.).to(tl.float32)
-    raw = tl.load(dl_row + i[:, None] * s_ll + offs_e[None, :], mask=m2,
-                  other=0.).to(tl.float32) + dtb[None, :]
-    d = tl.where(m2, _softplus(raw), 0.)
-    bv = tl.load(xd_row + i[:, None] * s_dl + R + offs_n[None, :], mask=mi[:, None],
-                 other=0.).to(tl.float32)
-    decay = tl.exp2(d[:, :, None] * a2[None, :, :])
-    inp = (d * u)[:, :, None] * bv[:, None, :]
-    return u, raw, d, bv, decay, inp
-
-
-@triton.jit
-def _row(x, offs_t, t):
-    """Row ``t`` of a (T, E, N) tile as (E, N)."""
-    return tl.sum(tl.where((offs_t == t)[:, None, None], x, 0.), axis=0)
-
-
 def scan_bwd_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dy_ptr, dtb_ptr, a_ptr, d_ptr,
-                    st_ptr, dxc_ptr, dbc_ptr, ddl_ptr, dz_ptr, part_ptr, L, E, R, n_chunks,
-                    s_cp, s_cb, s_cl, s_dp, s_db, s_dl, s_lp, s_lb, s_ll, s_zb, s_zl, s_pp,
-                    s_pb, s_yb, s_yl, N: tl.constexpr, T: tl.constexpr,
+                    st_ptr, hs_ptr, dxc_ptr, dbc_ptr, ddl_ptr, dz_ptr, part_ptr, L, E, R,
+                    n_chunks, s_cp, s_cb, s_cl, s_dp, s_db, s_dl, s_lp, s_lb, s_ll, s_zb, s_zl,
+                    s_pp, s_pb, s_yb, s_yl, N: tl.constexpr, T: tl.constexpr,
                     BLOCK_E: tl.constexpr):
     """Program (sample b, channel block, path p): the gated scan's backward, chunks last to first.
 
     Forward (per channel e, state n, path position i, token t = perm[p, b, i]):
     ``d_i = softplus(dl_i + dtb)``, ``h_i = exp(d_i A) h_{i-1} + d_i u_i B_i``,
     ``s_i = <h_i, C_i> + D u_i``, ``y[b, t, p E + e] = s_i silu(z_t)``. Given ``dy``:
-    ``g_i = dy silu(z)``; ``dh_i = exp(d_{i+1} A) dh_{i+1} + g_i C_i``; writes ``du`` into
-    ``dxc`` (path order), ``dB``/``dC`` added atomically into ``dbc`` (P, B, L, 2N) fp32 (a sum
-    over channel blocks), d(dt) into ``ddl`` (path order), ``dz`` of this path into
-    ``dz[p]`` (token order, fp32), and this sample's sums for A, D and the dt bias into
-    ``part[p, b]`` (E, N + 2) fp32. ``exp(d_i A) h_{i-1}`` is formed as ``h_i - d_i u_i B_i``.
+    ``g_i = dy silu(z)``; ``dh_i = exp(d_{i+1} A) dh_{i+1} + g_i C_i``.
+
+    Per chunk of ``T`` steps: the states are recomputed from the chunk's initial state
+    ``st[p, b, c]`` step by step into this program's scratch rows ``hs`` (T, BLOCK_E, N) fp32
+    (reused by every chunk: a few KiB that stay in cache), then the chunk is walked backwards
+    with the state gradient in registers, as the forward kernel walks forwards.
+    ``exp(d_i A) h_{i-1}`` is ``h_i - d_i u_i B_i``. Writes ``du`` into ``dxc`` (path order),
+    ``dB``/``dC`` added atomically into ``dbc`` (P, B, L, 2N) fp32 (a sum over channel
+    blocks), d(dt) into ``ddl`` (path order), ``dz`` of this path into ``dz[p]`` (token order,
+    fp32), and this sample's sums for A, D and the dt bias into ``part[p, b]`` (E, N + 2) fp32.
     """
     b = tl.program_id(0)
     eb = tl.program_id(1)
     p = tl.program_id(2)
-    offs_t = tl.arange(0, T)
-    offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
+    nb = tl.num_programs(0)
+    offs_k = tl.arange(0, BLOCK_E)
+    offs_e = eb * BLOCK_E + offs_k
     offs_n = tl.arange(0, N)
     me = offs_e < E
+    tile = offs_k[:, None] * N + offs_n[None, :]
     a_raw = tl.load(a_ptr + (p * E + offs_e[:, None]) * N + offs_n[None, :], mask=me[:, None],
                     other=0.).to(tl.float32)
     a2 = a_raw * 1.4426950408889634
@@ -87,66 +67,73 @@ def scan_bwd_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dy_ptr, dtb_ptr, a_
     xd_row = xd_ptr + p * s_dp + b * s_db
     dl_row = dl_ptr + p * s_lp + b * s_lb
     pm_row = perm_ptr + p * s_pp + b * s_pb
-    nb = tl.num_programs(0)
     st_row = st_ptr + (p * nb + b) * n_chunks * E * N
+    hs_row = hs_ptr + ((p * nb + b) * tl.num_programs(1) + eb) * T * BLOCK_E * N
     dxc_row = dxc_ptr + p * s_cp + b * s_cb
     ddl_row = ddl_ptr + p * s_lp + b * s_lb
     dbc_row = dbc_ptr + (p * nb + b) * L * 2 * N
     dz_row = dz_ptr + (p * nb + b) * L * E
-    carry = tl.zeros((BLOCK_E, N), dtype=tl.float32)      # exp(d_first A) dh_first, next chunk
+    carry = tl.zeros((BLOCK_E, N), dtype=tl.float32)      # exp(d_{i+1} A) dh_{i+1}
     acc_a = tl.zeros((BLOCK_E, N), dtype=tl.float32)
     acc_d = tl.zeros((BLOCK_E, ), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_E, ), dtype=tl.float32)
     for cc in range(n_chunks):
         c = n_chunks - 1 - cc
-        i = c * T + offs_t
-        mi = i < L
-        m2 = mi[:, None] & me[None, :]
-        u, raw, d, bv, decay, inp = _chunk_inputs(xc_row, xd_row, dl_row, i, mi, offs_e, me,
-                                                  offs_n, R, s_cl, s_dl, s_ll, dtb, a2, N)
-        cv = tl.load(xd_row + i[:, None] * s_dl + R + N + offs_n[None, :], mask=mi[:, None],
-                     other=0.).to(tl.float32)
-        h0 = tl.load(st_row + (c * E + offs_e[:, None]) * N + offs_n[None, :], mask=me[:, None],
-                     other=0.)
-        pa, sb = tl.associative_scan((decay, inp), 0, _affine)
-        h = pa * h0[None, :, :] + sb                                    # h_i, (T, E, N)
-        tok = tl.load(pm_row + i, mask=mi, other=0)
-        zv = tl.load(z_ptr + b * s_zb + tok[:, None] * s_zl + offs_e[None, :], mask=m2,
-                     other=0.).to(tl.float32)
-        gy = tl.load(dy_ptr + b * s_yb + tok[:, None] * s_yl + p * E + offs_e[None, :],
-                     mask=m2, other=0.).to(tl.float32)
-        s = tl.sum(h * cv[:, None, :], axis=2) + dsk[None, :] * u
-        sig = 1. / (1. + tl.exp(-zv))
-        g = gy * zv * sig                                               # d s_i
-        dzv = gy * s * sig * (1. + zv * (1. - sig))
-        tl.store(dz_row + tok[:, None] * E + offs_e[None, :], dzv, mask=m2)
-        # decay of the next step within the chunk (the last row's comes with the carry)
-        i1 = i + 1
-        m1 = (i1 < L) & (offs_t < T - 1)
-        raw1 = tl.load(dl_row + i1[:, None] * s_ll + offs_e[None, :],
-                       mask=m1[:, None] & me[None, :], other=0.).to(tl.float32) + dtb[None, :]
-        d1 = tl.where(m1[:, None] & me[None, :], _softplus(raw1), 0.)
-        decay1 = tl.exp2(d1[:, :, None] * a2[None, :, :])
-        q, sg = tl.associative_scan((decay1, g[:, :, None] * cv[:, None, :]), 0, _affine,
-                                    reverse=True)
-        dh = sg + q * carry[None, :, :]
-        carry = _row(decay * dh, offs_t, 0)
-        prev = h - inp                                                  # exp(d_i A) h_{i-1}
-        dc = tl.sum(h * g[:, :, None], axis=1)                          # (T, N)
-        db = tl.sum(dh * (d * u)[:, :, None], axis=1)
-        tl.atomic_add(dbc_row + i[:, None] * 2 * N + offs_n[None, :], db, mask=mi[:, None])
-        tl.atomic_add(dbc_row + i[:, None] * 2 * N + N + offs_n[None, :], dc, mask=mi[:, None])
-        du = tl.sum(dh * bv[:, None, :], axis=2) * d + dsk[None, :] * g
-        dd = tl.sum(dh * (a_raw[None, :, :] * prev + u[:, :, None] * bv[:, None, :]), axis=2)
-        draw = tl.where(raw > 20., dd, dd / (1. + tl.exp(-raw)))
-        draw = tl.where(m2, draw, 0.)
-        tl.store(dxc_row + i[:, None] * s_cl + offs_e[None, :],
-                 du.to(dxc_ptr.dtype.element_ty), mask=m2)
-        tl.store(ddl_row + i[:, None] * s_ll + offs_e[None, :],
-                 draw.to(ddl_ptr.dtype.element_ty), mask=m2)
-        acc_a += tl.sum(dh * d[:, :, None] * prev, axis=0)
-        acc_d += tl.sum(g * u, axis=0)
-        acc_b += tl.sum(draw, axis=0)
+        i0 = c * T
+        h = tl.load(st_row + (c * E + offs_e[:, None]) * N + offs_n[None, :], mask=me[:, None],
+                    other=0.)
+        for k in range(T):          # the chunk's states, forwards
+            i = i0 + k
+            ok = i < L
+            u = tl.load(xc_row + i * s_cl + offs_e, mask=me & ok, other=0.).to(tl.float32)
+            raw = tl.load(dl_row + i * s_ll + offs_e, mask=me & ok, other=0.).to(tl.float32)
+            dt = tl.where(me & ok, _softplus(raw + dtb), 0.)
+            bv = tl.load(xd_row + i * s_dl + R + offs_n, mask=(offs_n < N) & ok,
+                         other=0.).to(tl.float32)
+            h = tl.exp2(dt[:, None] * a2) * h + (dt * u)[:, None] * bv[None, :]
+            tl.store(hs_row + k * BLOCK_E * N + tile, h)
+        tl.debug_barrier()
+        for k in range(T):          # and backwards
+            kk = T - 1 - k
+            i = i0 + kk
+            ok = i < L
+            mo = me & ok
+            u = tl.load(xc_row + i * s_cl + offs_e, mask=mo, other=0.).to(tl.float32)
+            raw = tl.load(dl_row + i * s_ll + offs_e, mask=mo, other=0.).to(tl.float32) + dtb
+            dt = tl.where(mo, _softplus(raw), 0.)
+            bv = tl.load(xd_row + i * s_dl + R + offs_n, mask=(offs_n < N) & ok,
+                         other=0.).to(tl.float32)
+            cv = tl.load(xd_row + i * s_dl + R + N + offs_n, mask=(offs_n < N) & ok,
+                         other=0.).to(tl.float32)
+            tok = tl.load(pm_row + i, mask=ok, other=0)
+            zv = tl.load(z_ptr + b * s_zb + tok * s_zl + offs_e, mask=mo,
+                         other=0.).to(tl.float32)
+            gy = tl.load(dy_ptr + b * s_yb + tok * s_yl + p * E + offs_e, mask=mo,
+                         other=0.).to(tl.float32)
+            h = tl.load(hs_row + kk * BLOCK_E * N + tile)
+            s = tl.sum(h * cv[None, :], axis=1) + dsk * u
+            sig = 1. / (1. + tl.exp(-zv))
+            g = gy * zv * sig                                           # d s_i
+            tl.store(dz_row + tok * E + offs_e, gy * s * sig * (1. + zv * (1. - sig)),
+                     mask=mo)
+            dh = carry + g[:, None] * cv[None, :]
+            du_ = dt * u
+            prev = h - du_[:, None] * bv[None, :]                      # exp(d_i A) h_{i-1}
+            dc = tl.sum(h * g[:, None], axis=0)
+            db = tl.sum(dh * du_[:, None], axis=0)
+            mn = (offs_n < N) & ok
+            tl.atomic_add(dbc_row + i * 2 * N + offs_n, db, mask=mn)
+            tl.atomic_add(dbc_row + i * 2 * N + N + offs_n, dc, mask=mn)
+            du = tl.sum(dh * bv[None, :], axis=1) * dt + dsk * g
+            dd = tl.sum(dh * (a_raw * prev + u[:, None] * bv[None, :]), axis=1)
+            draw = tl.where(mo, tl.where(raw > 20., dd, dd / (1. + tl.exp(-raw))), 0.)
+            tl.store(dxc_row + i * s_cl + offs_e, du.to(dxc_ptr.dtype.element_ty), mask=mo)
+            tl.store(ddl_row + i * s_ll + offs_e, draw.to(ddl_ptr.dtype.element_ty), mask=mo)
+            acc_a += dh * dt[:, None] * prev
+            acc_d += g * u
+            acc_b += draw
+            carry = tl.exp2(dt[:, None] * a2) * dh
+        tl.debug_barrier()
     part = part_ptr + (p * nb + b) * E * (N + 2)
     tl.store(part + offs_e[:, None] * (N + 2) + offs_n[None, :], acc_a, mask=me[:, None])
     tl.store(part + offs_e * (N + 2) + N, acc_d, mask=me)

@@ -9,7 +9,7 @@ kernels and whose backward runs the kernels of :mod:`._fused_mixer_bwd_kernels`.
 Memory habits of mamba-ssm: the Function keeps only its input ``xz`` and the (small) stacked
 parameters; in the backward it recomputes the conv output, ``x_dbl`` and ``delta`` (one conv
 launch and two batched GEMMs) and the scan's states, one (E, N) state per chunk of ``T`` steps
-(transient), from which each chunk's states are rebuilt in registers. The output ``y`` is kept
+(transient), from which each chunk's states are rebuilt step by step into a small scratch. The output ``y`` is kept
 by ``out_proj``'s autograd (as the unfused path keeps its scan output).
 
 Numerics: in the forward everything is the inference path's (the same kernels). The backward
@@ -32,8 +32,9 @@ from .fused_mixer import (CONV_BLOCK, _kernels, chunk_initial_states, launch_sca
 __all__ = ['FusedSSM', 'fused_mixer_train', 'BWD_CONFIG', 'bwd_config']
 
 # Launch configuration of the scan's backward: (T steps per chunk, BLOCK_E channels, num_warps);
-# override AMVIM_FUSED_BWD_CONFIG="16,16,4". The (T, BLOCK_E, N) tiles live in registers.
-BWD_CONFIG = (16, 16, 4)
+# override AMVIM_FUSED_BWD_CONFIG="16,32,2". A program's scratch holds T states of
+# (BLOCK_E, N) fp32. The tune-bwd part of tools/benchmark.py times candidates.
+BWD_CONFIG = (16, 32, 2)
 
 
 def bwd_config() -> Tuple[int, int, int]:
@@ -103,16 +104,17 @@ class FusedSSM(torch.autograd.Function):
             strides = (xc.stride(0), xc.stride(1), xc.stride(2), x_dbl.stride(0),
                        x_dbl.stride(1), x_dbl.stride(2), delta.stride(0), delta.stride(1),
                        delta.stride(2))
+            hs = torch.empty(P * Bsz * grid[1], T, block_e, N, device=dev, dtype=torch.float32)
             dxc = torch.empty_like(xc)
             dbc = torch.zeros(P, Bsz, L, 2 * N, device=dev, dtype=torch.float32)
             ddelta = torch.empty_like(delta)
             dz = torch.empty(P, Bsz, L, E, device=dev, dtype=torch.float32)
             part = torch.empty(P, Bsz, E, N + 2, device=dev, dtype=torch.float32)
-            scan_bwd_k[grid](xc, x_dbl, delta, z, perm, dy, dt_b32, A32, D32, states, dxc, dbc,
-                             ddelta, dz, part, L, E, R, n_chunks, *strides, z.stride(0),
+            scan_bwd_k[grid](xc, x_dbl, delta, z, perm, dy, dt_b32, A32, D32, states, hs, dxc,
+                             dbc, ddelta, dz, part, L, E, R, n_chunks, *strides, z.stride(0),
                              z.stride(1), perm.stride(0), s_pb, dy.stride(0), dy.stride(1),
                              N=N, T=T, BLOCK_E=block_e, num_warps=warps)
-            del states
+            del states, hs
             part = part.sum(1)                                        # (P, E, N + 2)
             dA, dD, ddt_b = part[..., :N], part[..., N], part[..., N + 1]
             # dt_proj: delta = x_dbl[..., :R] @ dt_w.T
