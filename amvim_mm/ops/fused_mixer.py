@@ -71,17 +71,15 @@ LOG2E = 1.4426950408889634
 # one H200 by ``python tools/benchmark.py --suite gpu --parts tune-chunk`` (bf16, CUDA graph, one
 # mixer call with P = 2 paths), which prints this literal ready to paste.
 #
-# PLACEHOLDER until that run: the entries below are not measured, they are the fallback rule
-# (``rule_scan_choice``) evaluated at the table's points: chunked where the sequential grid has
-# fewer than TARGET_PROGRAMS programs and L >= CHUNK_MIN_LEN, else sequential; never mamba-ssm.
+# E = 384 (Vim-T, AMVim-T): measured in run 37 (benchmarks/runs/2026-12-01_run37; T in 32, 64,
+# 128; the fused scans beat the mamba-ssm mixer at every measured shape, 2.1-3.2x). E = 768
+# (Vim-S): not measured yet, the fallback rule (``rule_scan_choice``) evaluated at the table's
+# points: chunked where the sequential grid has fewer than TARGET_PROGRAMS programs and
+# L >= CHUNK_MIN_LEN, else sequential.
 SCAN_CHOICE_TABLE: Dict[Tuple[int, int], Dict[int, str]] = {
-    (384, 197): {1: 'seq', 2: 'seq', 4: 'seq', 8: 'seq', 16: 'seq', 32: 'seq', 128: 'seq'},
-    (384, 1025): {1: 'chunk32', 2: 'chunk32', 4: 'chunk64', 8: 'chunk128', 16: 'chunk256',
-                  32: 'chunk256', 128: 'seq'},
-    (384, 2305): {1: 'chunk32', 2: 'chunk64', 4: 'chunk128', 8: 'chunk256', 16: 'chunk256',
-                  32: 'chunk256', 128: 'seq'},
-    (384, 4097): {1: 'chunk64', 2: 'chunk128', 4: 'chunk256', 8: 'chunk256', 16: 'chunk256',
-                  32: 'chunk256', 128: 'seq'},
+    (384, 197): {1: 'chunk32', 2: 'chunk32', 8: 'chunk32', 32: 'seq', 128: 'seq'},
+    (384, 1025): {1: 'chunk32', 2: 'chunk32', 8: 'chunk32', 32: 'chunk128', 128: 'seq'},
+    (384, 4097): {1: 'chunk64', 2: 'chunk128', 8: 'chunk128', 32: 'chunk128'},
     (768, 197): {1: 'seq', 2: 'seq', 4: 'seq', 8: 'seq', 16: 'seq', 32: 'seq', 128: 'seq'},
     (768, 1025): {1: 'chunk32', 2: 'chunk64', 4: 'chunk128', 8: 'chunk256', 16: 'chunk256',
                   32: 'seq', 128: 'seq'},
