@@ -222,7 +222,7 @@ class PathProbe:
     in a forward pre-hook, as its forward takes it: the ``fused`` flag the block passes (the
     backbone's one decision per forward), else :meth:`use_fused`, then the per-call conditions
     (ToP's importance scores and alignment need the unfused path). The calls of the fused
-    mixer function are counted as a cross-check (``path_note`` when they disagree). Used for
+    mixer functions (inference and training) are counted as a cross-check (``path_note`` when they disagree). Used for
     one warm-up call only: the hooks cost Python time.
     """
 
@@ -242,13 +242,16 @@ class PathProbe:
         from amvim_mm.models.backbones import mixer as mixer_module
         self._handles = [m.register_forward_pre_hook(self._pre, with_kwargs=True)
                          for m in self.mixers]
-        original = getattr(mixer_module, 'fused_mixer_forward', None)
-        if original is not None and self.mixers:
-            def counted(*args, **kwargs):
-                self.kernel_calls += 1
-                return original(*args, **kwargs)
-            self._saved = (mixer_module, original)
-            mixer_module.fused_mixer_forward = counted
+        # the inference and the training entry of the fused mixer
+        names = ('fused_mixer_forward', 'fused_mixer_train')
+        saved = [(n, getattr(mixer_module, n, None)) for n in names]
+        if all(f is not None for _, f in saved) and self.mixers:
+            for name, original in saved:
+                def counted(*args, _original=original, **kwargs):
+                    self.kernel_calls += 1
+                    return _original(*args, **kwargs)
+                setattr(mixer_module, name, counted)
+            self._saved = (mixer_module, saved)
             self.counting = True
         return self
 
@@ -256,8 +259,9 @@ class PathProbe:
         for h in self._handles:
             h.remove()
         if self._saved is not None:
-            module, original = self._saved
-            module.fused_mixer_forward = original
+            module, saved = self._saved
+            for name, original in saved:
+                setattr(module, name, original)
             self._saved = None
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:

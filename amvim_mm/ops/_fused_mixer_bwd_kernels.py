@@ -29,11 +29,12 @@ def _softplus(raw):
 
 
 def scan_bwd_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dy_ptr, dtb_ptr, a_ptr, d_ptr,
-                    st_ptr, hs_ptr, dxc_ptr, dbc_ptr, ddl_ptr, dz_ptr, part_ptr, L, E, R,
-                    n_chunks, s_cp, s_cb, s_cl, s_dp, s_db, s_dl, s_lp, s_lb, s_ll, s_zb, s_zl,
-                    s_pp, s_pb, s_yb, s_yl, N: tl.constexpr, T: tl.constexpr,
-                    BLOCK_E: tl.constexpr):
-    """Program (sample b, channel block, path p): the gated scan's backward, chunks last to first.
+                    st_ptr, kin_ptr, hs_ptr, dxc_ptr, dbc_ptr, ddl_ptr, dz_ptr, part_ptr, L, E,
+                    R, n_chunks, n_groups, s_cp, s_cb, s_cl, s_dp, s_db, s_dl, s_lp, s_lb, s_ll,
+                    s_zb, s_zl, s_pp, s_pb, s_yb, s_yl, N: tl.constexpr, T: tl.constexpr,
+                    BLOCK_E: tl.constexpr, HAS_CARRY: tl.constexpr):
+    """Program (sample b and chunk group g, channel block, path p): the gated scan's backward
+    over the chunks of group g (of ``n_groups`` contiguous groups), last to first.
 
     Forward (per channel e, state n, path position i, token t = perm[p, b, i]):
     ``d_i = softplus(dl_i + dtb)``, ``h_i = exp(d_i A) h_{i-1} + d_i u_i B_i``,
@@ -47,12 +48,19 @@ def scan_bwd_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dy_ptr, dtb_ptr, a_
     ``exp(d_i A) h_{i-1}`` is ``h_i - d_i u_i B_i``. Writes ``du`` into ``dxc`` (path order),
     ``dB``/``dC`` added atomically into ``dbc`` (P, B, L, 2N) fp32 (a sum over channel
     blocks), d(dt) into ``ddl`` (path order), ``dz`` of this path into ``dz[p]`` (token order,
-    fp32), and this sample's sums for A, D and the dt bias into ``part[p, b]`` (E, N + 2) fp32.
+    fp32), and this program's sums for A, D and the dt bias into ``part[p, b, g]`` (E, N + 2)
+    fp32. With several groups (``HAS_CARRY``) the state gradient entering the group's last
+    chunk comes from ``kin`` (:func:`scan_bwd_carry_kernel`, :func:`scan_bwd_link_kernel`).
     """
-    b = tl.program_id(0)
+    pid = tl.program_id(0)
     eb = tl.program_id(1)
     p = tl.program_id(2)
-    nb = tl.num_programs(0)
+    nb = tl.num_programs(0) // n_groups
+    b = pid // n_groups
+    grp = pid % n_groups
+    per = tl.cdiv(n_chunks, n_groups)
+    c_lo = grp * per
+    c_hi = tl.minimum(c_lo + per, n_chunks)
     offs_k = tl.arange(0, BLOCK_E)
     offs_e = eb * BLOCK_E + offs_k
     offs_n = tl.arange(0, N)
@@ -68,17 +76,21 @@ def scan_bwd_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dy_ptr, dtb_ptr, a_
     dl_row = dl_ptr + p * s_lp + b * s_lb
     pm_row = perm_ptr + p * s_pp + b * s_pb
     st_row = st_ptr + (p * nb + b) * n_chunks * E * N
-    hs_row = hs_ptr + ((p * nb + b) * tl.num_programs(1) + eb) * T * BLOCK_E * N
+    hs_row = hs_ptr + ((p * tl.num_programs(0) + pid) * tl.num_programs(1) + eb) * (T * BLOCK_E
+                                                                                  * N)
     dxc_row = dxc_ptr + p * s_cp + b * s_cb
     ddl_row = ddl_ptr + p * s_lp + b * s_lb
     dbc_row = dbc_ptr + (p * nb + b) * L * 2 * N
     dz_row = dz_ptr + (p * nb + b) * L * E
     carry = tl.zeros((BLOCK_E, N), dtype=tl.float32)      # exp(d_{i+1} A) dh_{i+1}
+    if HAS_CARRY:
+        carry = tl.load(kin_ptr + (((p * nb + b) * n_chunks + c_hi - 1) * E + offs_e[:, None])
+                        * N + offs_n[None, :], mask=me[:, None], other=0.)
     acc_a = tl.zeros((BLOCK_E, N), dtype=tl.float32)
     acc_d = tl.zeros((BLOCK_E, ), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_E, ), dtype=tl.float32)
-    for cc in range(n_chunks):
-        c = n_chunks - 1 - cc
+    for cc in range(c_hi - c_lo):
+        c = c_hi - 1 - cc
         i0 = c * T
         h = tl.load(st_row + (c * E + offs_e[:, None]) * N + offs_n[None, :], mask=me[:, None],
                     other=0.)
@@ -134,10 +146,81 @@ def scan_bwd_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dy_ptr, dtb_ptr, a_
             acc_b += draw
             carry = tl.exp2(dt[:, None] * a2) * dh
         tl.debug_barrier()
-    part = part_ptr + (p * nb + b) * E * (N + 2)
+    part = part_ptr + (p * tl.num_programs(0) + pid) * E * (N + 2)
     tl.store(part + offs_e[:, None] * (N + 2) + offs_n[None, :], acc_a, mask=me[:, None])
     tl.store(part + offs_e * (N + 2) + N, acc_d, mask=me)
     tl.store(part + offs_e * (N + 2) + N + 1, acc_b, mask=me)
+
+
+def scan_bwd_carry_kernel(dl_ptr, xd_ptr, z_ptr, perm_ptr, dy_ptr, dtb_ptr, a_ptr, kl_ptr,
+                          ds_ptr, L, E, R, n_chunks, s_dp, s_db, s_dl, s_lp, s_lb, s_ll, s_zb,
+                          s_zl, s_pp, s_pb, s_yb, s_yl, N: tl.constexpr, T: tl.constexpr,
+                          BLOCK_E: tl.constexpr):
+    """Program (sample b and chunk c, channel block, path p): chunk c's own contribution to the
+    state gradient that leaves it backwards, ``kl[p, b, c] = exp(d_first A) dh_first`` with no
+    gradient coming in from later chunks (it needs no states: ``dh_i = exp(d_{i+1} A) dh_{i+1}
+    + g_i C_i``), and the chunk's sum of step sizes ``ds[p, b, c]`` (E) fp32."""
+    pid = tl.program_id(0)
+    eb = tl.program_id(1)
+    p = tl.program_id(2)
+    b = pid // n_chunks
+    c = pid % n_chunks
+    nb = tl.num_programs(0) // n_chunks
+    offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_n = tl.arange(0, N)
+    me = offs_e < E
+    a2 = tl.load(a_ptr + (p * E + offs_e[:, None]) * N + offs_n[None, :], mask=me[:, None],
+                 other=0.).to(tl.float32) * 1.4426950408889634
+    dtb = tl.load(dtb_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
+    xd_row = xd_ptr + p * s_dp + b * s_db
+    dl_row = dl_ptr + p * s_lp + b * s_lb
+    pm_row = perm_ptr + p * s_pp + b * s_pb
+    carry = tl.zeros((BLOCK_E, N), dtype=tl.float32)
+    dsum = tl.zeros((BLOCK_E, ), dtype=tl.float32)
+    for k in range(T):
+        i = c * T + T - 1 - k
+        ok = i < L
+        mo = me & ok
+        raw = tl.load(dl_row + i * s_ll + offs_e, mask=mo, other=0.).to(tl.float32) + dtb
+        dt = tl.where(mo, _softplus(raw), 0.)
+        cv = tl.load(xd_row + i * s_dl + R + N + offs_n, mask=(offs_n < N) & ok,
+                     other=0.).to(tl.float32)
+        tok = tl.load(pm_row + i, mask=ok, other=0)
+        zv = tl.load(z_ptr + b * s_zb + tok * s_zl + offs_e, mask=mo, other=0.).to(tl.float32)
+        gy = tl.load(dy_ptr + b * s_yb + tok * s_yl + p * E + offs_e, mask=mo,
+                     other=0.).to(tl.float32)
+        g = gy * zv / (1. + tl.exp(-zv))
+        carry = tl.exp2(dt[:, None] * a2) * (carry + g[:, None] * cv[None, :])
+        dsum += dt
+    row = (p * nb + b) * n_chunks + c
+    tl.store(kl_ptr + (row * E + offs_e[:, None]) * N + offs_n[None, :], carry, mask=me[:, None])
+    tl.store(ds_ptr + row * E + offs_e, dsum, mask=me)
+
+
+def scan_bwd_link_kernel(kl_ptr, ds_ptr, a_ptr, kin_ptr, E, n_chunks, N: tl.constexpr,
+                         BLOCK_E: tl.constexpr):
+    """Program (sample b, channel block, path p): the state gradient entering each chunk's last
+    step from the chunks after it, ``kin[c] = kl[c + 1] + exp(A ds[c + 1]) kin[c + 1]``
+    (``kin[last] = 0``), walking the chunks backwards."""
+    b = tl.program_id(0)
+    eb = tl.program_id(1)
+    p = tl.program_id(2)
+    nb = tl.num_programs(0)
+    offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_n = tl.arange(0, N)
+    me = offs_e < E
+    a2 = tl.load(a_ptr + (p * E + offs_e[:, None]) * N + offs_n[None, :], mask=me[:, None],
+                 other=0.).to(tl.float32) * 1.4426950408889634
+    base = (p * nb + b) * n_chunks
+    tile = offs_e[:, None] * N + offs_n[None, :]
+    k = tl.zeros((BLOCK_E, N), dtype=tl.float32)
+    tl.store(kin_ptr + (base + n_chunks - 1) * E * N + tile, k, mask=me[:, None])
+    for cc in range(n_chunks - 1):
+        c = n_chunks - 2 - cc
+        ds = tl.load(ds_ptr + (base + c + 1) * E + offs_e, mask=me, other=0.)
+        kl = tl.load(kl_ptr + (base + c + 1) * E * N + tile, mask=me[:, None], other=0.)
+        k = kl + tl.exp2(ds[:, None] * a2) * k
+        tl.store(kin_ptr + (base + c) * E * N + tile, k, mask=me[:, None])
 
 
 def conv_bwd_kernel(x_ptr, perm_ptr, w_ptr, b_ptr, g_ptr, dpre_ptr, part_ptr, L, E, n_lblocks,

@@ -29,12 +29,26 @@ from amvim_mm import runtime
 from .fused_mixer import (CONV_BLOCK, _kernels, chunk_initial_states, launch_scan,
                           mixer_front)
 
-__all__ = ['FusedSSM', 'fused_mixer_train', 'BWD_CONFIG', 'bwd_config']
+__all__ = ['FusedSSM', 'fused_mixer_train', 'BWD_CONFIG', 'bwd_config', 'bwd_groups']
 
 # Launch configuration of the scan's backward: (T steps per chunk, BLOCK_E channels, num_warps);
 # override AMVIM_FUSED_BWD_CONFIG="16,32,2". A program's scratch holds T states of
 # (BLOCK_E, N) fp32. The tune-bwd part of tools/benchmark.py times candidates.
 BWD_CONFIG = (16, 32, 2)
+
+
+#: the scan backward splits each sequence into contiguous groups of chunks walked in parallel
+#: until it has about this many programs (8 per SM of an H200): long sequences with small
+#: batches (segmentation, detection) would otherwise leave the GPU idle
+BWD_TARGET_PROGRAMS = 8 * 132
+
+
+def bwd_groups(programs: int, n_chunks: int) -> int:
+    """Chunk groups of the scan backward for ``programs`` = batch x channel blocks x paths
+    (``AMVIM_FUSED_BWD_GROUPS`` would be a switch too many: the rule is deterministic)."""
+    if programs >= BWD_TARGET_PROGRAMS:
+        return 1
+    return max(1, min(n_chunks, -(-BWD_TARGET_PROGRAMS // programs)))
 
 
 def bwd_config() -> Tuple[int, int, int]:
@@ -44,13 +58,14 @@ def bwd_config() -> Tuple[int, int, int]:
 
 @functools.lru_cache(maxsize=None)
 def _bwd_kernels(interpret: bool):
-    """Compile (or wrap for the interpreter) the backward kernels once: (scan_bwd, conv_bwd,
-    conv_bwd_dx)."""
+    """Compile (or wrap for the interpreter) the backward kernels once: (scan_bwd, scan_bwd_carry,
+    scan_bwd_link, conv_bwd, conv_bwd_dx)."""
     import triton
 
     from . import _fused_mixer_bwd_kernels as k
     _kernels(interpret)     # the same availability check and message as the forward
-    return (triton.jit(k.scan_bwd_kernel), triton.jit(k.conv_bwd_kernel),
+    return (triton.jit(k.scan_bwd_kernel), triton.jit(k.scan_bwd_carry_kernel),
+            triton.jit(k.scan_bwd_link_kernel), triton.jit(k.conv_bwd_kernel),
             triton.jit(k.conv_bwd_dx_kernel))
 
 
@@ -86,7 +101,7 @@ class FusedSSM(torch.autograd.Function):
         N = A.shape[-1]
         R = dt_w.shape[-1]
         dev, dtype = xz.device, xz.dtype
-        scan_bwd_k, conv_bwd_k, conv_dx_k = _bwd_kernels(dev.type != 'cuda')
+        scan_bwd_k, carry_k, link_k, conv_bwd_k, conv_dx_k = _bwd_kernels(dev.type != 'cuda')
         T, block_e, warps = bwd_config()
         block_e = min(block_e, triton.next_power_of_2(E))
         n_chunks = triton.cdiv(L, T)
@@ -98,23 +113,37 @@ class FusedSSM(torch.autograd.Function):
             z = xz[..., E:]
             dt_b32, A32, D32 = dt_b.float().contiguous(), A.float().contiguous(), \
                 D.float().contiguous()
-            grid = (Bsz, triton.cdiv(E, block_e), P)
+            n_eb = triton.cdiv(E, block_e)
             # the state before each chunk of T steps (chunk-parallel, fused_mixer)
             states = chunk_initial_states(xc, x_dbl, delta, dt_b32, A32, R, T)
             strides = (xc.stride(0), xc.stride(1), xc.stride(2), x_dbl.stride(0),
                        x_dbl.stride(1), x_dbl.stride(2), delta.stride(0), delta.stride(1),
                        delta.stride(2))
-            hs = torch.empty(P * Bsz * grid[1], T, block_e, N, device=dev, dtype=torch.float32)
+            tail = (z.stride(0), z.stride(1), perm.stride(0), s_pb, dy.stride(0), dy.stride(1))
+            groups = bwd_groups(Bsz * n_eb * P, n_chunks)
+            kin = states       # unused with one group
+            if groups > 1:     # the gradient carried between chunks, then the groups in parallel
+                kl = torch.empty_like(states)
+                ds = torch.empty(P, Bsz, n_chunks, E, device=dev, dtype=torch.float32)
+                carry_k[(Bsz * n_chunks, n_eb, P)](
+                    delta, x_dbl, z, perm, dy, dt_b32, A32, kl, ds, L, E, R, n_chunks,
+                    *strides[3:], *tail, N=N, T=T, BLOCK_E=block_e, num_warps=warps)
+                kin = torch.empty_like(states)
+                link_k[(Bsz, n_eb, P)](kl, ds, A32, kin, E, n_chunks, N=N, BLOCK_E=block_e,
+                                       num_warps=warps)
+                del kl, ds
+            hs = torch.empty(P * Bsz * groups * n_eb, T, block_e, N, device=dev,
+                             dtype=torch.float32)
             dxc = torch.empty_like(xc)
             dbc = torch.zeros(P, Bsz, L, 2 * N, device=dev, dtype=torch.float32)
             ddelta = torch.empty_like(delta)
             dz = torch.empty(P, Bsz, L, E, device=dev, dtype=torch.float32)
-            part = torch.empty(P, Bsz, E, N + 2, device=dev, dtype=torch.float32)
-            scan_bwd_k[grid](xc, x_dbl, delta, z, perm, dy, dt_b32, A32, D32, states, hs, dxc,
-                             dbc, ddelta, dz, part, L, E, R, n_chunks, *strides, z.stride(0),
-                             z.stride(1), perm.stride(0), s_pb, dy.stride(0), dy.stride(1),
-                             N=N, T=T, BLOCK_E=block_e, num_warps=warps)
-            del states, hs
+            part = torch.empty(P, Bsz * groups, E, N + 2, device=dev, dtype=torch.float32)
+            scan_bwd_k[(Bsz * groups, n_eb, P)](
+                xc, x_dbl, delta, z, perm, dy, dt_b32, A32, D32, states, kin, hs, dxc, dbc,
+                ddelta, dz, part, L, E, R, n_chunks, groups, *strides, *tail, N=N, T=T,
+                BLOCK_E=block_e, HAS_CARRY=groups > 1, num_warps=warps)
+            del states, kin, hs
             part = part.sum(1)                                        # (P, E, N + 2)
             dA, dD, ddt_b = part[..., :N], part[..., N], part[..., N + 1]
             # dt_proj: delta = x_dbl[..., :R] @ dt_w.T

@@ -28,7 +28,9 @@ except ImportError:
 # one training step per case on both paths: outputs, every parameter's gradient, token counts
 GRAD_SCRIPT = textwrap.dedent('''
     import json, sys, torch, amvim_mm
+    import amvim_mm.ops.fused_mixer_autograd as FA
     from amvim_mm.registry import MODELS
+    FA.BWD_TARGET_PROGRAMS = int(sys.argv[2])     # how many chunk groups the backward uses
     cases = json.loads(sys.argv[1])
     res = []
     for cfg, (h, w), big_dt in cases:
@@ -68,9 +70,10 @@ CASES = [
 ]
 
 
-def _run(cases, **env):
+def _run(cases, target, **env):
     env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1', **env)
-    proc = subprocess.run([sys.executable, '-c', GRAD_SCRIPT, json.dumps(cases)], env=env,
+    proc = subprocess.run([sys.executable, '-c', GRAD_SCRIPT, json.dumps(cases), str(target)],
+                          env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
@@ -78,10 +81,14 @@ def _run(cases, **env):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason='triton is not installed')
-@pytest.mark.parametrize('bwd_config', ['4,8,1', '8,16,2'])
-def test_fused_training_matches_unfused_in_interpreter(bwd_config):
-    cases = CASES if bwd_config == '4,8,1' else CASES[:1]
-    results = _run(cases, AMVIM_FUSED_BWD_CONFIG=bwd_config)
+# (launch configuration, target programs): with 64 inner channels, batch 2 and 2 paths, 4,8,1
+# has 32 programs (13 tokens: 4 chunks): target 1 -> one group (the chunks walked in turn), 40
+# -> 2 groups of 2 chunks; 8,16,2 (16 programs, 2 chunks) with a large target: a group a chunk
+@pytest.mark.parametrize('bwd_config, target', [('4,8,1', 1), ('4,8,1', 40),
+                                                ('8,16,2', 10 ** 6)])
+def test_fused_training_matches_unfused_in_interpreter(bwd_config, target):
+    cases = CASES if target == 1 else CASES[:1]
+    results = _run(cases, target, AMVIM_FUSED_BWD_CONFIG=bwd_config)
     assert len(results) == len(cases)
     for (cfg, _, _), r in zip(cases, results):
         assert r['names'] and r['n'] > 20, r
@@ -93,7 +100,7 @@ def test_fused_training_matches_unfused_in_interpreter(bwd_config):
                                                                  for k in r['grads'])
         c0, c1 = r['counts']
         assert c0 == c1
-    if bwd_config == '4,8,1':   # the reduced cases ran on shorter sequences
+    if target == 1:   # the reduced cases ran on shorter sequences
         assert results[1]['counts'][0][-1] < results[1]['counts'][0][0]
         assert results[2]['counts'][0][-1] < results[2]['counts'][0][0]
 
@@ -104,6 +111,14 @@ def test_forced_fused_training_on_cpu_without_interpreter_says_how():
     m = MODELS.build(dict(type='Vim', arch='test', img_size=32, fused_mixer=True)).train()
     with pytest.raises(RuntimeError, match='TRITON_INTERPRET=1'):
         m(torch.randn(1, 3, 32, 32))
+
+
+def test_bwd_groups_rule():
+    from amvim_mm.ops.fused_mixer_autograd import BWD_TARGET_PROGRAMS, bwd_groups
+    assert bwd_groups(BWD_TARGET_PROGRAMS, 13) == 1             # enough programs: one group
+    assert bwd_groups(8 * 12 * 2, 65) == 6                      # UperNet 512, batch 8
+    assert bwd_groups(2 * 12 * 2, 257) == 22                    # Mask R-CNN 1024, batch 2
+    assert bwd_groups(1, 3) == 3                                # never more groups than chunks
 
 
 def test_bwd_config_env_is_validated(monkeypatch):
