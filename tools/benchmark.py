@@ -671,30 +671,34 @@ def _training_path(m) -> str:
 
 
 def gpu_train(args):
-    """Training step (forward, cross-entropy, backward; eager) of the whole classifier, batch
-    128, 224, bf16 autocast and fp32: the fused path (automatic choice) against the unfused
-    path (the official code's speed) in the same run; ``vs_unfused`` = fused / unfused
-    img/s, with both peak memories."""
+    """Training step (forward, cross-entropy, backward; eager) of the whole classifier at each
+    ``--train-sizes`` RES:BATCH (default 224:128) and ``--train-dtypes``: the fused path
+    (automatic choice) against the unfused path (the official code's speed) in the same run;
+    ``vs_unfused`` = fused / unfused img/s, with both peak memories. Rows whose path decision
+    came out unfused (the automatic choice) say so in ``path``."""
     rows = []
     for name in args.models:
-        for dtype in ('bf16', 'fp32'):
-            here = {}
-            for mixer in ('unfused', 'fused'):
-                torch.manual_seed(0)
-                m = B.build(name, 224, head=True, fused_mixer=None if mixer == 'fused'
-                            else False)
-                r = _attempt(B.measure_train, m, args.train_batch, 224, dtype)
-                r.update(model=name, mixer=mixer, path=_training_path(m))
-                here[mixer] = r
-                log(f'  {name} {dtype} train {mixer} ({r["path"]}): {r.get("img_per_s")} '
-                    f'img/s, {r.get("peak_mem_mib")} MiB {r.get("error", "")}')
-                del m
-                torch.cuda.empty_cache()
-            f, u = here['fused'], here['unfused']
-            if f.get('img_per_s') and u.get('img_per_s'):
-                f['vs_unfused'] = round(f['img_per_s'] / u['img_per_s'], 3)
-                f['mem_vs_unfused'] = round(f['peak_mem_mib'] / u['peak_mem_mib'], 3)
-            rows += [u, f]
+        for res, batch in args.train_sizes:
+            for dtype in args.train_dtypes:
+                here = {}
+                for mixer in ('unfused', 'fused'):
+                    torch.manual_seed(0)
+                    m = B.build(name, res, head=True, fused_mixer=True if mixer == 'fused'
+                                else False)
+                    r = _attempt(B.measure_train, m, batch, res, dtype)
+                    r.update(model=name, mixer=mixer, path=_training_path(m), res=res,
+                             batch=batch)
+                    here[mixer] = r
+                    log(f'  {name} {res} b{batch} {dtype} train {mixer} ({r["path"]}): '
+                        f'{r.get("img_per_s")} img/s, {r.get("peak_mem_mib")} MiB '
+                        f'{r.get("error", "")}')
+                    del m
+                    torch.cuda.empty_cache()
+                f, u = here['fused'], here['unfused']
+                if f.get('img_per_s') and u.get('img_per_s'):
+                    f['vs_unfused'] = round(f['img_per_s'] / u['img_per_s'], 3)
+                    f['mem_vs_unfused'] = round(f['peak_mem_mib'] / u['peak_mem_mib'], 3)
+                rows += [u, f]
     return rows
 
 
@@ -755,6 +759,15 @@ GPU_PARTS = [
      gpu_learned_reduction),
 ]
 
+def _res_batch(text: str):
+    """``RES:BATCH`` -> (res, batch)."""
+    try:
+        res, batch = (int(v) for v in text.split(':'))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected RES:BATCH, e.g. 512:8; got {text!r}')
+    return res, batch
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--suite', choices=['cpu', 'gpu', 'dense'], required=True)
@@ -786,7 +799,11 @@ def main(argv=None):
         '16,32,2', '16,64,2', '32,32,2', '8,32,2', '16,32,4'],
         help='tune-bwd part: T,BLOCK_E,num_warps of the fused scan backward')
     p.add_argument('--train-batch', type=int, default=128,
-                   help='train and tune-bwd parts: batch of the 224 training step')
+                   help='tune-bwd and train-profile parts: batch of the 224 training step')
+    p.add_argument('--train-sizes', nargs='+', type=_res_batch, default=[(224, 128)],
+                   metavar='RES:BATCH', help='train part: resolutions and batches')
+    p.add_argument('--train-dtypes', nargs='+', default=['bf16', 'fp32'],
+                   choices=['bf16', 'fp16', 'fp32'], help='train part: autocast dtypes')
     p.add_argument('--reduction-modes', nargs='+', default=['graph'], choices=['eager', 'graph'],
                    help='reduction part: eager is launch-bound at batch 128 (many small ops)')
     p.add_argument('--reduction-variants', nargs='+', default=['default'],
@@ -874,7 +891,7 @@ def main(argv=None):
                                                    'peak_mem_mib']), '']
     if 'train' in result:
         md += ['## train (training step, eager; vs_unfused: same run)', B.table(
-            result['train'], ['model', 'dtype', 'mixer', 'path', 'batch', 'img_per_s',
+            result['train'], ['model', 'res', 'dtype', 'mixer', 'path', 'batch', 'img_per_s',
                               'vs_unfused', 'latency_ms', 'spread_pct', 'peak_mem_mib',
                               'mem_vs_unfused', 'error']), '']
     if 'tune_bwd' in result:
