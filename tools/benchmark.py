@@ -425,7 +425,7 @@ def gpu_train_profile(args):
     from torch.profiler import ProfilerActivity, profile
     out = {}
     for mixer in ('fused', 'unfused'):
-        m = B.build('vim-t', 224, head=True, fused_mixer=None if mixer == 'fused' else False)
+        m = B.build('vim-t', 224, head=True, fused_mixer=mixer == 'fused')
         m.train()
         x = torch.randn(args.train_batch, 3, 224, 224, device='cuda')
         y = torch.randint(0, 1000, (args.train_batch, ), device='cuda')
@@ -673,7 +673,8 @@ def _training_path(m) -> str:
 def gpu_train(args):
     """Training step (forward, cross-entropy, backward; eager) of the whole classifier at each
     ``--train-sizes`` RES:BATCH (default 224:128) and ``--train-dtypes``: the fused path
-    (automatic choice) against the unfused path (the official code's speed) in the same run;
+    (forced: ``fused_mixer=True``) against the unfused path (the official code's speed) in the
+    same run;
     ``vs_unfused`` = fused / unfused img/s, with both peak memories. Rows whose path decision
     came out unfused (the automatic choice) say so in ``path``."""
     rows = []
@@ -713,7 +714,7 @@ def gpu_tune_bwd(args):
     best = {}
     for name, res, batch, head in cases:
         torch.manual_seed(0)
-        m = B.build(name, res, head=head, fused_mixer=None)
+        m = B.build(name, res, head=head, fused_mixer=True)
         if not head:
             m = B.Classifier(m).cuda()
         for cfg in args.bwd_configs:

@@ -29,12 +29,27 @@ from amvim_mm import runtime
 from .fused_mixer import (CONV_BLOCK, _kernels, chunk_initial_states, launch_scan,
                           mixer_front)
 
-__all__ = ['FusedSSM', 'fused_mixer_train', 'BWD_CONFIG', 'bwd_config', 'bwd_groups']
+__all__ = ['FusedSSM', 'fused_mixer_train', 'BWD_CONFIG', 'bwd_config', 'bwd_groups',
+           'auto_prefers_fused_training', 'TRAIN_MIN_LEN']
 
 # Launch configuration of the scan's backward: (T steps per chunk, BLOCK_E channels, num_warps);
 # override AMVIM_FUSED_BWD_CONFIG="16,32,2". A program's scratch holds T states of
 # (BLOCK_E, N) fp32. The tune-bwd part of tools/benchmark.py times candidates.
 BWD_CONFIG = (16, 32, 2)
+
+
+#: The automatic choice trains on the fused path only where it measured at least as fast as
+#: the unfused path (the mamba-ssm and causal-conv1d kernels; runs 38 and 39 on an H200,
+#: benchmarks/README.md): under 16-bit autocast with sequences of at least TRAIN_MIN_LEN tokens
+#: (Vim-T at 512 px batch 8: 1.10x, 1024 px batch 2: 1.03x, at half the peak memory). At 224 px
+#: (197 tokens, batch 128) the fused step was 1.01x for Vim-T but 0.95x for AMVim-T, and in
+#: fp32 0.73x: there ``fused_mixer=True`` still halves the memory, at that speed.
+TRAIN_MIN_LEN = 512
+
+
+def auto_prefers_fused_training(seq_len: int, amp_dtype: Optional[torch.dtype]) -> bool:
+    """The automatic choice for a training forward (see ``TRAIN_MIN_LEN``)."""
+    return amp_dtype in (torch.bfloat16, torch.float16) and seq_len >= TRAIN_MIN_LEN
 
 
 #: the scan backward splits each sequence into contiguous groups of chunks walked in parallel

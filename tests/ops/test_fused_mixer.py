@@ -401,8 +401,15 @@ def test_gpu_fused_is_chosen_automatically_and_graph_capturable():
     h = torch.randn(16, 197, 192, device='cuda')
     with torch.no_grad():
         assert mixer.use_fused(h, ScanContext((14, 14), 98, device='cuda'))
-    # training takes the fused path too (amvim_mm.ops.fused_mixer_autograd)
-    assert mixer.use_fused(h.requires_grad_(), ScanContext((14, 14), 98, device='cuda'))
+    # training (amvim_mm.ops.fused_mixer_autograd): automatically only under 16-bit autocast
+    # from 512 tokens on, where it measured faster than the unfused path
+    h.requires_grad_()
+    assert not mixer.use_fused(h, ScanContext((14, 14), 98, device='cuda'))
+    long = torch.randn(2, 1025, 192, device='cuda', requires_grad=True)
+    assert not mixer.use_fused(long, ScanContext((32, 32), 512, device='cuda'))
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        assert mixer.use_fused(long, ScanContext((32, 32), 512, device='cuda'))
+        assert not mixer.use_fused(h, ScanContext((14, 14), 98, device='cuda'))
     from amvim_mm.analysis.benchmark import eager_and_replayed
     with torch.no_grad():
         ref, out = eager_and_replayed(lambda: m(x)[0])

@@ -113,6 +113,15 @@ def test_forced_fused_training_on_cpu_without_interpreter_says_how():
         m(torch.randn(1, 3, 32, 32))
 
 
+def test_automatic_training_choice_rule():
+    from amvim_mm.ops.fused_mixer_autograd import TRAIN_MIN_LEN, auto_prefers_fused_training
+    assert TRAIN_MIN_LEN == 512
+    assert auto_prefers_fused_training(1025, torch.bfloat16)
+    assert auto_prefers_fused_training(4097, torch.float16)
+    assert not auto_prefers_fused_training(1025, None)              # fp32: 0.73x measured
+    assert not auto_prefers_fused_training(197, torch.bfloat16)     # AMVim-T 224: 0.95x
+
+
 def test_bwd_groups_rule():
     from amvim_mm.ops.fused_mixer_autograd import BWD_TARGET_PROGRAMS, bwd_groups
     assert bwd_groups(BWD_TARGET_PROGRAMS, 13) == 1             # enough programs: one group

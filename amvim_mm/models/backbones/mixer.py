@@ -14,7 +14,7 @@ from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
 from amvim_mm.ops.fused_mixer import (auto_prefers_fused, autocast_dtype, fused_mixer_available,
                                       fused_mixer_forward, fused_requested, pack_mixer_weights,
                                       stack_mixer_params)
-from amvim_mm.ops.fused_mixer_autograd import fused_mixer_train
+from amvim_mm.ops.fused_mixer_autograd import auto_prefers_fused_training, fused_mixer_train
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import is_reverse, masked_path_permutation, scan_rank_on
@@ -40,7 +40,10 @@ class BiMambaMixer(nn.Module):
             tensors when Triton imports and no scan backend was forced by argument or
             ``AMVIM_SCAN_BACKEND``; in inference also only where the measured table of
             :func:`~amvim_mm.ops.fused_mixer.auto_scan_choice` does not name the mamba-ssm
-            kernels for this batch, width and length), ``True`` (always; CPU tensors then run
+            kernels for this batch, width and length; in training only under 16-bit autocast
+            with at least 512 tokens, where it measured faster:
+            :func:`~amvim_mm.ops.fused_mixer_autograd.auto_prefers_fused_training`), ``True``
+            (always; in training it halves the activation memory; CPU tensors then run
             Triton's interpreter, for tests) or ``False`` (never). ``AMVIM_FUSED_MIXER=0/1``
             overrides ``None``. ToP
             alignment and importance scores always take the unfused path.
@@ -233,6 +236,9 @@ class BiMambaMixer(nn.Module):
                 return False
             if seq_len is None:
                 seq_len = hidden.shape[1]
+            if training and not auto_prefers_fused_training(
+                    seq_len, autocast_dtype(hidden.device.type)):
+                return False
             if not training and not auto_prefers_fused(
                     hidden.shape[0], self.d_inner, mamba_selective_scan()[0] is not None,
                     seq_len, self.num_paths):
