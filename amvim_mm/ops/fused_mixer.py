@@ -35,13 +35,14 @@ scan runs, and whether the fused path beats the mamba-ssm kernels at all, comes 
 measured per batch x E x L (:data:`SCAN_CHOICE_TABLE`, :func:`auto_scan_choice`).
 
 It computes exactly the mixer's math (fp32 state and accumulation; bf16 or fp32 storage like the
-inputs) and is used for inference only (no autograd): on CUDA when Triton imports, no gradient is
-wanted, no hidden-state alignment gaps and no importance scores are needed (and, automatically,
-where the table does not name the mamba-ssm kernels: :func:`auto_prefers_fused`). Everything
-else runs the unfused path. On CPU
-tensors the same kernels run in Triton's interpreter when ``TRITON_INTERPRET=1`` is set before
-Python starts (slow; for tests). ``fused_add_rmsnorm`` is the block's residual add + RMSNorm in
-one kernel, for the same inference path.
+inputs). This module is the inference path (no autograd): on CUDA when Triton imports, no
+hidden-state alignment gaps and no importance scores are needed (and, automatically, where the
+table does not name the mamba-ssm kernels: :func:`auto_prefers_fused`). Under autograd the same
+forward kernels run inside :class:`~amvim_mm.ops.fused_mixer_autograd.FusedSSM`, which has
+backward kernels of its own. Everything else runs the unfused path. On CPU tensors the same
+kernels run in Triton's interpreter when ``TRITON_INTERPRET=1`` is set before Python starts
+(slow; for tests). ``fused_add_rmsnorm`` is the block's residual add + RMSNorm in one kernel,
+for the same inference path (:mod:`amvim_mm.ops.fused_add_rmsnorm` has the trainable one).
 """
 from __future__ import annotations
 
