@@ -243,7 +243,7 @@ def gpu_tune_chunk(args):
                     row = dict(E=E, L=L, batch=batch, dtype=args.chunk_dtype, mode=mode,
                                sequential_programs=batch * -(-E // FM._scan_block(E)[0]) * 2)
                     for v in variants:
-                        def call(v=v):
+                        def call(v=v, mixer=mixer, h=h, ctx=ctx):
                             with torch.no_grad(), torch.autocast(
                                     'cuda', dtype=amp or torch.float32, enabled=amp is not None):
                                 return mixer(h, ctx, keys, fused=v != 'mamba')
@@ -430,7 +430,7 @@ def gpu_train_profile(args):
         x = torch.randn(args.train_batch, 3, 224, 224, device='cuda')
         y = torch.randint(0, 1000, (args.train_batch, ), device='cuda')
 
-        def step():
+        def step(m=m):
             with torch.autocast('cuda', dtype=torch.bfloat16):
                 loss = torch.nn.functional.cross_entropy(m(x).float(), y)
             loss.backward()

@@ -222,8 +222,8 @@ class PathProbe:
     in a forward pre-hook, as its forward takes it: the ``fused`` flag the block passes (the
     backbone's one decision per forward), else :meth:`use_fused`, then the per-call conditions
     (ToP's importance scores and alignment need the unfused path). The calls of the fused
-    mixer functions (inference and training) are counted as a cross-check (``path_note`` when they disagree). Used for
-    one warm-up call only: the hooks cost Python time.
+    mixer functions (inference and training) are counted as a cross-check (``path_note`` when
+    they disagree). Used for one warm-up call only: the hooks cost Python time.
     """
 
     def __init__(self, model: nn.Module) -> None:

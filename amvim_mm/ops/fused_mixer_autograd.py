@@ -9,8 +9,9 @@ kernels and whose backward runs the kernels of :mod:`._fused_mixer_bwd_kernels`.
 Memory habits of mamba-ssm: the Function keeps only its input ``xz`` and the (small) stacked
 parameters; in the backward it recomputes the conv output, ``x_dbl`` and ``delta`` (one conv
 launch and two batched GEMMs) and the scan's states, one (E, N) state per chunk of ``T`` steps
-(transient), from which each chunk's states are rebuilt step by step into a small scratch. The output ``y`` is kept
-by ``out_proj``'s autograd (as the unfused path keeps its scan output).
+(transient), from which each chunk's states are rebuilt step by step into a small scratch.
+The output ``y`` is kept by ``out_proj``'s autograd (as the unfused path keeps its scan
+output).
 
 Numerics: in the forward everything is the inference path's (the same kernels). The backward
 accumulates in fp32; the GEMMs of the backward run in the forward's compute dtype (the autocast

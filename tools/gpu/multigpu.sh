@@ -20,6 +20,13 @@
 # built in this call: carried back in .whl/built/ they are installed instead of built again).
 # At most 7 files, since the device tool brings back 8.
 #
+# Mixer paths: runs 1 and 2 train on the fused path (AMVIM_FUSED_MIXER=1: the Triton kernels
+# with their backward, amvim_mm/ops/fused_mixer_autograd.py), run 3 (MG_COMPARE_ITERS, 60) on
+# the unfused path (AMVIM_FUSED_MIXER=0: mamba-ssm / causal-conv1d) from the same start, for
+# s/iter side by side; the path each run took is asked of the model with the run's settings
+# (MG_FUSED=0 trains runs 1-2 unfused too; the CPU smoke test's default, the fused path there
+# being Triton's interpreter). MG_AMP (bf16 on the GPU, none in the CPU smoke
+# test) switches the config's fp32 OptimWrapper to an AmpOptimWrapper of that dtype.
 # Overrides (env): MG_NGPU (default: all GPUs), MG_CROP (256), MG_BATCH (4 per GPU), MG_ITERS
 # (200), MG_RESUME_ITERS (300), MG_CKPT_INTERVAL (100), MG_LOG_INTERVAL (10), MG_WARMUP (20),
 # MG_LR (the config's 6e-5), MG_NTRAIN/MG_NVAL (64/8 images of MG_IMG=128 px), MG_CONFIG,
@@ -47,13 +54,16 @@ if [ "$SMOKE" = 1 ]; then
   CROP=${MG_CROP:-64} BATCH=${MG_BATCH:-2} ITERS=${MG_ITERS:-4} ITERS2=${MG_RESUME_ITERS:-6}
   CKPT=${MG_CKPT_INTERVAL:-2} LOGI=${MG_LOG_INTERVAL:-2} WARMUP=${MG_WARMUP:-2}
   NTRAIN=${MG_NTRAIN:-16} NVAL=${MG_NVAL:-4} WINDOW=${MG_LOSS_WINDOW:-2}
+  CMP_ITERS=${MG_COMPARE_ITERS:-2} AMP=${MG_AMP:-none} FUSED=${MG_FUSED:-0}
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 else
   PY=python3
   CROP=${MG_CROP:-256} BATCH=${MG_BATCH:-4} ITERS=${MG_ITERS:-200} ITERS2=${MG_RESUME_ITERS:-300}
   CKPT=${MG_CKPT_INTERVAL:-100} LOGI=${MG_LOG_INTERVAL:-10} WARMUP=${MG_WARMUP:-20}
   NTRAIN=${MG_NTRAIN:-64} NVAL=${MG_NVAL:-8} WINDOW=${MG_LOSS_WINDOW:-20}
+  CMP_ITERS=${MG_COMPARE_ITERS:-60} AMP=${MG_AMP:-bf16}
 fi
+FUSED=${FUSED:-${MG_FUSED:-1}}
 IMG=${MG_IMG:-128}
 DATA=$B/data/ade_tiny_${NTRAIN}_${NVAL}_${IMG}
 say "mode: $([ "$SMOKE" = 1 ] && echo 'CPU smoke test' || echo GPU), config $CONFIG, crop $CROP," \
@@ -159,6 +169,12 @@ OPTS=(
 # from scratch for a few hundred iterations: 10x the config's fine-tuning rate (6e-5)
 [ "$SMOKE" = 1 ] || MG_LR=${MG_LR:-6e-4}
 [ -n "${MG_LR:-}" ] && OPTS+=("optim_wrapper.optimizer.lr=$MG_LR")
+case "$AMP" in
+  none) ;;
+  bf16|fp16) OPTS+=("optim_wrapper.type=AmpOptimWrapper"
+                    "optim_wrapper.dtype=$([ "$AMP" = bf16 ] && echo bfloat16 || echo float16)") ;;
+  *) say "MG_AMP=$AMP: use bf16, fp16 or none"; exit 2 ;;
+esac
 
 # the list-index overrides above must hit the transforms they mean: check before launching
 "$PY" - "$CONFIG" "$LOGS/config_run1.py" "${OPTS[@]}" "train_cfg.max_iters=$ITERS" \
@@ -198,9 +214,42 @@ CMD1=("${LAUNCH[@]}" "$CONFIG" --launcher "$LAUNCHER" --work-dir "$WORK"
       --cfg-options "${OPTS[@]}" "train_cfg.max_iters=$ITERS")
 CMD2=("${LAUNCH[@]}" "$CONFIG" --launcher "$LAUNCHER" --work-dir "$WORK"
       --resume "$WORK/iter_$ITERS.pth" --cfg-options "${OPTS[@]}" "train_cfg.max_iters=$ITERS2")
+WORK_CMP=${WORK}_unfused
+CMD3=("${LAUNCH[@]}" "$CONFIG" --launcher "$LAUNCHER" --work-dir "$WORK_CMP"
+      --cfg-options "${OPTS[@]}" "train_cfg.max_iters=$CMP_ITERS"
+      "default_hooks.checkpoint.interval=$(( CMP_ITERS + 1 ))" "train_cfg.val_interval=$(( CMP_ITERS + 1 ))")
 ENVSTR="PYTHONPATH=$PYTHONPATH NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
-{ printf 'cd %q && %s ' "$ROOT" "$ENVSTR"; printf '%q ' "${CMD1[@]}"; echo
-  printf 'cd %q && %s ' "$ROOT" "$ENVSTR"; printf '%q ' "${CMD2[@]}"; echo; } > "$LOGS/commands.txt"
+{ printf 'cd %q && %s AMVIM_FUSED_MIXER=%s ' "$ROOT" "$ENVSTR" "$FUSED"; printf '%q ' "${CMD1[@]}"; echo
+  printf 'cd %q && %s AMVIM_FUSED_MIXER=%s ' "$ROOT" "$ENVSTR" "$FUSED"; printf '%q ' "${CMD2[@]}"; echo
+  printf 'cd %q && %s AMVIM_FUSED_MIXER=0 ' "$ROOT" "$ENVSTR"; printf '%q ' "${CMD3[@]}"; echo
+} > "$LOGS/commands.txt"
+
+# the mixer path a training step of the config's model takes with AMVIM_FUSED_MIXER=$1, asked
+# of the model as the forward asks (on the device the runs use, under the runs' autocast)
+path_of() {
+  AMVIM_FUSED_MIXER=$1 "$PY" - "$LOGS/config_run1.py" "$AMP" "$SMOKE" <<'PY' 2>>"$LOGS/path_probe.err"
+import sys, warnings
+warnings.filterwarnings('ignore')
+import torch
+from mmengine.config import Config
+from mmengine.registry import init_default_scope
+import amvim_mm  # noqa: F401
+from amvim_mm.registry import MODELS
+cfg = Config.fromfile(sys.argv[1])
+init_default_scope('mmseg')
+bb = dict(cfg.model.backbone)
+dev = 'cpu' if sys.argv[3] == '1' else 'cuda'
+m = MODELS.build(bb).to(dev).train()
+s = bb.get('img_size', 224)
+x = torch.zeros(1, 3, s, s, device=dev)
+amp = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(sys.argv[2])
+try:
+    with torch.autocast(dev, dtype=amp or torch.float32, enabled=amp is not None):
+        print('fused' if m.fused_path(x) else 'unfused')
+except Exception as e:   # e.g. the fused path forced on a CPU without Triton's interpreter
+    print(f'error: {type(e).__name__}: {str(e).splitlines()[0][:120]}')
+PY
+}
 
 run_train() {  # NAME CAP_S CMD...: runs CMD under a time limit, log in $LOGS/NAME.log
   local name=$1 cap=$2 left lim rc t0; shift 2
@@ -225,15 +274,18 @@ run_train() {  # NAME CAP_S CMD...: runs CMD under a time limit, log in $LOGS/NA
   return $rc
 }
 
-rm -rf "$WORK"
+rm -rf "$WORK" "$WORK_CMP"
+PATH1=$(path_of "$FUSED"); PATH3=$(path_of 0)
+say "mixer path: runs 1-2 (AMVIM_FUSED_MIXER=$FUSED) $PATH1; run 3 (AMVIM_FUSED_MIXER=0) $PATH3"
 TR0=$(date +%s)
-run_train run1_train "${MG_RUN1_CAP_S:-260}" "${CMD1[@]}"; rc1=$?
+AMVIM_FUSED_MIXER=$FUSED run_train run1_train "${MG_RUN1_CAP_S:-260}" "${CMD1[@]}"; rc1=$?
 rc2=125
 if [ -f "$WORK/iter_$ITERS.pth" ]; then
-  run_train run2_resume "${MG_RUN2_CAP_S:-200}" "${CMD2[@]}"; rc2=$?
+  AMVIM_FUSED_MIXER=$FUSED run_train run2_resume "${MG_RUN2_CAP_S:-200}" "${CMD2[@]}"; rc2=$?
 else
   say "no $WORK/iter_$ITERS.pth: the resume run is skipped"
 fi
+AMVIM_FUSED_MIXER=0 run_train run3_unfused "${MG_RUN3_CAP_S:-120}" "${CMD3[@]}"; rc3=$?
 
 # ------------------------------------------------------------------------------------------
 # 4. summary and logs
@@ -242,7 +294,8 @@ MG_GPUS=$GPUS MG_MODE=$([ "$SMOKE" = 1 ] && echo "CPU smoke test, 1 process" \
   || echo "$NGPU-GPU DDP (torchrun, mmengine launcher pytorch)") MG_WALL=$(( $(date +%s) - T0 )) \
 MG_TRAIN_WALL=$(( $(date +%s) - TR0 )) MG_CFG=$CONFIG MG_N=$NGPU MG_B=$BATCH MG_I1=$ITERS \
 MG_I2=$ITERS2 MG_CK=$CKPT MG_W=$WINDOW MG_CROPSZ=$CROP MG_DATA="$NTRAIN train / $NVAL val, ${IMG}x$IMG" \
-MG_RC="$rc1 $rc2" MG_SMOKE=$SMOKE "$PY" - "$LOGS/commands.txt" "$LOGS/versions.json" > "$LOGS/meta.json" <<'PY'
+MG_RC="$rc1 $rc2 $rc3" MG_SMOKE=$SMOKE MG_PATHS="$PATH1|$PATH3" MG_AMPDT=$AMP \
+"$PY" - "$LOGS/commands.txt" "$LOGS/versions.json" > "$LOGS/meta.json" <<'PY'
 import json, os, sys
 e = os.environ
 gpus = [g.strip() for g in e['MG_GPUS'].splitlines() if g.strip()]
@@ -256,17 +309,20 @@ print(json.dumps(dict(
     checkpoint_interval=int(e['MG_CK']), loss_window=int(e['MG_W']),
     crop_size=[int(e['MG_CROPSZ'])] * 2, dataset=e['MG_DATA'], wall_s=int(e['MG_WALL']),
     train_wall_s=int(e['MG_TRAIN_WALL']), require_loss_decrease=e['MG_SMOKE'] != '1',
-    exit_codes=dict(zip(('run1', 'run2'), e['MG_RC'].split())),
+    exit_codes=dict(zip(('run1', 'run2', 'run3'), e['MG_RC'].split())),
+    mixer_path=dict(zip(('run1_run2', 'run3'), e['MG_PATHS'].split('|'))), amp=e['MG_AMPDT'],
     commands=open(sys.argv[1]).read().splitlines(), versions=versions), indent=1))
 PY
-"$PY" tools/gpu/summarize_multigpu.py --work-dir "$WORK" --out-dir "$OUT" --meta "$LOGS/meta.json"
+"$PY" tools/gpu/summarize_multigpu.py --work-dir "$WORK" --out-dir "$OUT" --meta "$LOGS/meta.json" \
+  --compare-work-dir "$WORK_CMP"
 src=$?
 for d in $(ls -d "$WORK"/[0-9]*_[0-9]* 2>/dev/null); do
   echo "===== $(basename "$d") =====" && cat "$d/$(basename "$d").log"
 done > "$OUT/multigpu_train.log"
 ls -la "$WORK" > "$LOGS/work_dir_listing.txt" 2>&1
-say "done: summary exit $src, runs exit $rc1 / $rc2; wall $(( $(date +%s) - T0 )) s"
+say "done: summary exit $src, runs exit $rc1 / $rc2 / $rc3; wall $(( $(date +%s) - T0 )) s"
 tar czf "$OUT/multigpu_logs.tar.gz" --exclude='*.pth' --exclude='*.whl' -C "$B" multigpu_logs \
-  $( [ -d "$B/out_runsh" ] && echo out_runsh ) work_dirs/multigpu 2>/dev/null
+  $( [ -d "$B/out_runsh" ] && echo out_runsh ) work_dirs/multigpu work_dirs/multigpu_unfused \
+  2>/dev/null
 ls -la "$OUT" "$OUT/built" 2>/dev/null
 exit $src

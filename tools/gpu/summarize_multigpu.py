@@ -95,6 +95,8 @@ def main() -> int:
     p.add_argument('--work-dir', required=True)
     p.add_argument('--out-dir', required=True)
     p.add_argument('--meta', required=True, help='JSON written by multigpu.sh')
+    p.add_argument('--compare-work-dir',
+                   help='work dir of the comparison run on the unfused mixer path (run 3)')
     args = p.parse_args()
     work = Path(args.work_dir)
     meta = json.loads(Path(args.meta).read_text())
@@ -105,6 +107,10 @@ def main() -> int:
                       if d.is_dir() and re.fullmatch(r'\d{8}_\d{6}', d.name)) \
         if work.is_dir() else []
     runs = [run_info(d) for d in run_dirs]
+    cmp_dirs = sorted(d for d in Path(args.compare_work_dir).iterdir()
+                      if d.is_dir() and re.fullmatch(r'\d{8}_\d{6}', d.name)) \
+        if args.compare_work_dir and Path(args.compare_work_dir).is_dir() else []
+    compare = run_info(cmp_dirs[-1]) if cmp_dirs else {}
     first = runs[0] if runs else {}
     resumed = runs[1] if len(runs) > 1 else {}
     iters1 = int(meta['max_iters'])
@@ -168,7 +174,16 @@ def main() -> int:
                           run2_median=resumed.get('sec_per_iter_median'),
                           data_time_run1=first.get('data_time'),
                           data_time_run2=resumed.get('data_time')),
-        max_memory_mb=dict(run1=first.get('max_memory_mb'), run2=resumed.get('max_memory_mb')),
+        max_memory_mb=dict(run1=first.get('max_memory_mb'), run2=resumed.get('max_memory_mb'),
+                           run3_unfused=compare.get('max_memory_mb')),
+        mixer_path=meta.get('mixer_path'), amp=meta.get('amp'),
+        unfused_compare=dict(
+            sec_per_iter=compare.get('sec_per_iter'), last_iter=compare.get('last_iter'),
+            run1_over_run3=(round(first['sec_per_iter'] / compare['sec_per_iter'], 3)
+                            if first.get('sec_per_iter') and compare.get('sec_per_iter')
+                            else None),
+            note='run 3: the same config and start on the unfused mixer path '
+                 '(AMVIM_FUSED_MIXER=0); s/iter mean with the first log window excluded'),
         val=dict(run1=first.get('val'), run2=resumed.get('val')),
         checkpoints=ckpts,
         checkpoints_expected=expected,
@@ -209,6 +224,13 @@ def main() -> int:
         f"{fmt(first.get('sec_per_iter'))} / {fmt(resumed.get('sec_per_iter'))} |",
         f"| max memory MB (rank 0) run 1 / run 2 | {fmt(first.get('max_memory_mb'))} / "
         f"{fmt(resumed.get('max_memory_mb'))} |",
+        f"| mixer path runs 1-2 / run 3; autocast | "
+        f"{(meta.get('mixer_path') or {}).get('run1_run2')} / "
+        f"{(meta.get('mixer_path') or {}).get('run3')}; {meta.get('amp')} |",
+        f"| s/iter run 3 (unfused path, {fmt(compare.get('last_iter'))} iterations); "
+        f"run 1 / run 3 | {fmt(compare.get('sec_per_iter'))}; "
+        f"{fmt(summary['unfused_compare']['run1_over_run3'], 3)} |",
+        f"| max memory MB (rank 0) run 3 | {fmt(compare.get('max_memory_mb'))} |",
         f"| val mIoU after run 1 / run 2 | {fmt(v1, 2)} / {fmt(v2, 2)} |",
         f"| wall time of the script (s) | {fmt(meta.get('wall_s'))} |",
         '',
