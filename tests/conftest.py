@@ -37,3 +37,14 @@ def _isolated_default_scope():
     for name in list(DefaultScope._instance_dict):
         if name not in before:
             DefaultScope._instance_dict.pop(name, None)
+
+
+@pytest.fixture
+def exact_fp32():
+    """fp32 matmuls and convolutions without TF32 on CUDA (for tight GPU comparisons)."""
+    import torch
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old

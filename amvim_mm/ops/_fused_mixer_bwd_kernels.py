@@ -16,6 +16,8 @@ backward; benchmarks/README.md.)
 import triton
 import triton.language as tl
 
+from ._fused_mixer_kernels import conv_block, conv_preact, conv_tap
+
 
 
 @triton.jit
@@ -231,25 +233,11 @@ def conv_bwd_kernel(x_ptr, perm_ptr, w_ptr, b_ptr, g_ptr, dpre_ptr, part_ptr, L,
     (P, B, L, E)), and this block's sums for the conv weight and bias into
     ``part[p, pid] (K + 1, E)`` fp32 (weight taps, then bias)."""
     pid = tl.program_id(0)
-    eb = tl.program_id(1)
     p = tl.program_id(2)
-    b = pid // n_lblocks
-    lb = pid % n_lblocks
-    offs_l = lb * BLOCK_L + tl.arange(0, BLOCK_L)
-    offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
-    ml = offs_l < L
-    me = offs_e < E
+    b, offs_l, offs_e, ml, me = conv_block(n_lblocks, L, E, BLOCK_L, BLOCK_E)
     m2 = ml[:, None] & me[None, :]
-    acc = tl.zeros((BLOCK_L, BLOCK_E), dtype=tl.float32) + tl.load(
-        b_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)[None, :]
-    for j in tl.static_range(K):
-        src = offs_l - (K - 1) + j
-        ok = ml & (src >= 0)
-        tok = tl.load(perm_ptr + p * s_pp + b * s_pb + src, mask=ok, other=0)
-        xv = tl.load(x_ptr + b * s_xb + tok[:, None] * s_xl + offs_e[None, :],
-                     mask=ok[:, None] & me[None, :], other=0.).to(tl.float32)
-        w = tl.load(w_ptr + (p * E + offs_e) * K + j, mask=me, other=0.).to(tl.float32)
-        acc += xv * w[None, :]
+    acc = conv_preact(x_ptr, perm_ptr, w_ptr, b_ptr, b, p, E, offs_l, offs_e, ml, me, s_xb,
+                      s_xl, s_pp, s_pb, K, BLOCK_L, BLOCK_E)
     gv = tl.load(g_ptr + p * s_gp + b * s_gb + offs_l[:, None] * s_gl + offs_e[None, :],
                  mask=m2, other=0.).to(tl.float32)
     sig = 1. / (1. + tl.exp(-acc))
@@ -259,11 +247,8 @@ def conv_bwd_kernel(x_ptr, perm_ptr, w_ptr, b_ptr, g_ptr, dpre_ptr, part_ptr, L,
              mask=m2)
     part = part_ptr + (p * tl.num_programs(0) + pid) * (K + 1) * E
     for j in tl.static_range(K):
-        src = offs_l - (K - 1) + j
-        ok = ml & (src >= 0)
-        tok = tl.load(perm_ptr + p * s_pp + b * s_pb + src, mask=ok, other=0)
-        xv = tl.load(x_ptr + b * s_xb + tok[:, None] * s_xl + offs_e[None, :],
-                     mask=ok[:, None] & me[None, :], other=0.).to(tl.float32)
+        xv = conv_tap(x_ptr, perm_ptr, b, p, offs_l, offs_e, ml, me, j, s_xb, s_xl, s_pp, s_pb,
+                      K)
         tl.store(part + j * E + offs_e, tl.sum(dpre * xv, axis=0), mask=me)
     tl.store(part + K * E + offs_e, tl.sum(dpre, axis=0), mask=me)
 
@@ -274,14 +259,7 @@ def conv_bwd_dx_kernel(dpre_ptr, inv_ptr, w_ptr, dx_ptr, L, E, P, n_lblocks, s_i
     gradient in token order, summed over the paths: token t sits at position
     ``q = inv[p, b, t]`` of path p and feeds that path's outputs q .. q + K - 1 through the taps
     K - 1 .. 0."""
-    pid = tl.program_id(0)
-    eb = tl.program_id(1)
-    b = pid // n_lblocks
-    lb = pid % n_lblocks
-    offs_l = lb * BLOCK_L + tl.arange(0, BLOCK_L)
-    offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
-    ml = offs_l < L
-    me = offs_e < E
+    b, offs_l, offs_e, ml, me = conv_block(n_lblocks, L, E, BLOCK_L, BLOCK_E)
     nb = tl.num_programs(0) // n_lblocks
     acc = tl.zeros((BLOCK_L, BLOCK_E), dtype=tl.float32)
     for p in range(P):

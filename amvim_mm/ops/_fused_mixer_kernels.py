@@ -4,28 +4,49 @@ Imported only when the fused path is used."""
 import triton
 import triton.language as tl
 
+@triton.jit
+def conv_tap(x_ptr, perm_ptr, b, p, offs_l, offs_e, ml, me, j, s_xb, s_xl, s_pp, s_pb,
+             K: tl.constexpr):
+    """Tap ``j`` of path p's causal conv at path positions ``offs_l``: the rows
+    ``x[b, perm[p, b, i - K + 1 + j]]`` (zero before the path's start), fp32 (BLOCK_L, BLOCK_E)."""
+    src = offs_l - (K - 1) + j
+    ok = ml & (src >= 0)
+    tok = tl.load(perm_ptr + p * s_pp + b * s_pb + src, mask=ok, other=0)
+    return tl.load(x_ptr + b * s_xb + tok[:, None] * s_xl + offs_e[None, :],
+                   mask=ok[:, None] & me[None, :], other=0.).to(tl.float32)
+
+
+@triton.jit
+def conv_block(n_lblocks, L, E, BLOCK_L: tl.constexpr, BLOCK_E: tl.constexpr):
+    """The conv kernels' block: program (sample b and positions [lb * BLOCK_L, ...), channel
+    block) -> (b, positions, channels, their masks)."""
+    pid = tl.program_id(0)
+    b = pid // n_lblocks
+    offs_l = (pid % n_lblocks) * BLOCK_L + tl.arange(0, BLOCK_L)
+    offs_e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    return b, offs_l, offs_e, offs_l < L, offs_e < E
+
+
+@triton.jit
+def conv_preact(x_ptr, perm_ptr, w_ptr, b_ptr, b, p, E, offs_l, offs_e, ml, me, s_xb, s_xl,
+                s_pp, s_pb, K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Path p's causal depthwise conv before its silu, at path positions ``offs_l`` (fp32)."""
+    acc = tl.zeros((BLOCK_L, BLOCK_E), dtype=tl.float32) + tl.load(
+        b_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)[None, :]
+    for j in tl.static_range(K):
+        w = tl.load(w_ptr + (p * E + offs_e) * K + j, mask=me, other=0.).to(tl.float32)
+        acc += conv_tap(x_ptr, perm_ptr, b, p, offs_l, offs_e, ml, me, j, s_xb, s_xl, s_pp,
+                        s_pb, K) * w[None, :]
+    return acc
+
+
 def conv_kernel(x_ptr, perm_ptr, w_ptr, b_ptr, out_ptr, L, E, n_lblocks, s_xb, s_xl, s_pp,
                 s_pb, s_op, s_ob, s_ol, K: tl.constexpr, BLOCK_L: tl.constexpr,
                 BLOCK_E: tl.constexpr):
-    pid = tl.program_id(0)
-    eb = tl.program_id(1)
     p = tl.program_id(2)
-    b = pid // n_lblocks
-    lb = pid % n_lblocks
-    offs_l = lb * BLOCK_L + tl.arange(0, BLOCK_L)
-    offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
-    ml = offs_l < L
-    me = offs_e < E
-    bias = tl.load(b_ptr + p * E + offs_e, mask=me, other=0.).to(tl.float32)
-    acc = tl.zeros((BLOCK_L, BLOCK_E), dtype=tl.float32) + bias[None, :]
-    for j in tl.static_range(K):
-        src = offs_l - (K - 1) + j
-        ok = ml & (src >= 0)
-        tok = tl.load(perm_ptr + p * s_pp + b * s_pb + src, mask=ok, other=0)
-        xv = tl.load(x_ptr + b * s_xb + tok[:, None] * s_xl + offs_e[None, :],
-                     mask=ok[:, None] & me[None, :], other=0.).to(tl.float32)
-        w = tl.load(w_ptr + (p * E + offs_e) * K + j, mask=me, other=0.).to(tl.float32)
-        acc += xv * w[None, :]
+    b, offs_l, offs_e, ml, me = conv_block(n_lblocks, L, E, BLOCK_L, BLOCK_E)
+    acc = conv_preact(x_ptr, perm_ptr, w_ptr, b_ptr, b, p, E, offs_l, offs_e, ml, me, s_xb,
+                      s_xl, s_pp, s_pb, K, BLOCK_L, BLOCK_E)
     acc = acc / (1. + tl.exp(-acc))  # silu
     tl.store(out_ptr + p * s_op + b * s_ob + offs_l[:, None] * s_ol + offs_e[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=ml[:, None] & me[None, :])

@@ -18,12 +18,9 @@ needs_kernel = pytest.mark.skipif(mamba_selective_scan()[0] is None,
 
 
 @pytest.fixture(autouse=True)
-def exact_fp32():
-    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+def _exact(exact_fp32):
+    """Every test here without TF32 (tests/conftest.py)."""
     yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def rel(a, b):

@@ -19,13 +19,8 @@ import torch
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops import fused_mixer as FM
+from tests.ops.triton_support import HAS_TRITON, needs_triton  # noqa: F401
 
-try:
-    import triton  # noqa: F401
-    HAS_TRITON = True
-except ImportError:
-    HAS_TRITON = False
-needs_triton = pytest.mark.skipif(not HAS_TRITON, reason='triton is not installed')
 
 # the reference: the scan of every path as a float64 loop over the steps, the state before
 # every step, and the gated outputs scattered into token order

@@ -15,13 +15,8 @@ import torch
 import amvim_mm  # noqa: F401
 from amvim_mm.ops.fused_mixer import fused_requested
 from amvim_mm.registry import MODELS
+from tests.ops.triton_support import HAS_TRITON, needs_triton  # noqa: F401
 
-try:
-    import triton  # noqa: F401
-    HAS_TRITON = True
-except ImportError:
-    HAS_TRITON = False
-needs_triton = pytest.mark.skipif(not HAS_TRITON, reason='triton is not installed')
 
 # every case: backbone config, input (H, W); fused vs unfused outputs (all out_indices)
 INTERPRETER_SCRIPT = textwrap.dedent('''

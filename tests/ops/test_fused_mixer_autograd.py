@@ -18,12 +18,8 @@ import torch
 
 import amvim_mm  # noqa: F401
 from amvim_mm.registry import MODELS
+from tests.ops.triton_support import HAS_TRITON, needs_triton  # noqa: F401
 
-try:
-    import triton  # noqa: F401
-    HAS_TRITON = True
-except ImportError:
-    HAS_TRITON = False
 
 # one training step per case on both paths: outputs, every parameter's gradient, token counts
 GRAD_SCRIPT = textwrap.dedent('''
@@ -166,14 +162,6 @@ def _step(m, x, fused, amp):
 
 def _worst(ga, gb):
     return max(((_rel(ga[k], gb[k]), k) for k in gb))
-
-
-@pytest.fixture
-def exact_fp32():
-    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
 
 
 @pytest.mark.gpu

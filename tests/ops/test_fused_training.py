@@ -26,13 +26,8 @@ import torch
 import amvim_mm  # noqa: F401
 from amvim_mm.models.backbones.norm import RMSNorm
 from amvim_mm.registry import MODELS
+from tests.ops.triton_support import HAS_TRITON, needs_triton  # noqa: F401
 
-try:
-    import triton  # noqa: F401
-    HAS_TRITON = True
-except ImportError:
-    HAS_TRITON = False
-needs_triton = pytest.mark.skipif(not HAS_TRITON, reason='triton is not installed')
 
 INTERPRETER_SCRIPT = textwrap.dedent('''
     import json, torch, amvim_mm
@@ -477,15 +472,6 @@ def gpu(fn):
 def _rel(a, b):
     a, b = a.detach().double(), b.detach().double()
     return ((a - b).abs().max() / b.abs().max()).item()
-
-
-@pytest.fixture
-def exact_fp32():
-    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
 
 
 @pytest.mark.parametrize('D', [192, 384])
