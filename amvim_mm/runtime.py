@@ -15,7 +15,7 @@ cache key), so reading the settings costs a few dict lookups; a forward reads th
 =================================  ========================  =================================
 variable                           field                     values
 =================================  ========================  =================================
-``AMVIM_SCAN_BACKEND``             ``scan_backend``          auto, cuda, torch, reference
+``AMVIM_SCAN_BACKEND``             ``scan_backend``          auto, cuda, cpu, torch, reference
 ``AMVIM_CONV_BACKEND``             ``conv_backend``          auto, cuda, torch
 ``AMVIM_FUSED_MIXER``              ``fused_mixer``           auto (None), 1 (True), 0 (False)
 ``AMVIM_FUSED_REDUCTION_KERNELS``  ``reduction_kernels``     1 (default), 0
@@ -25,6 +25,8 @@ variable                           field                     values
 ``AMVIM_TOME_MATCH_CONFIG``        ``match_config``          "BLOCK_D,num_warps,num_stages"
 ``AMVIM_EMBED_CONFIG``             ``embed_config``          "BLOCK_M,BLOCK_N,warps,stages"
 ``AMVIM_UNSAFE_LOAD``              ``unsafe_load``           checkpoint paths, ``os.pathsep``
+``AMVIM_CPU_KERNELS``              ``cpu_kernels``           1 (default), 0
+``AMVIM_CACHE``                    ``cache_dir``             directory (``~/.cache/amvim_mm``)
 =================================  ========================  =================================
 """
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Iterator, Optional, Tuple
 
 from amvim_mm.errors import ConfigError
 
-SCAN_BACKENDS = ('cuda', 'torch', 'reference')
+SCAN_BACKENDS = ('cuda', 'cpu', 'torch', 'reference')
 CONV_BACKENDS = ('cuda', 'torch')
 _TRUE = ('1', 'true', 'on', 'yes')
 _FALSE = ('0', 'false', 'off', 'no')
@@ -58,6 +60,8 @@ class Settings:
     match_config: Optional[Tuple[int, int, int]] = None
     embed_config: Optional[Tuple[int, int, int, int]] = None
     unsafe_load: Tuple[str, ...] = ()
+    cpu_kernels: bool = True
+    cache_dir: str = ''
 
 
 #: field -> (environment variable, parser)
@@ -125,6 +129,11 @@ def _chunk(var: str):
     return parse
 
 
+def _cache_dir(raw: str) -> str:
+    """The build cache (mmcv wheel, compiled CPU kernels): ``AMVIM_CACHE`` or the default."""
+    return os.path.abspath(os.path.expanduser(raw.strip() or '~/.cache/amvim_mm'))
+
+
 def _paths(raw: str) -> Tuple[str, ...]:
     return tuple(p for p in raw.split(os.pathsep) if p)
 
@@ -150,6 +159,8 @@ VARIABLES = {
                      _launch('AMVIM_EMBED_CONFIG', 'BLOCK_M,BLOCK_N,num_warps,num_stages',
                              '64,128,4,4')),
     'unsafe_load': ('AMVIM_UNSAFE_LOAD', _paths),
+    'cpu_kernels': ('AMVIM_CPU_KERNELS', _switch('AMVIM_CPU_KERNELS')),
+    'cache_dir': ('AMVIM_CACHE', _cache_dir),
 }
 
 

@@ -5,8 +5,10 @@
     python tools/benchmark.py --suite dense [--out-dir DIR] [--budget-s S] [--smoke]
 
 Suites:
-  cpu: Vim-T at 224 on the CPU, the ``torch`` scan backend against the ``reference`` loop
-       (ratio in one run), and AMVim-T against Vim-T.
+  cpu: batch-1 latency at 224 on this machine's cores: timm DeiT-T / DeiT-S, Vim-T/S and
+       AMVim-T on the compiled CPU kernels and on the PyTorch scan, Vim-T on the ``reference``
+       loop, Vim-T with ToMe 0.17 / 0.46; interleaved rounds, median and spread, ratios of one
+       run (amvim_mm/analysis/cpu_benchmark.py).
   gpu: (tune) launch configuration of the fused scan kernel; (tune-chunk) sequential against
        chunked fused scan (T = 32-256) against the mamba-ssm kernels, one mixer call per
        batch x E x L: the table of the automatic scan choice; (main) Vim-T/S and AMVim-T/S
@@ -44,6 +46,7 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmen
 import torch  # noqa: E402
 
 from amvim_mm.analysis import benchmark as B  # noqa: E402
+from amvim_mm.analysis import cpu_benchmark as CB  # noqa: E402
 from amvim_mm.analysis import dense_benchmark as DB  # noqa: E402
 from amvim_mm.analysis import official_vim as OV  # noqa: E402
 from amvim_mm.analysis import official_vmamba as OVM  # noqa: E402
@@ -68,16 +71,9 @@ def log(msg):
 
 
 def cpu_suite(args):
-    rows = []
-    torch.manual_seed(0)
-    for name, backend in (('vim-t', 'torch'), ('vim-t', 'reference'), ('amvim-t', 'torch')):
-        m = B.build(name, head=True, scan_backend=backend, device='cpu')
-        r = B.measure(m, 1, 224, 'fp32', 'eager', warmup=2, iters=args.cpu_iters, repeats=5)
-        rows.append(dict(model=name, scan_backend=backend, **r))
-        log(f'  {name} {backend}: {r}')
-    t, ref, am = rows[0]['img_per_s'], rows[1]['img_per_s'], rows[2]['img_per_s']
-    summary = dict(torch_over_reference=round(t / ref, 2), amvim_over_vim=round(am / t, 3))
-    return dict(rows=rows, summary=summary)
+    """The CPU suite (amvim_mm/analysis/cpu_benchmark.py)."""
+    return CB.run_cpu_suite(args.cpu_threads, iters=args.cpu_iters, repeats=args.cpu_repeats,
+                            log=log)
 
 
 MIXERS = {'fused': True, 'unfused': False}
@@ -822,7 +818,12 @@ def main(argv=None):
                    help='vmamba part: a checkout of MzeroMiko/VMamba (its root vmamba.py); '
                         'its VMamba-T is timed in the same process, same weights, batch, dtype '
                         'and mode (see amvim_mm/analysis/official_vmamba.py)')
-    p.add_argument('--cpu-iters', type=int, default=5)
+    p.add_argument('--cpu-iters', type=int, default=3,
+                   help='cpu suite: forwards per row and round')
+    p.add_argument('--cpu-repeats', type=int, default=5,
+                   help='cpu suite: interleaved rounds (median and spread over them)')
+    p.add_argument('--cpu-threads', type=int, default=os.cpu_count() or 1,
+                   help='cpu suite: torch.set_num_threads (default: every core)')
     p.add_argument('--out-dir', default='benchmarks')
     dense = p.add_argument_group('dense suite (amvim_mm/analysis/dense_benchmark.py)')
     dense.add_argument('--smoke', action='store_true',
@@ -882,8 +883,9 @@ def main(argv=None):
     md = [f'# benchmark ({args.suite})', '', f'`{result["command"]}`', '',
           f'environment: `{json.dumps(result["environment"])}`', '']
     if 'cpu' in result:
-        md += [B.table(result['cpu']['rows'], ['model', 'scan_backend', 'batch', 'res', 'dtype',
-                                               'img_per_s', 'latency_ms', 'spread_pct']), '',
+        md += [f'batch 1, 224, fp32, eager, {result["cpu"]["threads"]} threads; latency: median '
+               f'of {result["cpu"]["repeats"]} interleaved rounds of {result["cpu"]["iters"]} '
+               'forwards', '', B.table(result['cpu']['rows'], CB.COLUMNS), '',
                f'summary: {result["cpu"]["summary"]}']
     if 'main' in result:
         md += ['## main', B.table(result['main'], ['model', 'dtype', 'mode', 'mixer', 'img_per_s',

@@ -1,9 +1,11 @@
-"""Time the selective scan's ``torch`` backend against the sequential ``reference`` on the CPU.
+"""Time the selective scan's ``torch`` and ``cpu`` (compiled) backends against the sequential
+``reference`` on the CPU.
 
-Forward only, a Vim-T layer shape by default (batch 2, E = 384, N = 16, L = 197, fp32). Both
+Forward only, a Vim-T layer shape by default (batch 2, E = 384, N = 16, L = 197, fp32). The
 backends run in the same process on the same inputs, interleaved, after a warm-up; the median
-of the repeats and the spread are reported, and the ratio ``reference / torch`` (> 1 means the
-torch backend is faster). Results go to a JSON file (``--out``).
+of the repeats and the spread are reported, and the ratios ``reference / torch`` and
+``torch / cpu`` (> 1 means the second is faster). The ``cpu`` row is left out (named) when the
+compiled kernels are not built. Results go to a JSON file (``--out``).
 
 Example::
 
@@ -24,6 +26,7 @@ from typing import Callable, Dict, List
 import torch
 
 import amvim_mm.ops as ops
+from amvim_mm.ops import cpu_ops
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -99,11 +102,18 @@ def main(argv=None) -> int:
         'reference': lambda: ops.selective_scan_ref(*pos, **kw),
         'torch': lambda: ops.selective_scan_torch(*pos, **kw),
     }
+    cpu_ok, cpu_why = cpu_ops.available()
+    if cpu_ok:
+        fns['cpu'] = lambda: ops.selective_scan_fn(*pos, **kw, backend='cpu')
+    errs = {}
     with torch.inference_mode():
-        y_ref, y_torch = fns['reference'](), fns['torch']()
-        err = ((y_torch.double() - y_ref.double()).abs().max() /
-               y_ref.double().abs().max()).item()
+        y_ref = fns['reference']()
+        for name in fns:
+            if name != 'reference':
+                errs[name] = ((fns[name]().double() - y_ref.double()).abs().max() /
+                              y_ref.double().abs().max()).item()
         times = time_calls(fns, args.repeats, args.warmup)
+        err = errs['torch']
 
     stats = {}
     for name, ts in times.items():
@@ -118,6 +128,10 @@ def main(argv=None) -> int:
         backends=stats,
         speedup_torch_over_reference=ratio,
         max_rel_err_torch_vs_reference=err,
+        speedup_cpu_over_torch=(stats['torch']['median_ms'] / stats['cpu']['median_ms']
+                                if cpu_ok else None),
+        max_rel_err_cpu_vs_reference=errs.get('cpu'),
+        cpu_backend='built' if cpu_ok else cpu_why,
         env=dict(torch=torch.__version__, python=platform.python_version(),
                  machine=platform.machine(), cpu_model=cpu_model(),
                  cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
@@ -129,6 +143,11 @@ def main(argv=None) -> int:
               f'max {s["max_ms"]:.2f}, stdev {s["stdev_ms"]:.2f})')
     print(f'speed-up torch over reference: {ratio:.2f}x  (max rel err {err:.2e}, '
           f'{torch.get_num_threads()} threads, load {result["env"]["loadavg_1_5_15"]})')
+    if cpu_ok:
+        print(f'speed-up cpu (compiled) over torch: {result["speedup_cpu_over_torch"]:.2f}x  '
+              f'(max rel err vs reference {errs["cpu"]:.2e})')
+    else:
+        print(f'cpu (compiled) backend left out: {cpu_why}')
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + '\n')

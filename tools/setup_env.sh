@@ -8,7 +8,10 @@
 #      wheel cached outside the repo in $AMVIM_CACHE (default ~/.cache/amvim_mm), keyed by the
 #      mmcv, torch and Python versions (pip's own cache ignores the torch ABI)
 #   4. pip install -e . (this project, no deps)
-#   5. python tools/check_env.py --quiet (fails with the fix when something is broken)
+#   5. the compiled CPU kernels of the mixer (tools/build_cpu_ops.py: one g++ call, about 15 s,
+#      cached in $AMVIM_CACHE/cpu_kernels keyed by source, torch and CPU); without a compiler
+#      one line says so and the CPU scan runs in PyTorch (slower, same results)
+#   6. python tools/check_env.py --quiet (fails with the fix when something is broken)
 # A stamp in .venv records the hash of the install inputs; a second run only re-checks (seconds).
 #
 # Environment: PYTHON (interpreter for the venv, default python3.11 or python3),
@@ -32,7 +35,8 @@ trap 'rc=$?; if [ $rc -ne 0 ] && [ "$STEP" != done ]; then say "FAILED at step: 
 
 inputs_hash() {
   local f
-  for f in requirements.txt requirements/lock.txt tools/setup_env.sh setup.cfg pyproject.toml; do
+  for f in requirements.txt requirements/lock.txt tools/setup_env.sh setup.cfg pyproject.toml \
+           amvim_mm/ops/csrc/*.cpp; do
     [ -f "$f" ] && cat "$f"
   done | sha256sum | cut -c1-16
 }
@@ -59,15 +63,15 @@ fi
 
 STEP="venv"
 if [ ! -x "$VENV/bin/python" ]; then
-  say "1/5 creating virtual environment .venv ($("$PY" --version))"
+  say "1/6 creating virtual environment .venv ($("$PY" --version))"
   "$PY" -m venv "$VENV"
 else
-  say "1/5 virtual environment .venv exists"
+  say "1/6 virtual environment .venv exists"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
 STEP="requirements"
-say "2/5 installing the pinned requirements (first run: torch is large, a few minutes)"
+say "2/6 installing the pinned requirements (first run: torch is large, a few minutes)"
 CONSTRAINT=()
 [ -f requirements/lock.txt ] && CONSTRAINT=(-c requirements/lock.txt)
 "${PIP[@]}" install --progress-bar off "setuptools>=77.0.3,<81" wheel "${CONSTRAINT[@]}" \
@@ -86,10 +90,10 @@ sys.exit(0 if m.version('mmcv') == '$MMCV_VERSION' else 1)
 EOF
 }
 if have_mmcv && "$VENV/bin/python" -c 'import mmcv.ops; mmcv.ops.nms' 2>/dev/null; then
-  say "3/5 mmcv $MMCV_VERSION with ops already installed"
+  say "3/6 mmcv $MMCV_VERSION with ops already installed"
 else
   if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
-    say "3/5 building mmcv $MMCV_VERSION with CPU ops from the sdist for torch $TORCH_VERSION (about 6 min on 2 cores, once; cached in $WHEEL_DIR)"
+    say "3/6 building mmcv $MMCV_VERSION with CPU ops from the sdist for torch $TORCH_VERSION (about 6 min on 2 cores, once; cached in $WHEEL_DIR)"
     BUILD="$(mktemp -d)"
     ( cd "$BUILD"
       # pip runs setup.py even to download the sdist, and it imports torch: no build isolation.
@@ -110,19 +114,24 @@ else
     cp "$BUILD"/dist/mmcv-*.whl "$WHEEL_DIR"/
     rm -rf "$BUILD"
   else
-    say "3/5 using the cached mmcv wheel in $WHEEL_DIR"
+    say "3/6 using the cached mmcv wheel in $WHEEL_DIR"
   fi
   "${PIP[@]}" install --no-deps --force-reinstall "$WHEEL_DIR"/mmcv-*.whl \
     || fail "could not install the cached mmcv wheel; delete $WHEEL_DIR and re-run."
 fi
 
 STEP="project"
-say "4/5 installing amvim_mm in editable mode"
+say "4/6 installing amvim_mm in editable mode"
 "${PIP[@]}" install --no-deps --no-build-isolation -e . >/dev/null \
   || fail "pip install -e . failed; see the message above."
 
+STEP="cpu kernels"
+say "5/6 the compiled CPU kernels (built once, about 15 s)"
+"$VENV/bin/python" tools/build_cpu_ops.py >/dev/null \
+  || say "continuing without the compiled CPU kernels (see the line above)"
+
 STEP="check"
-say "5/5 checking the environment"
+say "6/6 checking the environment"
 "$VENV/bin/python" tools/check_env.py --quiet \
   || fail "the environment check failed; its message above says what to fix."
 echo "$WANT" > "$STAMP"

@@ -4,12 +4,15 @@ Backends of the custom ops:
 
 * ``cuda``: the ``mamba-ssm`` package's public ``selective_scan_fn`` (and ``causal_conv1d_fn``
   from ``causal-conv1d``), only for CUDA tensors and only when the packages import;
-* ``torch``: the project's own chunked PyTorch implementation (any device, exact);
+* ``cpu``: the project's compiled CPU kernel (:mod:`amvim_mm.ops.cpu_ops`; built by the set-up
+  script), for CPU tensors when no autograd graph is recorded (it has no backward);
+* ``torch``: the project's own chunked PyTorch implementation (any device, autograd, exact);
 * ``reference``: the plain sequential loop, the ground truth for tests.
 
-The automatic choice is ``cuda`` when usable for the tensors at hand, else ``torch``. It can be
-overridden per call site by argument or globally by the environment variable
-``AMVIM_SCAN_BACKEND`` (``auto``/``cuda``/``torch``/``reference``).
+The automatic choice is ``cuda`` when usable for the tensors at hand; for CPU tensors ``cpu``
+when the kernel is built and the call records no graph (float32/16-bit inputs, ungrouped B and
+C), else ``torch``. It can be overridden per call site by argument or globally by the
+environment variable ``AMVIM_SCAN_BACKEND`` (``auto``/``cuda``/``cpu``/``torch``/``reference``).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Callable, Optional, Tuple
 
 from amvim_mm import runtime
 from amvim_mm.errors import BackendUnavailableError
+from . import cpu_ops
 
 SCAN_BACKENDS = runtime.SCAN_BACKENDS
 ENV_VAR = runtime.variable_of('scan_backend')
@@ -85,13 +89,25 @@ def log_choice_once(site: str, backend: str, reason: str = '') -> None:
                     f' ({reason})' if reason else '')
 
 
-def resolve_scan_backend(is_cuda: bool, backend: Optional[str] = None) -> str:
-    """Pick the scan backend for tensors on CUDA (``is_cuda``) or not."""
+def cpu_kernels() -> Tuple[bool, str]:
+    """Whether the compiled CPU kernels are usable (:func:`amvim_mm.ops.cpu_ops.available`)."""
+    return cpu_ops.available()
+
+
+def resolve_scan_backend(is_cuda: bool, backend: Optional[str] = None,
+                         cpu_fits: Optional[str] = None) -> str:
+    """Pick the scan backend for tensors on CUDA (``is_cuda``) or not. ``cpu_fits``: why the
+    compiled CPU kernel cannot take this call (``None``: it can; e.g. a recorded graph)."""
     name = requested_backend(backend)
     if name == 'auto':
-        if is_cuda and mamba_selective_scan()[0] is not None:
-            return 'cuda'
-        return 'torch'
+        if is_cuda:
+            return 'cuda' if mamba_selective_scan()[0] is not None else 'torch'
+        return 'cpu' if cpu_fits is None and cpu_kernels()[0] else 'torch'
+    if name == 'cpu':
+        why = 'it needs CPU tensors' if is_cuda else cpu_fits or cpu_kernels()[1]
+        if why != 'ok':
+            raise BackendUnavailableError(f'scan backend "cpu" cannot take this call: {why}; '
+                                          'use "torch" or leave it unset (automatic)')
     if name == 'cuda':
         fn, reason = mamba_selective_scan()
         if fn is None:

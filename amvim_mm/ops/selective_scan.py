@@ -19,6 +19,8 @@ compute dtype (float32 for float32/bf16/fp16 inputs).
 Backends (chosen by :func:`selective_scan_fn`, see :mod:`amvim_mm.ops.backends`):
 
 * ``cuda``: ``mamba_ssm.ops.selective_scan_interface.selective_scan_fn`` (public function only);
+* ``cpu``: :func:`~amvim_mm.ops.cpu_ops.selective_scan_cpu`, the compiled CPU kernel
+  (inference only);
 * ``torch``: :func:`selective_scan_torch`, a parallel associative scan (any device, autograd);
 * ``reference``: :func:`selective_scan_ref`, the sequential loop (the ground truth).
 """
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from amvim_mm.errors import ConfigError
-from . import backends
+from . import backends, cpu_ops
 
 __all__ = [
     'selective_scan_ref', 'selective_scan_torch', 'selective_scan_fn', 'aligned_selective_scan',
@@ -345,6 +347,20 @@ def selective_scan_torch(u: Tensor,
 # ----------------------------------------------------------------------------------------------
 # dispatch
 # ----------------------------------------------------------------------------------------------
+def _cpu_kernel_misfit(*tensors: Optional[Tensor]) -> Optional[str]:
+    """Why the compiled CPU kernel cannot take these inputs (``None`` if it can): it has no
+    backward, computes in float32 and takes one B / C group."""
+    present = [t for t in tensors if t is not None]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in present):
+        return 'it has no backward (an input requires grad); use "torch" for training'
+    if any(t.dtype == torch.float64 for t in present):
+        return 'it computes in float32 (float64 inputs)'
+    B, C = tensors[3], tensors[4]
+    if any(t.dim() == 4 and t.shape[1] != 1 for t in (B, C)):
+        return 'it takes ungrouped B and C'
+    return None
+
+
 def selective_scan_fn(u: Tensor,
                       delta: Tensor,
                       A: Tensor,
@@ -359,16 +375,20 @@ def selective_scan_fn(u: Tensor,
     """The selective scan on the chosen backend (same arguments as :func:`selective_scan_ref`).
 
     ``backend``: ``None`` (use the environment variable ``AMVIM_SCAN_BACKEND``, default
-    ``auto``), ``'auto'`` (``cuda`` for CUDA tensors when mamba-ssm imports, else ``torch``),
-    ``'cuda'``, ``'torch'`` or ``'reference'``. An unknown name raises ``ValueError``;
-    ``'cuda'`` without mamba-ssm or with CPU tensors raises ``RuntimeError``. The choice is
-    logged once per backend (logger ``amvim_mm``, level INFO).
+    ``auto``), ``'auto'`` (``cuda`` for CUDA tensors when mamba-ssm imports; for CPU tensors
+    ``cpu`` when the compiled kernel is built and the call records no autograd graph, else
+    ``torch``), ``'cuda'``, ``'cpu'``, ``'torch'`` or ``'reference'``. An unknown name raises
+    ``ValueError``; ``'cuda'`` without mamba-ssm or with CPU tensors, ``'cpu'`` without the
+    built kernel or under autograd raise ``RuntimeError``. The choice is logged once per
+    backend (logger ``amvim_mm``, level INFO).
     """
-    name = backends.resolve_scan_backend(u.is_cuda, backend)
+    name = backends.resolve_scan_backend(
+        u.is_cuda, backend, None if u.is_cuda else _cpu_kernel_misfit(u, delta, A, B, C, D, z,
+                                                                     delta_bias))
     backends.log_choice_once('selective_scan', name)
-    if name == 'cuda':
-        fn = backends.mamba_selective_scan()[0]
+    if name in ('cuda', 'cpu'):
         _check_shapes(u, delta, A, B, C, D, z, delta_bias)
+        fn = backends.mamba_selective_scan()[0] if name == 'cuda' else cpu_ops.selective_scan_cpu
         return fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
     impl = selective_scan_torch if name == 'torch' else selective_scan_ref
     return impl(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias,

@@ -86,14 +86,26 @@ def collect_env() -> Tuple[Dict[str, str], List[str]]:
         problems.append(str(e))
         req = 'invalid'
     cuda = info.get('cuda available') == 'True'
+    from amvim_mm.ops import cpu_ops
+    try:
+        cpu_ok, cpu_why = cpu_ops.status()
+    except ValueError as e:
+        problems.append(str(e))
+        cpu_ok, cpu_why = False, 'invalid setting'
+    info['compiled CPU kernels'] = 'usable' if cpu_ok else f'not usable ({cpu_why})'
     if req == 'auto':
-        scan = 'cuda (mamba-ssm)' if (cuda and fn is not None) else 'torch (chunked PyTorch scan)'
+        scan = 'cuda (mamba-ssm)' if (cuda and fn is not None) else (
+            'cpu (compiled kernel; torch under autograd)' if cpu_ok else
+            'torch (chunked PyTorch scan)')
     else:
         scan = f'{req} (forced by AMVIM_SCAN_BACKEND)'
         if req == 'cuda' and not (cuda and fn is not None):
             problems.append('AMVIM_SCAN_BACKEND=cuda but the mamba-ssm kernel is not usable here '
                             f'({"no CUDA device" if not cuda else why}): every forward would '
                             'fail; unset it or use torch')
+        if req == 'cpu' and not cpu_ok:
+            problems.append(f'AMVIM_SCAN_BACKEND=cpu but the compiled CPU kernels are not usable '
+                            f'({cpu_why}): every forward would fail; unset it or use torch')
     info['scan backend'] = scan
     from amvim_mm.ops.fused_mixer import fused_mixer_available, fused_requested
     try:
@@ -111,7 +123,8 @@ def collect_env() -> Tuple[Dict[str, str], List[str]]:
         problems.append(f'AMVIM_FUSED_MIXER=1 but the fused mixer is not usable here ({fwhy}): '
                         'every inference would fail; unset it or set 0')
     else:
-        info['fused mixer (inference)'] = f'not usable here ({fwhy}); the unfused mixer runs'
+        info['fused mixer (inference)'] = f'Triton not usable here ({fwhy}); ' + (
+            'the fused CPU mixer runs (compiled kernels)' if cpu_ok else 'the unfused mixer runs')
     from amvim_mm.utils.safe_load import retired_env_problems
     problems.extend(retired_env_problems())
     return info, problems

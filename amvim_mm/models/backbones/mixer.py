@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from amvim_mm.errors import BackendUnavailableError, ConfigError
 from amvim_mm.ops.backends import log_choice_once, mamba_selective_scan, requested_backend
 from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
+from amvim_mm.ops.cpu_mixer import cpu_mixer_forward, cpu_mixer_misfit
 from amvim_mm.ops.fused_mixer import (auto_prefers_fused, autocast_dtype, fused_mixer_available,
                                       fused_mixer_forward, fused_requested, pack_mixer_weights,
                                       stack_mixer_params)
@@ -254,6 +255,21 @@ class BiMambaMixer(nn.Module):
                                           f'AMVIM_FUSED_MIXER=1) but is not usable: {reason}')
         return True
 
+    def use_cpu_kernels(self, hidden: torch.Tensor, ctx: ScanContext) -> bool:
+        """Whether this call takes the fused CPU mixer (:mod:`amvim_mm.ops.cpu_mixer`): CPU
+        inference in float32 with the compiled kernels built, the scan backend automatic or
+        ``cpu``, the fused path not switched off (``fused=False`` / ``AMVIM_FUSED_MIXER=0``)
+        and no ToP importance or alignment (those take the unfused path, whose scan still runs
+        on the compiled kernel)."""
+        if (hidden.is_cuda or not self.supports_fused or self._ctx_needs_unfused(ctx)
+                or fused_requested(self.fused) is False
+                or requested_backend(self.scan_backend) not in ('auto', 'cpu')):
+            return False
+        if cpu_mixer_misfit(hidden, self.wants_grad(hidden)) is not None:
+            return False
+        log_choice_once('mixer', 'fused cpu', 'inference')
+        return True
+
     def wants_grad(self, hidden: torch.Tensor) -> bool:
         """Whether this call builds an autograd graph (the fused path then takes
         :func:`~amvim_mm.ops.fused_mixer_autograd.fused_mixer_train`)."""
@@ -307,6 +323,10 @@ class BiMambaMixer(nn.Module):
             in_w, stacked, out_cat = self.fused_params(autocast_dtype(hidden.device.type))
             return fused_mixer_forward(hidden, in_w, self.out_proj.weight, *stacked,
                                        ctx.path_perms(paths), out_proj_cat=out_cat)
+        if self.use_cpu_kernels(hidden, ctx):
+            in_w, stacked, _ = self.fused_params()
+            return cpu_mixer_forward(hidden, in_w, self.out_proj.weight, stacked,
+                                     ctx.path_perms(paths))
         Bsz, L, _ = hidden.shape
         # (2E, D) @ (D, B*L) -> (B, 2E, L) view with unit stride along L (official layout)
         xz = (self.in_proj.weight @ hidden.reshape(Bsz * L, -1).t()).view(-1, Bsz, L)

@@ -154,7 +154,8 @@ class ScanContext:
             kinds = [self._trivial_kind(k) for k in keys]
             if all(kinds):   # identity / flip: cached per length
                 perms = _trivial_perms(tuple(kinds), L, device)
-            elif self.has_fused or self.pos.dim() != 2 or not extra_kernels_enabled():
+            elif (self.has_fused or self.pos.dim() != 2 or not self.pos.is_cuda
+                  or not extra_kernels_enabled()):
                 perms = _stack_perms([self.path_index(k) for k in keys], L, device)
             else:
                 # rank-ordered paths of a reduced sequence: every path in one Triton launch

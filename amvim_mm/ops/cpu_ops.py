@@ -1,0 +1,188 @@
+"""The compiled CPU kernels of the mixer (``csrc/cpu_mixer.cpp``): build, load and call.
+
+The selective scan keeps the state of 8 channels in registers and walks L once per channel
+block (blocks of batch x channels in parallel on ATen's thread pool): none of the (batch, E, L,
+N) intermediates that set the speed of the PyTorch scan on a CPU. A second kernel runs the causal
+depthwise conv + SiLU reading the tokens in a path's order. Both are inference kernels (no
+backward): the scan backend ``cpu`` and the fused CPU mixer (:mod:`amvim_mm.ops.cpu_mixer`) take
+them only where no autograd graph is recorded.
+
+Build: one ``g++`` call (``$CXX``) against the installed torch's headers, as mmcv builds its CPU
+ops, done by ``tools/setup_env.sh`` (``python tools/build_cpu_ops.py``) and cached in
+``$AMVIM_CACHE/cpu_kernels/<key>/`` (default ``~/.cache/amvim_mm``), the key a hash of the
+source, the flags, the torch and Python versions and this CPU's instruction-set flags (the code
+is built for the machine, ``-march=native``). Nothing is compiled at import or at a forward: a
+missing library (no compiler, or never built) falls back to the PyTorch scan with one log line
+naming the fix. ``AMVIM_CPU_KERNELS=0`` switches the kernels off (for comparisons).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import os.path as osp
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from amvim_mm import runtime
+
+logger = logging.getLogger('amvim_mm')
+
+SOURCE = osp.join(osp.dirname(osp.abspath(__file__)), 'csrc', 'cpu_mixer.cpp')
+LIBRARY = 'amvim_cpu_mixer.so'
+FLAGS = ('-O3', '-march=native', '-std=c++20', '-shared', '-fPIC', '-g0', '-w')
+
+
+def _cpu_flags() -> str:
+    """The instruction-set flags of this CPU (Linux), part of the build key."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith(('flags', 'Features')):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _torch_dirs() -> Tuple[List[str], str]:
+    root = osp.dirname(torch.__file__)
+    inc = osp.join(root, 'include')
+    return [inc, osp.join(inc, 'torch', 'csrc', 'api', 'include')], osp.join(root, 'lib')
+
+
+def build_key() -> str:
+    """Hash of everything the compiled library depends on."""
+    h = hashlib.sha256()
+    with open(SOURCE, 'rb') as f:
+        h.update(f.read())
+    for part in (FLAGS, torch.__version__, torch._C._GLIBCXX_USE_CXX11_ABI, sys.version_info[:2],
+                 platform.machine(), _cpu_flags(), os.environ.get('CXX', 'g++')):
+        h.update(repr(part).encode())
+    return h.hexdigest()[:16]
+
+
+def library_path() -> str:
+    """Where the library for this source, torch and CPU lies (built or not)."""
+    return osp.join(runtime.settings().cache_dir, 'cpu_kernels', build_key(), LIBRARY)
+
+
+def build(verbose: bool = False) -> str:
+    """Compile the library into the cache (atomically; a no-op when it is there); return its
+    path. Raises ``RuntimeError`` with the compiler's message when the build fails."""
+    path = library_path()
+    if osp.exists(path):
+        return path
+    cxx = os.environ.get('CXX', 'g++')
+    if shutil.which(cxx) is None:
+        raise RuntimeError(f'no C++ compiler ({cxx!r} not found; set CXX or install g++)')
+    incs, libdir = _torch_dirs()
+    os.makedirs(osp.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix='.so', dir=osp.dirname(path))
+    os.close(fd)
+    cmd = [cxx, *FLAGS, f'-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}',
+           *[f'-I{i}' for i in incs], SOURCE, '-o', tmp, f'-L{libdir}', '-lc10', '-ltorch_cpu',
+           f'-Wl,-rpath,{libdir}']
+    if verbose:
+        print(' '.join(cmd), flush=True)
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f'{cxx} failed (exit {res.returncode}): '
+                               + (res.stderr.strip() or res.stdout.strip())[-2000:])
+        os.replace(tmp, path)
+    finally:
+        if osp.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: str) -> Tuple[bool, str]:
+    if not osp.exists(path):
+        return False, ('the compiled CPU kernels are not built for this torch and CPU; '
+                       '`bash tools/setup_env.sh` (or `python tools/build_cpu_ops.py`) builds '
+                       'them')
+    try:
+        torch.ops.load_library(path)
+    except Exception as e:  # OSError from a broken file, RuntimeError from a double register
+        return False, f'{path} does not load ({type(e).__name__}: {str(e).splitlines()[0]})'
+    return True, 'ok'
+
+
+_warned: set = set()
+
+
+def status() -> Tuple[bool, str]:
+    """(whether the compiled CPU kernels are usable, reason); loads the library once."""
+    if not runtime.settings().cpu_kernels:
+        return False, f'{runtime.variable_of("cpu_kernels")}=0'
+    return _load(library_path())
+
+
+def available() -> Tuple[bool, str]:
+    """:func:`status`, and the first time the library is missing one warning names the fix
+    (the PyTorch scan runs instead)."""
+    ok, reason = status()
+    if not ok and reason not in _warned and runtime.settings().cpu_kernels:
+        _warned.add(reason)
+        logger.warning('amvim_mm: %s; the CPU scan runs in PyTorch (slower)', reason)
+    return ok, reason
+
+
+def _as_f32(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.to(torch.float32).contiguous()
+
+
+def selective_scan_cpu(u: Tensor,
+                       delta: Tensor,
+                       A: Tensor,
+                       B: Tensor,
+                       C: Tensor,
+                       D: Optional[Tensor] = None,
+                       z: Optional[Tensor] = None,
+                       delta_bias: Optional[Tensor] = None,
+                       delta_softplus: bool = False,
+                       return_last_state: bool = False):
+    """The selective scan on the compiled kernel, in mamba-ssm's layout (see
+    :func:`~amvim_mm.ops.selective_scan.selective_scan_ref`): ``u, delta, z`` (batch, E, L);
+    ``B, C`` (batch, N, L) or (batch, 1, N, L). Computes in float32, returns ``u.dtype``.
+    The channel-first inputs are copied token-major for the kernel (E times fewer numbers than
+    the scan's state walk)."""
+    tm = lambda t: t.to(torch.float32).transpose(1, 2).contiguous()  # noqa: E731
+    bc = lambda t: tm(t if t.dim() == 3 else t[:, 0])  # noqa: E731   (batch, L, N)
+    bsz, dim, length = u.shape
+    out = u.new_empty(bsz, length, dim, dtype=torch.float32)
+    last = torch.ops.amvim_cpu.selective_scan(
+        tm(u), tm(delta), A.to(torch.float32).contiguous(), bc(B), bc(C), _as_f32(D),
+        None if z is None else tm(z), _as_f32(delta_bias), delta_softplus, None, out, False,
+        1.0)
+    y = out.transpose(1, 2).to(u.dtype)
+    return (y, last) if return_last_state else y
+
+
+def scan_tokens(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor,
+                z: Tensor, delta_bias: Tensor, order: Optional[Tensor], out: Tensor,
+                accumulate: bool, scale: float) -> Tensor:
+    """The kernel's token-major form (the fused CPU mixer's): ``u, delta`` (batch, L, E) and
+    ``B, C`` (batch, L, N) in the path's order; ``z`` (batch, L, E) and ``out`` in token
+    order, step ``t`` at token ``order[t]`` ((1 or batch, L) int32); ``out`` receives
+    ``scale * y`` (added to it with ``accumulate``). Returns the last state (batch, E, N)."""
+    return torch.ops.amvim_cpu.selective_scan(u, delta, A, B, C, D, z, delta_bias, True, order,
+                                              out, accumulate, scale)
+
+
+def conv_silu(x: Tensor, weight: Tensor, bias: Optional[Tensor], order: Optional[Tensor],
+              length: int) -> Tensor:
+    """``silu(causal depthwise conv)`` of ``x`` (batch, L, E) (token-major, unit stride along E)
+    read in the path's ``order`` ((1 or batch, L) int32, or None); ``weight`` (E, K).
+    Returns (batch, L, E) contiguous float32 in the path's order."""
+    return torch.ops.amvim_cpu.conv_silu(x, weight, bias, order, length)

@@ -1,0 +1,321 @@
+// CPU kernels of the Mamba mixer: the selective scan with the state in registers, and the causal
+// depthwise conv + SiLU, both over token-major (batch, L, E) activations.
+//
+// Registered as torch ops ``amvim_cpu::selective_scan`` and ``amvim_cpu::conv_silu`` (the
+// Python side, amvim_mm/ops/cpu_ops.py, builds and loads this file and checks the arguments).
+// Inference only (no autograd formula): the callers take them without an autograd graph.
+//
+// Vectorisation runs across 16 channels with AVX-512, else 8 (GCC/Clang vector extensions:
+// AVX on x86, NEON pairs on ARM, SSE pairs elsewhere; the library is built for the machine), the walk over L is sequential per channel block and the blocks of
+// (batch x channels) run in parallel on ATen's thread pool. exp is a Cephes-style polynomial
+// (about 1 ulp, the same as ATen's vectorised exp); the scan state of a channel block lives in a
+// small stack array that stays in L1.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Optional.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int VW = 16;         // channels per vector (one zmm register)
+#else
+constexpr int VW = 8;          // channels per vector (one ymm, or two xmm / NEON registers)
+#endif
+constexpr int kMaxState = 256;  // largest state size N
+typedef float vf __attribute__((vector_size(VW * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(VW * sizeof(int32_t))));
+
+inline vf splat(float v) { return vf{} + v; }
+
+// exp(x) for every lane: x = n ln2 + r, n = round(x / ln2) by the 1.5 * 2^23 trick, |r| <= ln2/2,
+// exp(r) by Cephes' expf polynomial (about 1 ulp), 2^n built as the float bits (n + 127) << 23
+// with a float multiply and one conversion (no integer vector ops: AVX without AVX2 has none).
+// Inputs are clamped to the float range (min / max instructions).
+inline vf vexp(vf x) {
+  const vf hi = splat(88.0f), lo = splat(-87.3365447504f);  // 2^127 at most
+  x = x < hi ? x : hi;
+  x = x > lo ? x : lo;
+  const vf magic = splat(12582912.0f);
+  const vf n = (x * 1.44269504088896341f + magic) - magic;
+  vf r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  const vf r2 = r * r;
+  vf y = splat(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r2 + r + 1.0f;
+  const vi e = __builtin_convertvector(n * 8388608.0f + 1065353216.0f, vi);  // (n + 127) << 23
+  vf p2;
+  std::memcpy(&p2, &e, sizeof(p2));
+  return y * p2;
+}
+
+inline vf vsilu(vf x) { return x / (vexp(-x) + 1.0f); }
+
+// softplus as torch.nn.functional.softplus (beta 1; its threshold 20 changes nothing in
+// float32): max(x, 0) + log1p(exp(-|x|)), log1p(e) for e in (0, 1] by the atanh series
+// 2 (s + s^3/3 + ...) with s = e / (2 + e), or of (1 + e) / 2 for e > sqrt(2) - 1, |s| <= 0.172
+inline vf vsoftplus(vf x) {
+  const vf ax = x < 0.0f ? -x : x;
+  const vf e = vexp(-ax);
+  const auto big = e > 0.41421356237f;
+  const vf s = big ? (e - 1.0f) / (e + 3.0f) : e / (e + 2.0f);
+  const vf s2 = s * s;
+  vf p = splat(2.0f / 13.0f);
+  p = p * s2 + 2.0f / 11.0f;
+  p = p * s2 + 2.0f / 9.0f;
+  p = p * s2 + 2.0f / 7.0f;
+  p = p * s2 + 2.0f / 5.0f;
+  p = p * s2 + 2.0f / 3.0f;
+  p = p * s2 + 2.0f;
+  const vf l = p * s + (big ? splat(0.693147180559945f) : vf{});
+  return (x > 0.0f ? x : vf{}) + l;
+}
+
+// load / store VW channels at p (unit stride), the first n of them only when n < VW
+inline vf load(const float* p, int n) {
+  vf v;
+  if (n == VW) {
+    std::memcpy(&v, p, sizeof(v));
+  } else {
+    v = vf{};
+    for (int j = 0; j < n; ++j) v[j] = p[j];
+  }
+  return v;
+}
+
+inline void store(float* p, vf v, int n) {
+  if (n == VW) {
+    std::memcpy(p, &v, sizeof(v));
+  } else {
+    for (int j = 0; j < n; ++j) p[j] = v[j];
+  }
+}
+
+void check_f32(const at::Tensor& t, const char* name, int64_t dim) {
+  TORCH_CHECK(t.device().is_cpu(), "amvim_cpu: ", name, " must be a CPU tensor");
+  TORCH_CHECK(t.scalar_type() == at::kFloat, "amvim_cpu: ", name, " must be float32, got ",
+              t.scalar_type());
+  TORCH_CHECK(t.dim() == dim, "amvim_cpu: ", name, " must have ", dim, " dimensions, got ",
+              t.dim());
+}
+
+void check_channels(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.stride(-1) == 1, "amvim_cpu: ", name, " needs unit stride along its last dim");
+}
+
+// the optional per-step token index (1 or batch, L) int32: step t of sample b is token order[t]
+struct Order {
+  const int32_t* p = nullptr;
+  int64_t sb = 0;
+  inline int64_t at(int64_t b, int64_t t) const { return p ? p[b * sb + t] : t; }
+};
+
+Order make_order(const c10::optional<at::Tensor>& order, int64_t bsz, int64_t len) {
+  Order o;
+  if (!order.has_value()) return o;
+  const at::Tensor& t = *order;
+  TORCH_CHECK(t.scalar_type() == at::kInt && t.dim() == 2 && t.is_contiguous() &&
+                  (t.size(0) == 1 || t.size(0) == bsz) && t.size(1) == len,
+              "amvim_cpu: order must be a contiguous (1 or batch, L) int32 tensor");
+  o.p = t.data_ptr<int32_t>();
+  o.sb = t.size(0) == 1 ? 0 : len;
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------------
+// selective scan
+// ---------------------------------------------------------------------------------------------
+// u, delta: (batch, L, E) in scan order, unit stride along E. A: (E, N). B, C: (batch, L, N) in
+// scan order, unit stride along N. D, delta_bias: (E,) or absent. z: (batch, Lz, E) in token
+// order, read at row order[t] (absent: no gate). out: (batch, Lo, E), written (or, with
+// accumulate, added to) at row order[t], times scale. Returns the last state (batch, E, N).
+//   dt = softplus(delta + delta_bias) (or delta + delta_bias)
+//   h_t = exp(dt_t A) h_{t-1} + dt_t B_t u_t;  y_t = <C_t, h_t> + D u_t;  y_t *= silu(z_t)
+at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                          const at::Tensor& B, const at::Tensor& C,
+                          const c10::optional<at::Tensor>& D,
+                          const c10::optional<at::Tensor>& z,
+                          const c10::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                          const c10::optional<at::Tensor>& order, at::Tensor out,
+                          bool accumulate, double scale) {
+  check_f32(u, "u", 3);
+  check_f32(delta, "delta", 3);
+  check_f32(A, "A", 2);
+  check_f32(B, "B", 3);
+  check_f32(C, "C", 3);
+  check_f32(out, "out", 3);
+  const int64_t bsz = u.size(0), len = u.size(1), dim = u.size(2), n_state = A.size(1);
+  TORCH_CHECK(delta.sizes() == u.sizes(), "amvim_cpu: delta must have the shape of u");
+  TORCH_CHECK(A.size(0) == dim && A.is_contiguous(), "amvim_cpu: A must be contiguous (E, N)");
+  for (const at::Tensor* t : {&B, &C})
+    TORCH_CHECK(t->size(0) == bsz && t->size(1) == len && t->size(2) == n_state,
+                "amvim_cpu: B and C must be (batch, L, N)");
+  TORCH_CHECK(out.size(0) == bsz && out.size(2) == dim, "amvim_cpu: out must be (batch, L, E)");
+  for (const at::Tensor* t : {&u, &delta, &B, &C, static_cast<const at::Tensor*>(&out)})
+    check_channels(*t, "every input");
+  const float* Dp = nullptr;
+  const float* biasp = nullptr;
+  const float* zp = nullptr;
+  int64_t zsb = 0, zst = 0;
+  if (D.has_value()) {
+    check_f32(*D, "D", 1);
+    TORCH_CHECK(D->size(0) == dim && D->is_contiguous(), "amvim_cpu: D must be (E,)");
+    Dp = D->data_ptr<float>();
+  }
+  if (delta_bias.has_value()) {
+    check_f32(*delta_bias, "delta_bias", 1);
+    TORCH_CHECK(delta_bias->size(0) == dim && delta_bias->is_contiguous(),
+                "amvim_cpu: delta_bias must be (E,)");
+    biasp = delta_bias->data_ptr<float>();
+  }
+  if (z.has_value()) {
+    check_f32(*z, "z", 3);
+    check_channels(*z, "z");
+    TORCH_CHECK(z->size(0) == bsz && z->size(2) == dim, "amvim_cpu: z must be (batch, L, E)");
+    zp = z->data_ptr<float>();
+    zsb = z->stride(0);
+    zst = z->stride(1);
+  }
+  TORCH_CHECK(n_state >= 1 && n_state <= kMaxState, "amvim_cpu: state size N must be 1..",
+              kMaxState);
+  const Order ord = make_order(order, bsz, len);
+  at::Tensor last = at::empty({bsz, dim, n_state}, u.options());
+  const float* up = u.data_ptr<float>();
+  const float* dp = delta.data_ptr<float>();
+  const float* Ap = A.data_ptr<float>();
+  const float* Bp = B.data_ptr<float>();
+  const float* Cp = C.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  float* lastp = last.data_ptr<float>();
+  const int64_t usb = u.stride(0), ust = u.stride(1), dsb = delta.stride(0),
+                dst = delta.stride(1), bsb = B.stride(0), bst = B.stride(1),
+                bsn = B.stride(2), csb = C.stride(0), cst = C.stride(1), csn = C.stride(2),
+                osb = out.stride(0), ost = out.stride(1);
+  const int64_t blocks = (dim + VW - 1) / VW;
+  const float fscale = static_cast<float>(scale);
+  // the walk of one (sample, channel block); NS > 0: the state size known at compile time
+  auto walk = [&](auto ns_tag, int64_t b, int64_t e0) {
+    constexpr int NS = decltype(ns_tag)::value;
+    const int64_t ns = NS > 0 ? NS : n_state;
+    vf h[NS > 0 ? NS : kMaxState], Av[NS > 0 ? NS : kMaxState];
+    const int nc = static_cast<int>(std::min<int64_t>(VW, dim - e0));
+    for (int64_t n = 0; n < ns; ++n) {
+      h[n] = vf{};
+      for (int j = 0; j < VW; ++j) Av[n][j] = j < nc ? Ap[(e0 + j) * ns + n] : 0.f;
+    }
+    const vf Dv = Dp ? load(Dp + e0, nc) : vf{};
+    const vf biasv = biasp ? load(biasp + e0, nc) : vf{};
+    for (int64_t t = 0; t < len; ++t) {
+      const vf uv = load(up + b * usb + t * ust + e0, nc);
+      vf dt = load(dp + b * dsb + t * dst + e0, nc) + biasv;
+      if (delta_softplus) dt = vsoftplus(dt);
+      const vf du = dt * uv;
+      const float* bp = Bp + b * bsb + t * bst;
+      const float* cp = Cp + b * csb + t * cst;
+      vf y{};
+      for (int64_t n = 0; n < ns; ++n) {
+        h[n] = vexp(dt * Av[n]) * h[n] + du * bp[n * bsn];
+        y += h[n] * cp[n * csn];
+      }
+      y += Dv * uv;
+      const int64_t row = ord.at(b, t);
+      if (zp) y *= vsilu(load(zp + b * zsb + row * zst + e0, nc));
+      y *= fscale;
+      float* o = op + b * osb + row * ost + e0;
+      if (accumulate) y += load(o, nc);
+      store(o, y, nc);
+    }
+    for (int j = 0; j < nc; ++j)
+      for (int64_t n = 0; n < ns; ++n) lastp[(b * dim + e0 + j) * ns + n] = h[n][j];
+  };
+  at::parallel_for(0, bsz * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t job = begin; job < end; ++job) {
+      const int64_t b = job / blocks, e0 = (job % blocks) * VW;
+      if (n_state == 16)
+        walk(std::integral_constant<int, 16>{}, b, e0);
+      else
+        walk(std::integral_constant<int, 0>{}, b, e0);
+    }
+  });
+  return last;
+}
+
+// ---------------------------------------------------------------------------------------------
+// causal depthwise conv + SiLU
+// ---------------------------------------------------------------------------------------------
+// x: (batch, Lx, E) token order, unit stride along E; step t of the scan order reads row
+// order[t]. weight (E, K), bias (E,) or absent. Returns u (batch, L, E) contiguous in scan order:
+//   u_t = silu(bias + sum_k weight[k] x_{t - (K - 1) + k})   (steps before 0 are zero)
+at::Tensor conv_silu(const at::Tensor& x, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& order,
+                     int64_t length) {
+  check_f32(x, "x", 3);
+  check_channels(x, "x");
+  check_f32(weight, "weight", 2);
+  const int64_t bsz = x.size(0), dim = x.size(2), K = weight.size(1);
+  TORCH_CHECK(weight.size(0) == dim && weight.is_contiguous(),
+              "amvim_cpu: weight must be contiguous (E, K)");
+  TORCH_CHECK(K >= 1 && K <= 16, "amvim_cpu: conv width must be 1..16");
+  TORCH_CHECK(order.has_value() || length == x.size(1), "amvim_cpu: length must be x's L");
+  const float* biasp = nullptr;
+  if (bias.has_value()) {
+    check_f32(*bias, "bias", 1);
+    TORCH_CHECK(bias->size(0) == dim && bias->is_contiguous(), "amvim_cpu: bias must be (E,)");
+    biasp = bias->data_ptr<float>();
+  }
+  const Order ord = make_order(order, bsz, length);
+  at::Tensor u = at::empty({bsz, length, dim}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* upp = u.data_ptr<float>();
+  const int64_t xsb = x.stride(0), xst = x.stride(1);
+  const int64_t blocks = (dim + VW - 1) / VW;
+  at::parallel_for(0, bsz * blocks, 1, [&](int64_t begin, int64_t end) {
+    vf w[16], win[16];  // K <= 16
+    for (int64_t job = begin; job < end; ++job) {
+      const int64_t b = job / blocks, e0 = (job % blocks) * VW;
+      const int nc = static_cast<int>(std::min<int64_t>(VW, dim - e0));
+      for (int64_t k = 0; k < K; ++k) {
+        for (int j = 0; j < VW; ++j) w[k][j] = j < nc ? wp[(e0 + j) * K + k] : 0.f;
+        win[k] = vf{};
+      }
+      const vf bv = biasp ? load(biasp + e0, nc) : vf{};
+      for (int64_t t = 0; t < length; ++t) {
+        for (int64_t k = 0; k + 1 < K; ++k) win[k] = win[k + 1];
+        win[K - 1] = load(xp + b * xsb + ord.at(b, t) * xst + e0, nc);
+        vf acc = bv;
+        for (int64_t k = 0; k < K; ++k) acc += w[k] * win[k];
+        store(upp + (b * length + t) * dim + e0, vsilu(acc), nc);
+      }
+    }
+  });
+  return u;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(amvim_cpu, m) {
+  m.def(
+      "selective_scan(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D, "
+      "Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? order, Tensor(a!) out, "
+      "bool accumulate, float scale) -> Tensor");
+  m.def("conv_silu(Tensor x, Tensor weight, Tensor? bias, Tensor? order, int length) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(amvim_cpu, CPU, m) {
+  m.impl("selective_scan", &selective_scan);
+  m.impl("conv_silu", &conv_silu);
+}

@@ -1,0 +1,219 @@
+"""The compiled CPU kernels (amvim_mm.ops.cpu_ops, csrc/cpu_mixer.cpp) and the fused CPU mixer
+(amvim_mm.ops.cpu_mixer) against the ``reference`` scan (a float64 sequential loop), the causal
+conv of PyTorch, and the unfused mixer; the automatic choice; the fallback when the library is
+missing; the build tool.
+
+The library is built by the set-up script; where it is missing here it is built once for the
+session (about 15 s), and only a machine without a C++ compiler skips these tests (named).
+"""
+import logging
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from amvim_mm import runtime
+from amvim_mm.errors import BackendUnavailableError
+from amvim_mm.ops import cpu_ops
+from amvim_mm.ops.causal_conv1d import causal_conv1d_torch
+from amvim_mm.ops.selective_scan import (aligned_selective_scan, selective_scan_fn,
+                                         selective_scan_ref)
+from amvim_mm.registry import MODELS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope='module', autouse=True)
+def built():
+    if not os.path.exists(cpu_ops.library_path()):
+        if shutil.which(os.environ.get('CXX', 'g++')) is None:
+            pytest.skip('no C++ compiler on this machine: the compiled CPU kernels cannot be '
+                        'built (the PyTorch scan runs instead)')
+        cpu_ops.build()
+    ok, reason = cpu_ops.available()
+    assert ok, reason
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def _inputs(bsz, E, L, N, seed=0, grouped=False):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    u, delta, z = r(bsz, E, L), r(bsz, E, L) * 0.7, r(bsz, E, L)
+    A = -torch.exp(r(E, N) * 0.5 + 0.5)
+    B, C = (r(bsz, 1, N, L), r(bsz, 1, N, L)) if grouped else (r(bsz, N, L), r(bsz, N, L))
+    return u, delta, A, B, C, r(E), z, r(E) * 0.5
+
+
+@pytest.mark.parametrize('bsz,E,L,N', [(2, 32, 37, 16), (1, 13, 9, 16), (3, 24, 50, 5),
+                                       (1, 8, 1, 1), (2, 40, 197, 16)])
+@pytest.mark.parametrize('softplus,gate,skip', [(True, True, True), (False, False, False)])
+def test_scan_equals_reference(bsz, E, L, N, softplus, gate, skip):
+    """Every combination of the optional terms, a channel tail (E % 8 != 0), the generic and
+    the compiled-in state size, L = 1: 1e-6 of the float64 reference (fp32 inputs)."""
+    u, delta, A, B, C, D, z, bias = _inputs(bsz, E, L, N)
+    D, z = (D if skip else None), (z if gate else None)
+    if not softplus:     # step sizes as the caller gives them: positive
+        delta, bias = delta.abs() * 0.3, bias.abs()
+    ref, h_ref = selective_scan_ref(*(t.double() if t is not None else None for t in
+                                      (u, delta, A, B, C, D, z, bias)), delta_softplus=softplus,
+                                    return_last_state=True)
+    y, h = cpu_ops.selective_scan_cpu(u, delta, A, B, C, D, z, bias, softplus, True)
+    assert y.dtype == torch.float32 and y.shape == u.shape and h.shape == (bsz, E, N)
+    assert _rel(y, ref) < 1e-6
+    assert _rel(h, h_ref) < 1e-6
+
+
+def test_scan_bf16_and_grouped_single_group():
+    u, delta, A, B, C, D, z, bias = _inputs(2, 16, 20, 16, grouped=True)
+    ref = selective_scan_ref(u, delta, A, B, C, D, z, bias, True)
+    y = cpu_ops.selective_scan_cpu(u.bfloat16(), delta, A, B, C, D, z, bias, True)
+    assert y.dtype == torch.bfloat16
+    y32 = cpu_ops.selective_scan_cpu(u, delta, A, B, C, D, z, bias, True)
+    assert _rel(y32, ref) < 1e-6
+
+
+def test_auto_backend_takes_the_kernel_only_without_a_graph(caplog):
+    u, delta, A, B, C, D, z, bias = _inputs(1, 16, 12, 16)
+    ref = selective_scan_ref(u.double(), delta, A, B, C, D, z, bias, True)
+    with torch.no_grad():
+        y = selective_scan_fn(u, delta, A, B, C, D, z, bias, True)
+    assert _rel(y, ref) < 1e-6
+    from amvim_mm.ops import backends
+    assert backends.resolve_scan_backend(False, None, None) == 'cpu'
+    u.requires_grad_(True)
+    y = selective_scan_fn(u, delta, A, B, C, D, z, bias, True)     # torch: differentiable
+    y.sum().backward()
+    assert u.grad is not None
+    with pytest.raises(BackendUnavailableError, match='has no backward'):
+        selective_scan_fn(u, delta, A, B, C, D, z, bias, True, backend='cpu')
+    with torch.no_grad(), pytest.raises(BackendUnavailableError, match='float32'):
+        selective_scan_fn(u.double(), delta, A, B, C, D, z, bias, True, backend='cpu')
+
+
+def test_aligned_scan_on_the_kernel_equals_the_reference_backend():
+    """ToP's gap-folded alignment (a reduced sequence with gaps) on the compiled kernel."""
+    u, delta, A, B, C, D, z, bias = _inputs(2, 24, 30, 16, seed=3)
+    gap = torch.rand(2, 1, 30) * 0.4 * (torch.rand(2, 1, 30) > 0.5)
+    ref = aligned_selective_scan(u.double(), delta.double(), A.double(), B.double(),
+                                 C.double(), D.double(), z.double(), bias.double(),
+                                 gap.double(), backend='reference')
+    with torch.no_grad():
+        y = aligned_selective_scan(u, delta, A, B, C, D, z, bias, gap, backend='cpu')
+    assert _rel(y, ref) < 1e-6
+
+
+@pytest.mark.parametrize('K', [4, 2])
+def test_conv_silu_in_a_path_order_equals_torch(K):
+    torch.manual_seed(0)
+    bsz, L, E = 2, 23, 20
+    x = torch.randn(bsz, L, 2 * E)[..., :E]                 # strided, as xz[..., :E]
+    w, b = torch.randn(E, K), torch.randn(E)
+    order = torch.stack([torch.randperm(L), torch.arange(L).flip(0)]).int()
+    u = cpu_ops.conv_silu(x, w, b, order, L)
+    xs = torch.stack([x[i, order[i].long()] for i in range(bsz)])     # (B, L, E) path order
+    ref = causal_conv1d_torch(xs.transpose(1, 2).double(), w.double(), b.double(), 'silu')
+    assert _rel(u, ref.transpose(1, 2)) < 1e-6
+    u1 = cpu_ops.conv_silu(x, w, None, order[:1].contiguous(), L)
+    ref1 = causal_conv1d_torch(x[:, order[0].long()].transpose(1, 2), w, None, 'silu')
+    assert _rel(u1, ref1.transpose(1, 2)) < 1e-6
+
+
+MODELS_AND_REDUCERS = [
+    (dict(type='Vim', arch='test', img_size=48), None),
+    (dict(type='AMVim', arch='test', img_size=64), None),
+    (dict(type='Vim', arch='test', img_size=48), dict(type='ToMe', ratio=0.27)),
+    (dict(type='AMVim', arch='test', img_size=64), dict(type='ToMe', ratio=0.4)),
+    (dict(type='AMVim', arch='test', img_size=64), dict(type='RandomPrune', ratio=0.3)),
+    (dict(type='Vim', arch='test', img_size=48), dict(type='ToP', keep_rate=0.7, locations=(1, ))),
+]
+
+
+@pytest.mark.parametrize('cfg,reduction', MODELS_AND_REDUCERS)
+def test_fused_cpu_mixer_equals_the_unfused_mixer(cfg, reduction):
+    """The whole backbone (every path, AMVim's windowed one, merged / pruned sequences, ToP's
+    aligned scan) with the compiled kernels against the PyTorch scan, batch 2, fp32."""
+    torch.manual_seed(0)
+    kw = dict(out_type='featmap', out_indices=(-1, ))
+    if reduction is not None:
+        kw['token_reduction'] = reduction
+    m = MODELS.build(dict(cfg, **kw)).eval()
+    x = torch.randn(2, 3, cfg['img_size'], cfg['img_size'])
+    calls = []
+    for layer in m.layers:
+        orig = layer.mixer.use_cpu_kernels
+        layer.mixer.use_cpu_kernels = (lambda f: lambda *a: calls.append(f(*a)) or calls[-1])(
+            orig)
+    with torch.no_grad():
+        ours = m(x)[0]
+        with runtime.override(cpu_kernels=False):
+            ref = m(x)[0]
+    n = len(m.layers)
+    assert calls[:n] == [True] * n or reduction['type'] == 'ToP'
+    if reduction is not None and reduction['type'] == 'ToP':    # importance / aligned layers
+        assert True in calls[:n] and False in calls[:n]
+    assert calls[n:] == [False] * n                              # the switch is honoured
+    assert _rel(ours, ref) < 2e-6
+
+
+def test_training_on_cpu_never_takes_the_kernels():
+    """With an autograd graph the mixer stays unfused and the scan on PyTorch (differentiable);
+    the same model in no_grad takes the kernels."""
+    torch.manual_seed(0)
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=32))
+    mixer, calls = m.layers[0].mixer, []
+    orig = mixer.use_cpu_kernels
+    mixer.use_cpu_kernels = lambda *a: calls.append(orig(*a)) or calls[-1]
+    x = torch.randn(2, 3, 32, 32)
+    m(x)[0].sum().backward()
+    assert m.patch_embed.proj.weight.grad is not None
+    with torch.no_grad():
+        m(x)
+    assert calls == [False, True]
+
+
+def test_missing_library_falls_back_with_one_warning(tmp_path, caplog):
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=32)).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        ref = m(x)[0]
+        with runtime.override(cache_dir=str(tmp_path)), \
+                caplog.at_level(logging.WARNING, logger='amvim_mm'):
+            out = m(x)[0]
+            m(x)
+    msgs = [r.getMessage() for r in caplog.records if 'not built' in r.getMessage()]
+    assert len(msgs) == 1 and 'tools/setup_env.sh' in msgs[0], msgs
+    assert _rel(out, ref) < 2e-6
+    with runtime.override(cache_dir=str(tmp_path)), torch.no_grad(), \
+            pytest.raises(BackendUnavailableError, match='not built'):
+        u, delta, A, B, C, D, z, bias = _inputs(1, 8, 4, 16)
+        selective_scan_fn(u, delta, A, B, C, D, z, bias, True, backend='cpu')
+
+
+def test_switch_off_by_environment(monkeypatch):
+    monkeypatch.setenv('AMVIM_CPU_KERNELS', '0')
+    assert cpu_ops.available() == (False, 'AMVIM_CPU_KERNELS=0')
+    monkeypatch.setenv('AMVIM_CPU_KERNELS', 'maybe')
+    with pytest.raises(ValueError, match='AMVIM_CPU_KERNELS'):
+        cpu_ops.available()
+
+
+def test_build_tool_without_a_compiler_says_so(tmp_path):
+    env = dict(os.environ, CXX='no-such-compiler-xyz', AMVIM_CACHE=str(tmp_path))
+    res = subprocess.run([sys.executable, 'tools/build_cpu_ops.py'], cwd=ROOT, env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'no-such-compiler-xyz' in lines[0] and 'PyTorch' in lines[0]
+
+
+def test_build_tool_reports_the_cached_library():
+    res = subprocess.run([sys.executable, 'tools/build_cpu_ops.py'], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert cpu_ops.library_path() in res.stdout
