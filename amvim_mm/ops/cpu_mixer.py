@@ -2,11 +2,12 @@
 :mod:`amvim_mm.ops.cpu_ops`.
 
 Every activation stays token-major (batch, L, E), as the GEMMs give it: per path one kernel reads
-``x`` in the path's order and writes ``silu(conv(x))`` (no gather, no flip, no copy), two GEMMs
-give ``x_dbl`` and ``delta``, and the scan kernel reads ``B`` and ``C`` straight out of ``x_dbl``
-and ``z`` in token order, and adds ``y * silu(z) / P`` into the paths' sum at each step's token
+``x`` in the path's order and writes ``silu(conv(x))`` (no gather, no flip, no copy), one GEMM
+gives ``x_dbl``, and the scan kernel forms ``delta`` from its low-rank columns (``dt_proj``, R
+FMAs per step instead of a skinny GEMM), reads ``B`` and ``C`` straight out of ``x_dbl`` and
+``z`` in token order, and adds ``y * silu(z) / P`` into the paths' sum at each step's token
 (Vim's mean of the paths folded into the scan's store, as the GPU path folds it into
-``out_proj``). What is left to PyTorch is four GEMMs per path and the two shared projections.
+``out_proj``). What is left to PyTorch is one GEMM per path and the two shared projections.
 The unfused mixer on a CPU spent most of its time in the depthwise ``conv1d`` (oneDNN), the
 flips and copies of the reversed path and the (batch, E, L, N) intermediates of the scan.
 """
@@ -59,7 +60,8 @@ def cpu_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight: T
         o = order[k].contiguous()
         u = cpu_ops.conv_silu(x, conv_w[k], conv_b[k], o, length)   # (B, L, E), path order
         x_dbl = F.linear(u, x_proj[k])                               # (B, L, W)
-        delta = F.linear(x_dbl[..., :r], dt_w[k])                    # (B, L, E)
-        cpu_ops.scan_tokens(u, delta, A[k], x_dbl[..., r:r + N], x_dbl[..., r + N:r + 2 * N],
-                            D[k], z, dt_b[k], o, y, k > 0, 1.0 / P)
+        # delta = dt_proj @ x_dbl[..., :R'] inside the kernel (R' FMAs per step)
+        cpu_ops.scan_tokens(u, x_dbl[..., :r], A[k], x_dbl[..., r:r + N],
+                            x_dbl[..., r + N:r + 2 * N], D[k], z, dt_b[k], o, y, k > 0, 1.0 / P,
+                            dt_proj=dt_w[k])
     return F.linear(y, out_proj_weight)

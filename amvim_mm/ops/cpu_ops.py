@@ -38,7 +38,7 @@ logger = logging.getLogger('amvim_mm')
 
 SOURCE = osp.join(osp.dirname(osp.abspath(__file__)), 'csrc', 'cpu_mixer.cpp')
 LIBRARY = 'amvim_cpu_mixer.so'
-FLAGS = ('-O3', '-march=native', '-std=c++20', '-shared', '-fPIC', '-g0', '-w')
+FLAGS = ('-O3', '-march=native', '-std=c++20', '-shared', '-fPIC', '-fopenmp', '-g0', '-w')
 
 
 def _cpu_flags() -> str:
@@ -164,20 +164,22 @@ def selective_scan_cpu(u: Tensor,
     last = torch.ops.amvim_cpu.selective_scan(
         tm(u), tm(delta), A.to(torch.float32).contiguous(), bc(B), bc(C), _as_f32(D),
         None if z is None else tm(z), _as_f32(delta_bias), delta_softplus, None, out, False,
-        1.0)
+        1.0, None)
     y = out.transpose(1, 2).to(u.dtype)
     return (y, last) if return_last_state else y
 
 
 def scan_tokens(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor,
                 z: Tensor, delta_bias: Tensor, order: Optional[Tensor], out: Tensor,
-                accumulate: bool, scale: float) -> Tensor:
+                accumulate: bool, scale: float, dt_proj: Optional[Tensor] = None) -> Tensor:
     """The kernel's token-major form (the fused CPU mixer's): ``u, delta`` (batch, L, E) and
     ``B, C`` (batch, L, N) in the path's order; ``z`` (batch, L, E) and ``out`` in token
     order, step ``t`` at token ``order[t]`` ((1 or batch, L) int32); ``out`` receives
-    ``scale * y`` (added to it with ``accumulate``). Returns the last state (batch, E, N)."""
+    ``scale * y`` (added to it with ``accumulate``). With ``dt_proj`` (E, R), ``delta`` is
+    the low-rank input (batch, L, R) and the kernel applies ``dt_proj`` per step. Returns the
+    last state (batch, E, N)."""
     return torch.ops.amvim_cpu.selective_scan(u, delta, A, B, C, D, z, delta_bias, True, order,
-                                              out, accumulate, scale)
+                                              out, accumulate, scale, dt_proj)
 
 
 def conv_silu(x: Tensor, weight: Tensor, bias: Optional[Tensor], order: Optional[Tensor],

@@ -33,6 +33,9 @@ constexpr int VW = 8;          // channels per vector (one ymm, or two xmm / NEO
 constexpr int kMaxState = 256;  // largest state size N
 typedef float vf __attribute__((vector_size(VW * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(VW * sizeof(int32_t))));
+// the same vector, unaligned: loads and stores of it are single instructions (a memcpy of a
+// 64-byte vector was left as a library call)
+typedef float vf_u __attribute__((vector_size(VW * sizeof(float)), aligned(4)));
 
 inline vf splat(float v) { return vf{} + v; }
 
@@ -57,9 +60,7 @@ inline vf vexp(vf x) {
   y = y * r + 5.0000001201e-1f;
   y = y * r2 + r + 1.0f;
   const vi e = __builtin_convertvector(n * 8388608.0f + 1065353216.0f, vi);  // (n + 127) << 23
-  vf p2;
-  std::memcpy(&p2, &e, sizeof(p2));
-  return y * p2;
+  return y * reinterpret_cast<vf>(e);
 }
 
 inline vf vsilu(vf x) { return x / (vexp(-x) + 1.0f); }
@@ -88,7 +89,7 @@ inline vf vsoftplus(vf x) {
 inline vf load(const float* p, int n) {
   vf v;
   if (n == VW) {
-    std::memcpy(&v, p, sizeof(v));
+    v = *reinterpret_cast<const vf_u*>(p);
   } else {
     v = vf{};
     for (int j = 0; j < n; ++j) v[j] = p[j];
@@ -98,7 +99,7 @@ inline vf load(const float* p, int n) {
 
 inline void store(float* p, vf v, int n) {
   if (n == VW) {
-    std::memcpy(p, &v, sizeof(v));
+    *reinterpret_cast<vf_u*>(p) = v;
   } else {
     for (int j = 0; j < n; ++j) p[j] = v[j];
   }
@@ -138,7 +139,9 @@ Order make_order(const c10::optional<at::Tensor>& order, int64_t bsz, int64_t le
 // ---------------------------------------------------------------------------------------------
 // selective scan
 // ---------------------------------------------------------------------------------------------
-// u, delta: (batch, L, E) in scan order, unit stride along E. A: (E, N). B, C: (batch, L, N) in
+// u, delta: (batch, L, E) in scan order, unit stride along E; with dt_proj (E, R) delta is
+// instead the low-rank input (batch, L, R) (unit stride along R) and the kernel forms
+// delta_t = dt_proj @ delta_t itself (R FMAs per step, instead of a skinny GEMM). A: (E, N). B, C: (batch, L, N) in
 // scan order, unit stride along N. D, delta_bias: (E,) or absent. z: (batch, Lz, E) in token
 // order, read at row order[t] (absent: no gate). out: (batch, Lo, E), written (or, with
 // accumulate, added to) at row order[t], times scale. Returns the last state (batch, E, N).
@@ -150,7 +153,8 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
                           const c10::optional<at::Tensor>& z,
                           const c10::optional<at::Tensor>& delta_bias, bool delta_softplus,
                           const c10::optional<at::Tensor>& order, at::Tensor out,
-                          bool accumulate, double scale) {
+                          bool accumulate, double scale,
+                          const c10::optional<at::Tensor>& dt_proj) {
   check_f32(u, "u", 3);
   check_f32(delta, "delta", 3);
   check_f32(A, "A", 2);
@@ -158,7 +162,18 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
   check_f32(C, "C", 3);
   check_f32(out, "out", 3);
   const int64_t bsz = u.size(0), len = u.size(1), dim = u.size(2), n_state = A.size(1);
-  TORCH_CHECK(delta.sizes() == u.sizes(), "amvim_cpu: delta must have the shape of u");
+  const float* dtwp = nullptr;
+  int64_t rank = 0;
+  if (dt_proj.has_value()) {
+    check_f32(*dt_proj, "dt_proj", 2);
+    rank = dt_proj->size(1);
+    TORCH_CHECK(dt_proj->size(0) == dim && dt_proj->is_contiguous() && rank <= 64 &&
+                    delta.size(0) == bsz && delta.size(1) == len && delta.size(2) == rank,
+                "amvim_cpu: with dt_proj (E, R <= 64), delta must be (batch, L, R)");
+    dtwp = dt_proj->data_ptr<float>();
+  } else {
+    TORCH_CHECK(delta.sizes() == u.sizes(), "amvim_cpu: delta must have the shape of u");
+  }
   TORCH_CHECK(A.size(0) == dim && A.is_contiguous(), "amvim_cpu: A must be contiguous (E, N)");
   for (const at::Tensor* t : {&B, &C})
     TORCH_CHECK(t->size(0) == bsz && t->size(1) == len && t->size(2) == n_state,
@@ -210,8 +225,10 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
   auto walk = [&](auto ns_tag, int64_t b, int64_t e0) {
     constexpr int NS = decltype(ns_tag)::value;
     const int64_t ns = NS > 0 ? NS : n_state;
-    vf h[NS > 0 ? NS : kMaxState], Av[NS > 0 ? NS : kMaxState];
+    vf h[NS > 0 ? NS : kMaxState], Av[NS > 0 ? NS : kMaxState], Wv[64];
     const int nc = static_cast<int>(std::min<int64_t>(VW, dim - e0));
+    for (int64_t r = 0; r < rank; ++r)
+      for (int j = 0; j < VW; ++j) Wv[r][j] = j < nc ? dtwp[(e0 + j) * rank + r] : 0.f;
     for (int64_t n = 0; n < ns; ++n) {
       h[n] = vf{};
       for (int j = 0; j < VW; ++j) Av[n][j] = j < nc ? Ap[(e0 + j) * ns + n] : 0.f;
@@ -220,7 +237,13 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
     const vf biasv = biasp ? load(biasp + e0, nc) : vf{};
     for (int64_t t = 0; t < len; ++t) {
       const vf uv = load(up + b * usb + t * ust + e0, nc);
-      vf dt = load(dp + b * dsb + t * dst + e0, nc) + biasv;
+      vf dt = biasv;
+      if (dtwp) {
+        const float* lr = dp + b * dsb + t * dst;
+        for (int64_t r = 0; r < rank; ++r) dt += Wv[r] * lr[r];
+      } else {
+        dt += load(dp + b * dsb + t * dst + e0, nc);
+      }
       if (delta_softplus) dt = vsoftplus(dt);
       const vf du = dt * uv;
       const float* bp = Bp + b * bsb + t * bst;
@@ -311,7 +334,7 @@ TORCH_LIBRARY(amvim_cpu, m) {
   m.def(
       "selective_scan(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D, "
       "Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? order, Tensor(a!) out, "
-      "bool accumulate, float scale) -> Tensor");
+      "bool accumulate, float scale, Tensor? dt_proj=None) -> Tensor");
   m.def("conv_silu(Tensor x, Tensor weight, Tensor? bias, Tensor? order, int length) -> Tensor");
 }
 

@@ -1,0 +1,29 @@
+"""The CPU benchmark suite (amvim_mm/analysis/cpu_benchmark.py): the ratios of one run, and a
+tiny end-to-end run (small archs, one forward per round) with every column filled."""
+from amvim_mm.analysis import cpu_benchmark as CB
+
+
+def test_summary_ratios():
+    rows = [dict(model='deit-tiny', kernels='timm', tome=0.0, latency_ms=20.0),
+            dict(model='vim-t', kernels='compiled', tome=0.0, gflops=2.0, latency_ms=40.0),
+            dict(model='vim-t', kernels='torch', tome=0.0, gflops=2.0, latency_ms=160.0),
+            dict(model='amvim-t', kernels='compiled', tome=0.0, gflops=2.0, latency_ms=42.0),
+            dict(model='vim-t', kernels='compiled', tome=0.46, gflops=1.0, latency_ms=25.0)]
+    s = CB.summarize(rows)
+    assert s == {'vim_t_vs_deit_tiny': 2.0, 'amvim_t_over_vim_t': 1.05,
+                 'tome_0.46_speedup_over_ideal': 0.8, 'vim_t_compiled_over_torch': 4.0}
+    tome = rows[-1]
+    assert (tome['speedup'], tome['flops_ratio']) == (1.6, 2.0)
+    assert 'speedup_vs_torch' not in rows[2]          # the baseline row itself
+
+
+def test_tiny_run_interleaves_and_reports(capsys):
+    rows = (('vim-test', 'vim-test', 'compiled', None), ('vim-test', 'vim-test', 'torch', None),
+            ('vim-test', 'vim-test', 'compiled', 0.27))
+    res = CB.run_cpu_suite(1, iters=1, repeats=2, warmup=1, rows=rows)
+    assert [r['kernels'] for r in res['rows']] == ['compiled', 'torch', 'compiled']
+    for r in res['rows']:
+        assert r['latency_ms'] > 0 and r['min_ms'] <= r['latency_ms'] and r['gflops'] > 0
+    assert res['rows'][0]['speedup_vs_torch'] > 0
+    assert res['rows'][2]['flops_ratio'] > 1
+    assert capsys.readouterr().out.count('round') == 2
