@@ -138,6 +138,16 @@ def available() -> Tuple[bool, str]:
     return ok, reason
 
 
+def vector_width() -> int:
+    """Channels per vector of the built library (16 with AVX-512, else 8)."""
+    return 16 if 'avx512f' in _cpu_flags().split() else 8
+
+
+def grouping_fits(dim: int, groups: int) -> bool:
+    """Whether the kernel takes B / C in ``groups`` groups over ``dim`` channels."""
+    return groups == 1 or (dim % groups == 0 and (dim // groups) % vector_width() == 0)
+
+
 def _as_f32(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.to(torch.float32).contiguous()
 
@@ -154,11 +164,12 @@ def selective_scan_cpu(u: Tensor,
                        return_last_state: bool = False):
     """The selective scan on the compiled kernel, in mamba-ssm's layout (see
     :func:`~amvim_mm.ops.selective_scan.selective_scan_ref`): ``u, delta, z`` (batch, E, L);
-    ``B, C`` (batch, N, L) or (batch, 1, N, L). Computes in float32, returns ``u.dtype``.
+    ``B, C`` (batch, N, L) or grouped (batch, G, N, L) with E / G a multiple of
+    :func:`vector_width` (:func:`grouping_fits`). Computes in float32, returns ``u.dtype``.
     The channel-first inputs are copied token-major for the kernel (E times fewer numbers than
     the scan's state walk)."""
-    tm = lambda t: t.to(torch.float32).transpose(1, 2).contiguous()  # noqa: E731
-    bc = lambda t: tm(t if t.dim() == 3 else t[:, 0])  # noqa: E731   (batch, L, N)
+    tm = lambda t: t.to(torch.float32).transpose(-1, -2).contiguous()  # noqa: E731
+    bc = lambda t: tm(t.unsqueeze(1) if t.dim() == 3 else t)  # noqa: E731   (batch, G, L, N)
     bsz, dim, length = u.shape
     out = u.new_empty(bsz, length, dim, dtype=torch.float32)
     last = torch.ops.amvim_cpu.selective_scan(
@@ -178,8 +189,9 @@ def scan_tokens(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Te
     ``scale * y`` (added to it with ``accumulate``). With ``dt_proj`` (E, R), ``delta`` is
     the low-rank input (batch, L, R) and the kernel applies ``dt_proj`` per step. Returns the
     last state (batch, E, N)."""
-    return torch.ops.amvim_cpu.selective_scan(u, delta, A, B, C, D, z, delta_bias, True, order,
-                                              out, accumulate, scale, dt_proj)
+    return torch.ops.amvim_cpu.selective_scan(u, delta, A, B.unsqueeze(1), C.unsqueeze(1), D, z,
+                                              delta_bias, True, order, out, accumulate, scale,
+                                              dt_proj)
 
 
 def conv_silu(x: Tensor, weight: Tensor, bias: Optional[Tensor], order: Optional[Tensor],

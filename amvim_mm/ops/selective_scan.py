@@ -349,15 +349,16 @@ def selective_scan_torch(u: Tensor,
 # ----------------------------------------------------------------------------------------------
 def _cpu_kernel_misfit(*tensors: Optional[Tensor]) -> Optional[str]:
     """Why the compiled CPU kernel cannot take these inputs (``None`` if it can): it has no
-    backward, computes in float32 and takes one B / C group."""
+    backward, computes in float32 and takes B / C groups of whole vectors of channels."""
     present = [t for t in tensors if t is not None]
     if torch.is_grad_enabled() and any(t.requires_grad for t in present):
         return 'it has no backward (an input requires grad); use "torch" for training'
     if any(t.dtype == torch.float64 for t in present):
         return 'it computes in float32 (float64 inputs)'
-    B, C = tensors[3], tensors[4]
-    if any(t.dim() == 4 and t.shape[1] != 1 for t in (B, C)):
-        return 'it takes ungrouped B and C'
+    u, B = tensors[0], tensors[3]
+    if B.dim() == 4 and not cpu_ops.grouping_fits(u.shape[1], B.shape[1]):
+        return (f'it takes B / C groups of a multiple of {cpu_ops.vector_width()} channels '
+                f'(E {u.shape[1]}, {B.shape[1]} groups)')
     return None
 
 

@@ -78,6 +78,41 @@ def test_scan_bf16_and_grouped_single_group():
     assert _rel(y32, ref) < 1e-6
 
 
+def test_grouped_scan_equals_reference_and_misfit_groups_fall_back():
+    """B / C in groups (PlainMamba's directions): groups of whole vectors of channels run on
+    the kernel; other groupings take the PyTorch scan automatically (and are refused when the
+    kernel is forced)."""
+    bsz, G, L, N = 2, 4, 19, 8
+    E = G * cpu_ops.vector_width()
+    u, delta, A, _, _, D, z, bias = _inputs(bsz, E, L, N, seed=5)
+    B, C = torch.randn(bsz, G, N, L), torch.randn(bsz, G, N, L)
+    ref = selective_scan_ref(u.double(), delta.double(), A.double(), B.double(), C.double(),
+                             D.double(), z.double(), bias.double(), True)
+    assert _rel(cpu_ops.selective_scan_cpu(u, delta, A, B, C, D, z, bias, True), ref) < 1e-6
+    E2 = G * 3                                       # 3 channels a group: not a vector
+    u2, d2, A2, _, _, D2, z2, b2 = _inputs(bsz, E2, L, N, seed=6)
+    with torch.no_grad():
+        y2 = selective_scan_fn(u2, d2, A2, B, C, D2, z2, b2, True)     # automatic: torch
+        with pytest.raises(BackendUnavailableError, match='groups'):
+            selective_scan_fn(u2, d2, A2, B, C, D2, z2, b2, True, backend='cpu')
+    ref2 = selective_scan_ref(u2.double(), d2, A2, B, C, D2, z2, b2, True)
+    assert _rel(y2, ref2) < 1e-6
+
+
+def test_plainmamba_on_the_kernels_equals_the_pytorch_scan():
+    """PlainMamba's four directions as B / C groups, with and without a reduced sequence."""
+    torch.manual_seed(0)
+    for red in (None, dict(type='ToMe', ratio=0.3)):
+        kw = {} if red is None else dict(token_reduction=red)
+        m = MODELS.build(dict(type='PlainMamba', arch='test', img_size=64, **kw)).eval()
+        x = torch.randn(2, 3, 64, 64)
+        with torch.no_grad():
+            ours = m(x)[-1]
+            with runtime.override(cpu_kernels=False):
+                ref = m(x)[-1]
+        assert _rel(ours, ref) < 2e-6
+
+
 def test_auto_backend_takes_the_kernel_only_without_a_graph(caplog):
     u, delta, A, B, C, D, z, bias = _inputs(1, 16, 12, 16)
     ref = selective_scan_ref(u.double(), delta, A, B, C, D, z, bias, True)

@@ -141,10 +141,12 @@ Order make_order(const c10::optional<at::Tensor>& order, int64_t bsz, int64_t le
 // ---------------------------------------------------------------------------------------------
 // u, delta: (batch, L, E) in scan order, unit stride along E; with dt_proj (E, R) delta is
 // instead the low-rank input (batch, L, R) (unit stride along R) and the kernel forms
-// delta_t = dt_proj @ delta_t itself (R FMAs per step, instead of a skinny GEMM). A: (E, N). B, C: (batch, L, N) in
-// scan order, unit stride along N. D, delta_bias: (E,) or absent. z: (batch, Lz, E) in token
-// order, read at row order[t] (absent: no gate). out: (batch, Lo, E), written (or, with
-// accumulate, added to) at row order[t], times scale. Returns the last state (batch, E, N).
+// delta_t = dt_proj @ delta_t itself (R FMAs per step, instead of a skinny GEMM).
+// A: (E, N). B, C: (batch, G, L, N) in scan order, unit stride along N, group g serving the
+// channels g E/G .. (g+1) E/G - 1 (G = 1, or E/G a multiple of the vector width).
+// D, delta_bias: (E,) or absent. z: (batch, Lz, E) in token order, read at row order[t]
+// (absent: no gate). out: (batch, Lo, E), written (or, with accumulate, added to) at row
+// order[t], times scale. Returns the last state (batch, E, N).
 //   dt = softplus(delta + delta_bias) (or delta + delta_bias)
 //   h_t = exp(dt_t A) h_{t-1} + dt_t B_t u_t;  y_t = <C_t, h_t> + D u_t;  y_t *= silu(z_t)
 at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
@@ -158,10 +160,16 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
   check_f32(u, "u", 3);
   check_f32(delta, "delta", 3);
   check_f32(A, "A", 2);
-  check_f32(B, "B", 3);
-  check_f32(C, "C", 3);
+  check_f32(B, "B", 4);
+  check_f32(C, "C", 4);
   check_f32(out, "out", 3);
   const int64_t bsz = u.size(0), len = u.size(1), dim = u.size(2), n_state = A.size(1);
+  const int64_t groups = B.size(1);
+  TORCH_CHECK(groups >= 1 && C.size(1) == groups && dim % groups == 0 &&
+                  (groups == 1 || (dim / groups) % VW == 0),
+              "amvim_cpu: B and C must be (batch, G, L, N) with E / G a multiple of ", VW,
+              " (or G = 1)");
+  const int64_t group_dim = dim / groups;
   const float* dtwp = nullptr;
   int64_t rank = 0;
   if (dt_proj.has_value()) {
@@ -176,8 +184,8 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
   }
   TORCH_CHECK(A.size(0) == dim && A.is_contiguous(), "amvim_cpu: A must be contiguous (E, N)");
   for (const at::Tensor* t : {&B, &C})
-    TORCH_CHECK(t->size(0) == bsz && t->size(1) == len && t->size(2) == n_state,
-                "amvim_cpu: B and C must be (batch, L, N)");
+    TORCH_CHECK(t->size(0) == bsz && t->size(2) == len && t->size(3) == n_state,
+                "amvim_cpu: B and C must be (batch, G, L, N)");
   TORCH_CHECK(out.size(0) == bsz && out.size(2) == dim, "amvim_cpu: out must be (batch, L, E)");
   for (const at::Tensor* t : {&u, &delta, &B, &C, static_cast<const at::Tensor*>(&out)})
     check_channels(*t, "every input");
@@ -216,8 +224,9 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
   float* op = out.data_ptr<float>();
   float* lastp = last.data_ptr<float>();
   const int64_t usb = u.stride(0), ust = u.stride(1), dsb = delta.stride(0),
-                dst = delta.stride(1), bsb = B.stride(0), bst = B.stride(1),
-                bsn = B.stride(2), csb = C.stride(0), cst = C.stride(1), csn = C.stride(2),
+                dst = delta.stride(1), bsb = B.stride(0), bsg = B.stride(1),
+                bst = B.stride(2), bsn = B.stride(3), csb = C.stride(0), csg = C.stride(1),
+                cst = C.stride(2), csn = C.stride(3),
                 osb = out.stride(0), ost = out.stride(1);
   const int64_t blocks = (dim + VW - 1) / VW;
   const float fscale = static_cast<float>(scale);
@@ -227,6 +236,7 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
     const int64_t ns = NS > 0 ? NS : n_state;
     vf h[NS > 0 ? NS : kMaxState], Av[NS > 0 ? NS : kMaxState], Wv[64];
     const int nc = static_cast<int>(std::min<int64_t>(VW, dim - e0));
+    const int64_t g = e0 / group_dim;  // a block lies in one group (checked above)
     for (int64_t r = 0; r < rank; ++r)
       for (int j = 0; j < VW; ++j) Wv[r][j] = j < nc ? dtwp[(e0 + j) * rank + r] : 0.f;
     for (int64_t n = 0; n < ns; ++n) {
@@ -246,8 +256,8 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
       }
       if (delta_softplus) dt = vsoftplus(dt);
       const vf du = dt * uv;
-      const float* bp = Bp + b * bsb + t * bst;
-      const float* cp = Cp + b * csb + t * cst;
+      const float* bp = Bp + b * bsb + g * bsg + t * bst;
+      const float* cp = Cp + b * csb + g * csg + t * cst;
       vf y{};
       for (int64_t n = 0; n < ns; ++n) {
         h[n] = vexp(dt * Av[n]) * h[n] + du * bp[n * bsn];
