@@ -7,7 +7,8 @@ speed before them), Vim-T on the ``reference`` backend, and Vim-T with ToMe 0.17
 speed-up over Vim-T against the FLOPs ratio). Discipline as on the GPU: warm-up, then
 ``repeats`` rounds in which every row runs ``iters`` forwards in turn (interleaved, so a busy
 spell of the machine hits every row alike); per row the median round, the fastest round and
-the spread ((max - min) / median); the ratios use the medians. fp32, eager, ``torch.no_grad``, ``torch.set_num_threads(threads)``.
+the spread ((max - min) / median); the ratios use the medians. fp32, eager, ``torch.no_grad``,
+``torch.set_num_threads(threads)``.
 """
 from __future__ import annotations
 
