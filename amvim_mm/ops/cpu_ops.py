@@ -41,6 +41,7 @@ LIBRARY = 'amvim_cpu_mixer.so'
 FLAGS = ('-O3', '-march=native', '-std=c++20', '-shared', '-fPIC', '-fopenmp', '-g0', '-w')
 
 
+@functools.lru_cache(maxsize=None)
 def _cpu_flags() -> str:
     """The instruction-set flags of this CPU (Linux), part of the build key."""
     try:
@@ -59,8 +60,10 @@ def _torch_dirs() -> Tuple[List[str], str]:
     return [inc, osp.join(inc, 'torch', 'csrc', 'api', 'include')], osp.join(root, 'lib')
 
 
+@functools.lru_cache(maxsize=None)
 def build_key() -> str:
-    """Hash of everything the compiled library depends on."""
+    """Hash of everything the compiled library depends on (computed once per process: it is
+    asked at every mixer call)."""
     h = hashlib.sha256()
     with open(SOURCE, 'rb') as f:
         h.update(f.read())
@@ -138,6 +141,7 @@ def available() -> Tuple[bool, str]:
     return ok, reason
 
 
+@functools.lru_cache(maxsize=None)
 def vector_width() -> int:
     """Channels per vector of the built library (16 with AVX-512, else 8)."""
     return 16 if 'avx512f' in _cpu_flags().split() else 8
