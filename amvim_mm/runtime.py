@@ -27,6 +27,7 @@ variable                           field                     values
 ``AMVIM_UNSAFE_LOAD``              ``unsafe_load``           checkpoint paths, ``os.pathsep``
 ``AMVIM_CPU_KERNELS``              ``cpu_kernels``           1 (default), 0
 ``AMVIM_CACHE``                    ``cache_dir``             directory (``~/.cache/amvim_mm``)
+``CXX``                            ``cxx``                   C++ compiler of the CPU kernels (g++)
 =================================  ========================  =================================
 """
 from __future__ import annotations
@@ -61,7 +62,8 @@ class Settings:
     embed_config: Optional[Tuple[int, int, int, int]] = None
     unsafe_load: Tuple[str, ...] = ()
     cpu_kernels: bool = True
-    cache_dir: str = ''
+    cache_dir: str = os.path.abspath(os.path.expanduser('~/.cache/amvim_mm'))
+    cxx: str = 'g++'
 
 
 #: field -> (environment variable, parser)
@@ -161,6 +163,7 @@ VARIABLES = {
     'unsafe_load': ('AMVIM_UNSAFE_LOAD', _paths),
     'cpu_kernels': ('AMVIM_CPU_KERNELS', _switch('AMVIM_CPU_KERNELS')),
     'cache_dir': ('AMVIM_CACHE', _cache_dir),
+    'cxx': ('CXX', lambda raw: raw.strip() or 'g++'),
 }
 
 

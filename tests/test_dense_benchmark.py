@@ -14,8 +14,11 @@ import pytest
 
 from amvim_mm.analysis import dense_benchmark as DB
 from amvim_mm.apis.cli import run_cli
+from amvim_mm.ops import cpu_ops
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the scan backend a CPU forward reports: the compiled kernel where it is built
+CPU_SCAN = 'cpu' if cpu_ops.status()[0] else 'torch'
 
 
 def run_suite(out_dir, *args, interpret=False):
@@ -94,7 +97,7 @@ def test_smoke_suite_end_to_end(tmp_path):
             # the automatic choice on CPU tensors, and every unfused row: the unfused path
             assert x['path_ran'] == 'unfused', x
             assert re.fullmatch(r'0/\d+', x['fused_calls']) and 'path_note' not in x
-            assert x['scan_backend'] == 'torch' and x['conv_backend'] == 'torch'
+            assert x['scan_backend'] == CPU_SCAN and x['conv_backend'] == 'torch'
         if x['reduction'].startswith('ToP'):
             assert x['token_counts'][-1] < x['token_counts'][0], x
         if x['workload'] == 'ade-slide':
@@ -237,12 +240,12 @@ def test_path_probe_summary():
     assert not any(x._forward_pre_hooks for x in m.modules())
     s = probe.summary()
     assert s['path_ran'] == 'unfused' and s['fused_calls'] == '0/4' and 'path_note' not in s
-    assert s['scan_backend'] == 'torch' and s['conv_backend'] == 'torch'
+    assert s['scan_backend'] == CPU_SCAN and s['conv_backend'] == 'torch'
     probe.decisions = [True, False, True, False]
     assert probe.summary()['path_ran'] == 'mixed'
     assert 'decisions say 2' in probe.summary()['path_note']
     probe.decisions, probe.kernel_calls = [True] * 4, 4
-    assert probe.summary() == dict(fused_calls='4/4', path_ran='fused', scan_backend='torch',
+    assert probe.summary() == dict(fused_calls='4/4', path_ran='fused', scan_backend=CPU_SCAN,
                                    conv_backend='torch')
     probe.decisions, probe.errors = [None] * 4, ['AttributeError: x']
     s = probe.summary()

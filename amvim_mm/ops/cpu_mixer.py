@@ -29,6 +29,8 @@ def cpu_mixer_misfit(hidden: Tensor, grad: bool) -> Optional[str]:
         return 'not a CPU tensor'
     if grad:
         return 'it has no backward'
+    if cpu_ops.tracing():
+        return 'a trace or compile is recording'
     if hidden.dtype != torch.float32 or torch.is_autocast_enabled('cpu'):
         return 'it computes in float32 (no CPU autocast)'
     ok, reason = cpu_ops.available()

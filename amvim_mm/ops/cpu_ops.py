@@ -68,7 +68,7 @@ def build_key() -> str:
     with open(SOURCE, 'rb') as f:
         h.update(f.read())
     for part in (FLAGS, torch.__version__, torch._C._GLIBCXX_USE_CXX11_ABI, sys.version_info[:2],
-                 platform.machine(), _cpu_flags(), os.environ.get('CXX', 'g++')):
+                 platform.machine(), _cpu_flags(), runtime.settings().cxx):
         h.update(repr(part).encode())
     return h.hexdigest()[:16]
 
@@ -84,7 +84,7 @@ def build(verbose: bool = False) -> str:
     path = library_path()
     if osp.exists(path):
         return path
-    cxx = os.environ.get('CXX', 'g++')
+    cxx = runtime.settings().cxx
     if shutil.which(cxx) is None:
         raise RuntimeError(f'no C++ compiler ({cxx!r} not found; set CXX or install g++)')
     incs, libdir = _torch_dirs()
@@ -139,6 +139,14 @@ def available() -> Tuple[bool, str]:
         _warned.add(reason)
         logger.warning('amvim_mm: %s; the CPU scan runs in PyTorch (slower)', reason)
     return ok, reason
+
+
+def tracing() -> bool:
+    """Whether ``torch.jit`` traces / scripts or ``torch.compile`` records: the kernels have
+    no meta implementation and write into their output in place, so a recording takes the
+    PyTorch ops (mmengine's FLOP counter traces the model, too)."""
+    return (torch.jit.is_tracing() or torch.jit.is_scripting()
+            or torch.compiler.is_compiling())
 
 
 @functools.lru_cache(maxsize=None)

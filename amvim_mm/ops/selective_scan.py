@@ -355,6 +355,8 @@ def _cpu_kernel_misfit(*tensors: Optional[Tensor]) -> Optional[str]:
         return 'it has no backward (an input requires grad); use "torch" for training'
     if any(t.dtype == torch.float64 for t in present):
         return 'it computes in float32 (float64 inputs)'
+    if cpu_ops.tracing():
+        return 'a trace or compile is recording (the kernel has no meta implementation)'
     u, B = tensors[0], tensors[3]
     if B.dim() == 4 and not cpu_ops.grouping_fits(u.shape[1], B.shape[1]):
         return (f'it takes B / C groups of a multiple of {cpu_ops.vector_width()} channels '

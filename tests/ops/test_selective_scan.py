@@ -396,7 +396,10 @@ def test_env_var_picks_reference(monkeypatch, spies, caplog):
 
 
 def test_auto_on_cpu_is_torch(monkeypatch, spies):
+    """Without the compiled CPU kernels (AMVIM_CPU_KERNELS=0) the automatic choice on a CPU is
+    the PyTorch scan (with them: tests/ops/test_cpu_ops.py)."""
     monkeypatch.delenv('AMVIM_SCAN_BACKEND', raising=False)
+    monkeypatch.setenv('AMVIM_CPU_KERNELS', '0')
     x = make_inputs(length=8)
     out = call(selective_scan_fn, x)
     assert spies == {'torch': 1, 'reference': 0}

@@ -114,7 +114,8 @@ void check_f32(const at::Tensor& t, const char* name, int64_t dim) {
 }
 
 void check_channels(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.stride(-1) == 1, "amvim_cpu: ", name, " needs unit stride along its last dim");
+  TORCH_CHECK(t.size(-1) == 1 || t.stride(-1) == 1, "amvim_cpu: ", name,
+              " needs unit stride along its last dim");
 }
 
 // the optional per-step token index (1 or batch, L) int32: step t of sample b is token order[t]
