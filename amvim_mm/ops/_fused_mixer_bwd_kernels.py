@@ -2,7 +2,7 @@
 the scan's backward and the causal conv's backward.
 
 Undecorated like :mod:`._fused_mixer_kernels` (the autograd module compiles them or wraps them
-for Triton's interpreter); helpers they call are decorated here.
+for Triton's interpreter); the decorated helpers they call live in :mod:`._fused_mixer_kernels`.
 
 The scan's backward walks chunks of ``T`` steps last to first: each chunk's states are rebuilt
 from the chunk's initial state (:func:`amvim_mm.ops.fused_mixer.chunk_initial_states`,
@@ -13,21 +13,9 @@ transient). (A first version scanned (T, BLOCK_E, N) tiles with ``tl.associative
 registers with spills and 5.7 ms per Vim-T layer at batch 128 on an H200, 2.4x mamba-ssm's
 backward; benchmarks/README.md.)
 """
-import triton
 import triton.language as tl
 
-from ._fused_mixer_kernels import conv_block, conv_preact, conv_tap
-
-
-
-@triton.jit
-def _softplus(raw):
-    """``delta`` as the forward kernel forms it: softplus with mamba's x > 20 -> x, log1p of
-    exp(x) computed accurately (Kahan)."""
-    ex = tl.exp(tl.minimum(raw, 20.))
-    w1 = 1. + ex
-    lp = tl.where(w1 == 1., ex, tl.log(w1) * (ex / (w1 - 1.)))
-    return tl.where(raw > 20., raw, lp)
+from ._fused_mixer_kernels import conv_block, conv_preact, conv_tap, softplus
 
 
 def scan_bwd_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dy_ptr, dtb_ptr, a_ptr, d_ptr,
@@ -101,7 +89,7 @@ def scan_bwd_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dy_ptr, dtb_ptr, a_
             ok = i < L
             u = tl.load(xc_row + i * s_cl + offs_e, mask=me & ok, other=0.).to(tl.float32)
             raw = tl.load(dl_row + i * s_ll + offs_e, mask=me & ok, other=0.).to(tl.float32)
-            dt = tl.where(me & ok, _softplus(raw + dtb), 0.)
+            dt = tl.where(me & ok, softplus(raw + dtb), 0.)
             bv = tl.load(xd_row + i * s_dl + R + offs_n, mask=(offs_n < N) & ok,
                          other=0.).to(tl.float32)
             h = tl.exp2(dt[:, None] * a2) * h + (dt * u)[:, None] * bv[None, :]
@@ -114,7 +102,7 @@ def scan_bwd_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dy_ptr, dtb_ptr, a_
             mo = me & ok
             u = tl.load(xc_row + i * s_cl + offs_e, mask=mo, other=0.).to(tl.float32)
             raw = tl.load(dl_row + i * s_ll + offs_e, mask=mo, other=0.).to(tl.float32) + dtb
-            dt = tl.where(mo, _softplus(raw), 0.)
+            dt = tl.where(mo, softplus(raw), 0.)
             bv = tl.load(xd_row + i * s_dl + R + offs_n, mask=(offs_n < N) & ok,
                          other=0.).to(tl.float32)
             cv = tl.load(xd_row + i * s_dl + R + N + offs_n, mask=(offs_n < N) & ok,
@@ -184,7 +172,7 @@ def scan_bwd_carry_kernel(dl_ptr, xd_ptr, z_ptr, perm_ptr, dy_ptr, dtb_ptr, a_pt
         ok = i < L
         mo = me & ok
         raw = tl.load(dl_row + i * s_ll + offs_e, mask=mo, other=0.).to(tl.float32) + dtb
-        dt = tl.where(mo, _softplus(raw), 0.)
+        dt = tl.where(mo, softplus(raw), 0.)
         cv = tl.load(xd_row + i * s_dl + R + N + offs_n, mask=(offs_n < N) & ok,
                      other=0.).to(tl.float32)
         tok = tl.load(pm_row + i, mask=ok, other=0)

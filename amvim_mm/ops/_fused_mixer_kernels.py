@@ -5,6 +5,16 @@ import triton
 import triton.language as tl
 
 @triton.jit
+def softplus(raw):
+    """``delta`` as every scan kernel forms it: softplus with mamba's x > 20 -> x, log1p of
+    exp(x) computed accurately (Kahan: log(w1) * ex / (w1 - 1))."""
+    ex = tl.exp(tl.minimum(raw, 20.))
+    w1 = 1. + ex
+    lp = tl.where(w1 == 1., ex, tl.log(w1) * (ex / (w1 - 1.)))
+    return tl.where(raw > 20., raw, lp)
+
+
+@triton.jit
 def conv_tap(x_ptr, perm_ptr, b, p, offs_l, offs_e, ml, me, j, s_xb, s_xl, s_pp, s_pb,
              K: tl.constexpr):
     """Tap ``j`` of path p's causal conv at path positions ``offs_l``: the rows
@@ -114,14 +124,9 @@ def scan_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, wdt_ptr, dtb_ptr, a_ptr
         z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me & more, other=0.)
         # delta = softplus(dt_proj(dt_low) + bias), softplus as mamba: x > 20 -> x
         if DT_IN_KERNEL:
-            dt = tl.sum(wdt * dr[None, :], axis=1) + dtb
+            dt = softplus(tl.sum(wdt * dr[None, :], axis=1) + dtb)
         else:
-            dt = dr + dtb
-        ex = tl.exp(tl.minimum(dt, 20.))
-        w1 = 1. + ex
-        # log1p(ex) accurately (Kahan): log(w1) * ex / (w1 - 1)
-        lp = tl.where(w1 == 1., ex, tl.log(w1) * (ex / (w1 - 1.)))
-        dt = tl.where(dt > 20., dt, lp)
+            dt = softplus(dr + dtb)
         h = tl.exp2(dt[:, None] * a2) * h + (dt * u)[:, None] * bv[None, :]
         y = tl.sum(h * cv[None, :], axis=1) + dsk * u
         y = y * (zv / (1. + tl.exp(-zv)))
@@ -193,12 +198,8 @@ def chunk_scan_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dtb_ptr, a_ptr, d
             c_n = tl.load(xd_row + nx * s_dl + R + N + offs_n, mask=(offs_n < N) & more,
                           other=0.)
             z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me & more, other=0.)
-        # delta = softplus(dt + bias) as in scan_kernel (x > 20 -> x; Kahan's log1p)
-        dt = dr + dtb
-        ex = tl.exp(tl.minimum(dt, 20.))
-        w1 = 1. + ex
-        lp = tl.where(w1 == 1., ex, tl.log(w1) * (ex / (w1 - 1.)))
-        dt = tl.where(dt > 20., dt, lp)
+        # delta = softplus(dt + bias) as in scan_kernel
+        dt = softplus(dr + dtb)
         h = tl.exp2(dt[:, None] * a2) * h + (dt * u)[:, None] * bv[None, :]
         if OUTPUT:
             y = tl.sum(h * cv[None, :], axis=1) + dsk * u

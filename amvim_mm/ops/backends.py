@@ -89,11 +89,6 @@ def log_choice_once(site: str, backend: str, reason: str = '') -> None:
                     f' ({reason})' if reason else '')
 
 
-def cpu_kernels() -> Tuple[bool, str]:
-    """Whether the compiled CPU kernels are usable (:func:`amvim_mm.ops.cpu_ops.available`)."""
-    return cpu_ops.available()
-
-
 def resolve_scan_backend(is_cuda: bool, backend: Optional[str] = None,
                          cpu_fits: Optional[str] = None) -> str:
     """Pick the scan backend for tensors on CUDA (``is_cuda``) or not. ``cpu_fits``: why the
@@ -102,9 +97,9 @@ def resolve_scan_backend(is_cuda: bool, backend: Optional[str] = None,
     if name == 'auto':
         if is_cuda:
             return 'cuda' if mamba_selective_scan()[0] is not None else 'torch'
-        return 'cpu' if cpu_fits is None and cpu_kernels()[0] else 'torch'
+        return 'cpu' if cpu_fits is None and cpu_ops.available()[0] else 'torch'
     if name == 'cpu':
-        why = 'it needs CPU tensors' if is_cuda else cpu_fits or cpu_kernels()[1]
+        why = 'it needs CPU tensors' if is_cuda else cpu_fits or cpu_ops.available()[1]
         if why != 'ok':
             raise BackendUnavailableError(f'scan backend "cpu" cannot take this call: {why}; '
                                           'use "torch" or leave it unset (automatic)')
