@@ -12,7 +12,8 @@ Backends of the custom ops:
 The automatic choice is ``cuda`` when usable for the tensors at hand; for CPU tensors ``cpu``
 when the kernel is built and the call records no graph (float32/16-bit inputs, B and C in
 groups of whole vectors of channels), else ``torch``. It can be overridden per call site by
-argument or globally by the environment variable ``AMVIM_SCAN_BACKEND`` (``auto``/``cuda``/``cpu``/``torch``/``reference``).
+argument or globally by the environment variable ``AMVIM_SCAN_BACKEND``
+(``auto``/``cuda``/``cpu``/``torch``/``reference``).
 """
 from __future__ import annotations
 
