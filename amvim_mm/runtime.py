@@ -152,7 +152,7 @@ VARIABLES = {
                     _launch('AMVIM_FUSED_SCAN_CONFIG', 'BLOCK_E,num_warps,dt_in_kernel',
                             '64,2,0')),
     'bwd_config': ('AMVIM_FUSED_BWD_CONFIG',
-                   _launch('AMVIM_FUSED_BWD_CONFIG', 'T,BLOCK_E,num_warps', '16,32,2')),
+                   _launch('AMVIM_FUSED_BWD_CONFIG', 'T,BLOCK_E,num_warps', '32,32,2')),
     'scan_chunk': ('AMVIM_FUSED_SCAN_CHUNK', _chunk('AMVIM_FUSED_SCAN_CHUNK')),
     'match_config': ('AMVIM_TOME_MATCH_CONFIG',
                      _launch('AMVIM_TOME_MATCH_CONFIG', 'BLOCK_D,num_warps,num_stages',

@@ -793,7 +793,7 @@ def main(argv=None):
         '64,256,4,1', '128,256,8,1'],
         help='tune-embed part: BLOCK_M,BLOCK_N,num_warps,num_stages of the embedding kernel')
     p.add_argument('--bwd-configs', nargs='+', default=[
-        '16,32,2', '16,64,2', '32,32,2', '8,32,2', '16,32,4'],
+        '32,32,2', '16,32,2', '16,64,2', '16,16,1', '16,64,4'],
         help='tune-bwd part: T,BLOCK_E,num_warps of the fused scan backward')
     p.add_argument('--train-batch', type=int, default=128,
                    help='tune-bwd and train-profile parts: batch of the 224 training step')

@@ -34,9 +34,11 @@ __all__ = ['FusedSSM', 'fused_mixer_train', 'BWD_CONFIG', 'bwd_config', 'bwd_gro
            'auto_prefers_fused_training', 'TRAIN_MIN_LEN']
 
 # Launch configuration of the scan's backward: (T steps per chunk, BLOCK_E channels, num_warps);
-# override AMVIM_FUSED_BWD_CONFIG="16,32,2". A program's scratch holds T states of
-# (BLOCK_E, N) fp32. The tune-bwd part of tools/benchmark.py times candidates.
-BWD_CONFIG = (16, 32, 2)
+# override AMVIM_FUSED_BWD_CONFIG="32,32,2". A program's scratch holds T states of
+# (BLOCK_E, N) fp32. The tune-bwd part of tools/benchmark.py times candidates: (32, 32, 2) was
+# the fastest of five to six at 224 (batch 128) and at 512 (batch 8) in runs 38 and 40, by 4-8 %
+# (benchmarks/README.md).
+BWD_CONFIG = (32, 32, 2)
 
 
 #: The automatic choice trains on the fused path only where it measured at least as fast as
