@@ -36,8 +36,8 @@ __all__ = ['FusedSSM', 'fused_mixer_train', 'BWD_CONFIG', 'bwd_config', 'bwd_gro
 # Launch configuration of the scan's backward: (T steps per chunk, BLOCK_E channels, num_warps);
 # override AMVIM_FUSED_BWD_CONFIG="32,32,2". A program's scratch holds T states of
 # (BLOCK_E, N) fp32. The tune-bwd part of tools/benchmark.py times candidates: (32, 32, 2) was
-# the fastest of five to six at 224 (batch 128) and at 512 (batch 8) in runs 38 and 40, by 4-8 %
-# (benchmarks/README.md).
+# the fastest at 224 (batch 128) in runs 38 and 40 and at 512 (batch 8) in run 40; in run 38 at
+# 512 all five candidates were within 4 % (benchmarks/README.md).
 BWD_CONFIG = (32, 32, 2)
 
 
