@@ -75,6 +75,38 @@ def test_coco_ap_equals_pycocotools_and_weights_equal_duplicates():
                                                              abs=1e-9)
 
 
+def test_coco_ap_rows_equal_the_one_row_reference_bit_for_bit():
+    """The bootstrap's all-replicates AP (:func:`coco_ap_rows`) equals :func:`coco_ap` row by
+    row exactly: bootstrap counts (images drawn 0-3 times, categories absent from some
+    replicates), crowd / area-ignored detections, ties of scores, a category without
+    detections; non-integer weights take the reference itself."""
+    from mmdet.datasets.api_wrappers import COCO
+    gt, data, dets = _coco(num_images=30, num_cats=4, seed=3)
+    for d in dets[::7]:
+        d['score'] = 0.5                                       # ties, broken by image order
+    for a in data['annotations'][::9]:
+        a['iscrowd'] = 1                                       # detections on it are ignored
+    gt = COCO()
+    gt.dataset = data
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt.createIndex()
+    ids = [im['id'] for im in data['images']]
+    rec = S.coco_match_records(gt, dets, ids, [1, 2, 3, 4, 5], np.linspace(.5, .95, 10), 100)
+    assert ((rec['det_tp'] + rec['det_fp']) == 0).any()       # some are ignored
+    assert rec['npig'][:, 4].sum() == 0                        # category 5: no objects at all
+    w = S.bootstrap_weights(len(ids), 300, seed=1)
+    w[:5, :] = 0
+    w[:5, :3] = 1                                              # replicates of 3 images only
+    ref = np.array([S.coco_ap(rec, row) for row in w])
+    got = S.coco_ap_rows(rec, w)
+    assert np.isnan(ref).sum() == np.isnan(got).sum()
+    assert np.array_equal(got, ref, equal_nan=True)
+    assert len(np.unique(ref[~np.isnan(ref)])) > 50            # the replicates differ
+    half = w * 0.5
+    assert np.array_equal(S.coco_ap_rows(rec, half),
+                          np.array([S.coco_ap(rec, row) for row in half]), equal_nan=True)
+
+
 def test_seg_and_cls_values_equal_the_libraries():
     from mmpretrain.evaluation.metrics import Accuracy
     from mmseg.evaluation.metrics import IoUMetric

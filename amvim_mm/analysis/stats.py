@@ -160,13 +160,76 @@ def metric_values(stats: Dict[str, np.ndarray], weights: np.ndarray) -> np.ndarr
         out[ok] = 100.0 * np.nanmean(iou[ok], axis=1)
         return out
     if kind == 'det':
-        return np.array([_coco_ap(stats, row) for row in w])
+        return coco_ap_rows(stats, w)
     raise ConfigError(f'unknown statistics kind {kind!r}')
 
 
-def _coco_ap(stats: Dict[str, np.ndarray], w: np.ndarray) -> float:
+def coco_ap_rows(stats: Dict[str, np.ndarray], weights: np.ndarray) -> np.ndarray:
+    """:func:`coco_ap` for every row of ``weights`` (R, N) at once, bit for bit.
+
+    For whole-number weights (the bootstrap's counts; other weights take :func:`coco_ap` row by
+    row) every cumulative count is an exact integer, so they can be formed in any order: per
+    category the detections are sorted by score once (stable, as COCOeval), and per IoU
+    threshold only the true positives are visited, for all replicates at once. A detection of
+    an image with weight 0 adds exactly 0 (so it may stay in), and neither a false positive
+    nor an ignored detection can raise the precision above the last true positive's before it
+    (same true count, no fewer false ones), so the precision envelope at a true positive and
+    the first true positive reaching a recall threshold give COCOeval's values. That index is
+    a count, ``#{i: recall_i < thr}``, formed from one ``searchsorted`` of the recalls into the
+    thresholds (``recall_i < thr_j`` exactly when ``j >= searchsorted(thr, recall_i,
+    'right')``). The mean over the categories present in a replicate is taken per replicate
+    over the same concatenation as :func:`coco_ap` (same summation)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if not np.array_equal(w, np.round(w)):
+        return np.array([coco_ap(stats, row) for row in w])
+    rec_thrs = np.linspace(.0, 1.00, 101)
+    J = len(rec_thrs)
+    tp_all, fp_all = stats['det_tp'], stats['det_fp']
+    T = tp_all.shape[0]
+    R, K = len(w), stats['npig'].shape[1]
+    npig = w @ stats['npig']                                     # (R, K) whole numbers
+    q = np.zeros((R, K, T, J))
+    rows = np.arange(R)[:, None] * (J + 1)
+    for k in range(K):
+        sel = np.nonzero(stats['det_cat'] == k)[0]
+        if len(sel) == 0:
+            continue
+        sel = sel[np.argsort(-stats['det_score'][sel], kind='mergesort')]
+        dw = w[:, stats['det_img'][sel]]                         # (R, n)
+        seen = np.cumsum(dw, axis=1)                             # detections so far
+        for t in range(T):
+            tp_t, fp_t = tp_all[t, sel] > 0, fp_all[t, sel] > 0
+            pos = np.nonzero(tp_t)[0]
+            m = len(pos)
+            if m == 0:
+                continue                                         # AP 0 at this threshold
+            tp = np.cumsum(dw[:, pos], axis=1)                   # (R, m)
+            fp = seen[:, pos] - tp
+            ignored = ~(tp_t | fp_t)
+            if ignored.any():
+                fp = fp - np.cumsum(dw * ignored, axis=1)[:, pos]
+            with np.errstate(invalid='ignore', divide='ignore'):   # categories absent
+                rc = tp / npig[:, k:k + 1]
+            pr = tp / (fp + tp + np.spacing(1))
+            pr = np.maximum.accumulate(pr[:, ::-1], axis=1)[:, ::-1]
+            first = np.searchsorted(rec_thrs, rc, side='right')   # (R, m); nan -> J
+            counts = np.bincount((rows + first).ravel(), minlength=R * (J + 1))
+            idx = np.cumsum(counts.reshape(R, J + 1), axis=1)[:, :J]   # #{i: rc_i < thr_j}
+            got = np.take_along_axis(pr, np.minimum(idx, m - 1), axis=1)
+            q[:, k, t] = np.where(idx < m, got, 0.0)
+    out = np.full(R, np.nan)
+    present = npig > 0
+    for r in range(R):
+        if present[r].any():
+            out[r] = float(np.mean(q[r, present[r]].ravel()))
+    return out
+
+
+def coco_ap(stats: Dict[str, np.ndarray], w: np.ndarray) -> float:
     """COCOeval.accumulate + summarize's AP for image weights ``w`` (an image drawn twice
-    counts twice), restated for weights: cumulative weighted TP/FP counts in score order."""
+    counts twice), restated for weights: cumulative weighted TP/FP counts in score order.
+    One weight vector at a time (the reference of :func:`coco_ap_rows`, which the bootstrap
+    uses)."""
     rec_thrs = np.linspace(.0, 1.00, 101)
     tp_all, fp_all = stats['det_tp'], stats['det_fp']
     T = tp_all.shape[0]
