@@ -1,4 +1,5 @@
-"""The compiled CPU kernels of the mixer (``csrc/cpu_mixer.cpp``): build, load and call.
+"""The compiled CPU kernels (``csrc/cpu_mixer.cpp``, ``csrc/cpu_token_merge.cpp``): build, load
+and call.
 
 The selective scan keeps the state of 8 channels in registers and walks L once per channel
 block (blocks of batch x channels in parallel on ATen's thread pool): none of the (batch, E, L,
@@ -14,6 +15,11 @@ source, the flags, the torch and Python versions and this CPU's instruction-set 
 is built for the machine, ``-march=native``). Nothing is compiled at import or at a forward: a
 missing library (no compiler, or never built) falls back to the PyTorch scan with one log line
 naming the fix. ``AMVIM_CPU_KERNELS=0`` switches the kernels off (for comparisons).
+
+The third kernel is a ToMe merge step at inference (:func:`fold_merge`): the merge of the summed
+stream, the compaction and the bookkeeping of
+:func:`~amvim_mm.models.reduction.state.reduce_tokens` in one call (that function takes it
+by itself where it applies, :func:`fold_merge_misfit`).
 """
 from __future__ import annotations
 
@@ -36,7 +42,9 @@ from amvim_mm import runtime
 
 logger = logging.getLogger('amvim_mm')
 
-SOURCE = osp.join(osp.dirname(osp.abspath(__file__)), 'csrc', 'cpu_mixer.cpp')
+#: the sources of the one library: the mixer's kernels and the ToMe merge step
+SOURCES = tuple(osp.join(osp.dirname(osp.abspath(__file__)), 'csrc', f)
+                for f in ('cpu_mixer.cpp', 'cpu_token_merge.cpp'))
 LIBRARY = 'amvim_cpu_mixer.so'
 FLAGS = ('-O3', '-march=native', '-std=c++20', '-shared', '-fPIC', '-fopenmp', '-g0', '-w')
 
@@ -65,8 +73,9 @@ def build_key() -> str:
     """Hash of everything the compiled library depends on (computed once per process: it is
     asked at every mixer call)."""
     h = hashlib.sha256()
-    with open(SOURCE, 'rb') as f:
-        h.update(f.read())
+    for src in SOURCES:
+        with open(src, 'rb') as f:
+            h.update(f.read())
     for part in (FLAGS, torch.__version__, torch._C._GLIBCXX_USE_CXX11_ABI, sys.version_info[:2],
                  platform.machine(), _cpu_flags(), runtime.settings().cxx):
         h.update(repr(part).encode())
@@ -92,7 +101,7 @@ def build(verbose: bool = False) -> str:
     fd, tmp = tempfile.mkstemp(suffix='.so', dir=osp.dirname(path))
     os.close(fd)
     cmd = [cxx, *FLAGS, f'-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}',
-           *[f'-I{i}' for i in incs], SOURCE, '-o', tmp, f'-L{libdir}', '-lc10', '-ltorch_cpu',
+           *[f'-I{i}' for i in incs], *SOURCES, '-o', tmp, f'-L{libdir}', '-lc10', '-ltorch_cpu',
            f'-Wl,-rpath,{libdir}']
     if verbose:
         print(' '.join(cmd), flush=True)
@@ -212,3 +221,34 @@ def conv_silu(x: Tensor, weight: Tensor, bias: Optional[Tensor], order: Optional
     read in the path's ``order`` ((1 or batch, L) int32, or None); ``weight`` (E, K).
     Returns (batch, L, E) contiguous float32 in the path's order."""
     return torch.ops.amvim_cpu.conv_silu(x, weight, bias, order, length)
+
+
+def fold_merge_misfit(stream: Tensor) -> Optional[str]:
+    """Why a merge step on ``stream`` cannot take :func:`fold_merge` (``None`` if it can): it
+    is the inference kernel for float32 CPU tensors, outside autograd and recordings."""
+    if stream.device.type != 'cpu':
+        return 'not a CPU tensor'
+    if stream.dtype != torch.float32:
+        return 'it computes in float32'
+    if torch.is_grad_enabled() and stream.requires_grad:
+        return 'it has no backward'
+    if tracing():
+        return 'a trace or compile is recording'
+    ok, reason = status()
+    return None if ok else reason
+
+
+def fold_merge(stream: Tensor, size: Tensor, pos: Tensor, source: Tensor, removed: Tensor,
+               dst: Tensor, n_patches: int, cls_index: int
+               ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One ToMe step at inference on the compiled kernel: ``removed`` (B, r) patch tokens
+    merge into ``dst`` (B, r) (size-weighted average of the summed ``stream`` (B, L, D)), the
+    survivors keep their order and the class token (at ``cls_index``, -1: none) goes back to
+    the middle. ``size`` (B, L), ``pos`` (B, L), ``source`` (B, M): the sequence's
+    bookkeeping. Returns ``(hidden, pos, size, source)`` of the reduced sequence, equal bit for
+    bit to :func:`~amvim_mm.models.reduction.state.reduce_tokens` with ``fold=True`` (the
+    reference)."""
+    return torch.ops.amvim_cpu.fold_merge(
+        stream.float().contiguous(), size.float().contiguous(), pos.long().contiguous(),
+        source.long().contiguous(), removed.long().contiguous(), dst.long().contiguous(),
+        int(n_patches), int(cls_index))

@@ -252,3 +252,79 @@ def test_build_tool_reports_the_cached_library():
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert cpu_ops.library_path() in res.stdout
+
+
+def _tome_step(B, n_patches, cls, k, D=24, seed=0, steps=2):
+    """A reduction context after ``steps - 1`` ToMe steps (PyTorch ops) and the next step's
+    streams and ToMe selection."""
+    from amvim_mm.models.layout.scan_context import ScanContext
+    from amvim_mm.models.reduction.reducers import ToMe
+    from amvim_mm.models.reduction.state import Streams, init_reduction_state, reduce_tokens
+    g = torch.Generator().manual_seed(seed)
+    side = int(n_patches ** 0.5)
+    ctx = ScanContext((side, side), side * side // 2 if cls else -1)
+    L = n_patches + (1 if cls else 0)
+    ctx = init_reduction_state(ctx, B, 'cpu')
+    layer = torch.nn.Module()
+    layer.norm = torch.nn.Module()
+    layer.norm.weight = torch.rand(D, generator=g) + 0.5
+    tome = ToMe(r=k)
+    hidden = torch.randn(B, L, D, generator=g)
+    residual = torch.randn(B, L, D, generator=g)
+    for s in range(steps):
+        streams = Streams(hidden, residual)
+        removed, dst, _ = tome.select(s, k, streams, ctx, layer)
+        if s == steps - 1:
+            return ctx, hidden, residual, removed, dst, streams.total()
+        with runtime.override(cpu_kernels=False):
+            hidden, residual, ctx = reduce_tokens(ctx, hidden, residual, removed, dst,
+                                                  fold=True, stream=streams.total())
+        residual, hidden = hidden, torch.randn(hidden.shape, generator=g)
+
+
+@pytest.mark.parametrize('B,n_patches,cls,k,steps', [
+    (1, 196, True, 14, 1), (3, 196, True, 30, 3), (2, 64, False, 20, 2), (2, 16, True, 8, 1)])
+def test_fold_merge_kernel_equals_reduce_tokens_bit_for_bit(B, n_patches, cls, k, steps):
+    """ToMe's merge step at CPU inference on the compiled kernel against ``reduce_tokens``'s
+    PyTorch ops (the reference): the merged stream, pos, size and source, exactly; after
+    earlier steps (sizes > 1, several tokens merging into one), with and without a class
+    token."""
+    from amvim_mm.models.reduction.state import reduce_tokens
+    ctx, hidden, residual, removed, dst, stream = _tome_step(B, n_patches, cls, k, steps=steps)
+    shared = any(len(set(row)) < len(row) for row in dst.tolist())
+    assert shared or k < 20                       # several tokens merging into one
+    outs = []
+    for kernels in (True, False):
+        with runtime.override(cpu_kernels=kernels), torch.no_grad():
+            h, res, new = reduce_tokens(ctx, hidden, residual, removed, dst, fold=True,
+                                        stream=stream)
+        assert res is None
+        outs.append((h, new))
+    (h1, c1), (h0, c0) = outs
+    assert h1.dtype == torch.float32 and h1.shape == (B, ctx.n_patches - k + cls, hidden.shape[-1])
+    assert torch.equal(h1, h0)
+    for f in ('pos', 'size', 'source'):
+        assert torch.equal(getattr(c1, f), getattr(c0, f)), f
+    assert (c1.cls_index, c1.n_patches, c1.steps) == (c0.cls_index, c0.n_patches, c0.steps)
+    assert c1.frozen is None and c0.frozen is None
+
+
+def test_fold_merge_kernel_refuses_a_bad_selection():
+    """Removed tokens that repeat, the class token removed, or a removed token as a
+    destination: one clear error, no memory touched out of bounds."""
+    ctx, hidden, residual, removed, dst, stream = _tome_step(1, 16, True, 4)
+    args = (stream, ctx.size, ctx.pos, ctx.source)
+    bad = [(removed.clone().fill_(int(removed[0, 0])), dst),      # repeated
+           (torch.full_like(removed, ctx.cls_index), dst),        # not a patch token
+           (removed, removed.roll(1, 1)),                          # dst removed too
+           (removed + 100, dst)]                                   # out of range
+    for rem, ds in bad:
+        with pytest.raises(RuntimeError, match='removed must be distinct patch tokens'):
+            cpu_ops.fold_merge(*args, rem, ds, ctx.n_patches, ctx.cls_index)
+
+
+def test_fold_merge_kernel_steps_aside_under_autograd_and_other_dtypes():
+    ctx, hidden, residual, removed, dst, stream = _tome_step(1, 16, True, 4)
+    assert cpu_ops.fold_merge_misfit(stream) is None
+    assert cpu_ops.fold_merge_misfit(stream.double()) == 'it computes in float32'
+    assert cpu_ops.fold_merge_misfit(stream.requires_grad_()) == 'it has no backward'

@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from amvim_mm.ops import cpu_ops
 from amvim_mm.ops.token_merge import plan_merge
 from amvim_mm.token_layout import FUSED_POS, NO_CLS, cls_index_for, cls_slot
 from ..layout.scan_context import ScanContext
@@ -105,6 +106,16 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
         return hidden, residual, ctx
     if stream is None:
         stream = hidden if residual is None else residual + hidden
+    if fold and merges and not freeze_sources and not prunes and weight is None \
+            and not ctx.has_fused and cpu_ops.fold_merge_misfit(stream) is None:
+        # a ToMe step at CPU inference: this function's fold, compiled (same bits, one call)
+        hidden, pos, size, source = cpu_ops.fold_merge(stream, ctx.size, ctx.pos, ctx.source,
+                                                       removed, dst, ctx.n_patches,
+                                                       ctx.cls_index)
+        n_keep = ctx.n_patches - r
+        new = ctx.successor(cls_index_for(n_keep, ctx.cls_index >= 0), pos, n_keep, size=size,
+                            source=source, frozen=ctx.frozen, step='reduce')
+        return hidden, None, new
     merged = dst >= 0
     safe_dst = dst.clamp(min=0)
 
