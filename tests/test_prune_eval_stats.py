@@ -258,3 +258,44 @@ def test_speed_flops_convention_and_precision_rows_side_by_side(toy, tmp_path):
     fp32 = [r for r in json.loads((out / 'results.json').read_text())['results']
             if r['precision'] == 'fp32']
     assert all(r['gflops_convention'] == 'mamba' and 'img_per_s' not in r for r in fp32)
+
+
+def test_jobs_evaluate_models_in_workers_with_the_same_rows(toy, tmp_path):
+    """``--jobs 2``: two worker processes of one thread each (``--threads 2``), one model at a
+    time per worker; the rows equal a one-process sweep's, the final pass runs in the parent
+    (intervals, groups), and a second call resumes with nothing left to do."""
+    common = [*DEMO[0], *DEMO[1], '--methods', 'tome', 'random', '--ratios', '0', '0.46',
+              '--replicates', '200', '--threads', '2', '--cfg-options', *toy]
+    one, two = tmp_path / 'one', tmp_path / 'two'
+    p1 = _tool('prune_eval.py', [*common, '--out-dir', one], tmp_path)
+    assert p1.returncode == 0, p1.stderr[-3000:]
+    p2 = _tool('prune_eval.py', [*common, '--out-dir', two, '--jobs', '2'], tmp_path)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    rows = {}
+    for tag, out in (('one', one), ('two', two)):
+        data = json.loads((out / 'results.json').read_text())
+        rows[tag] = {(r['model'], r['method'], r['ratio']): r for r in data['results']}
+        assert len(rows[tag]) == 2 * 2 * 2
+        assert len(data['paired_differences']) == 2          # the final pass ran
+    for key, r in rows['one'].items():
+        s = rows['two'][key]
+        for field in ('metric', 'realised_ratio', 'gflops', 'drop', 'ci_low', 'ci_high'):
+            assert s[field] == r[field], (key, field, s[field], r[field])
+    before = json.loads((two / 'results.json').read_text())['results']
+    again = _tool('prune_eval.py', [*common, '--out-dir', two, '--jobs', '2'], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((two / 'results.json').read_text())['results'] == before
+    assert 'prune_eval: 100%' in again.stderr and '8/8' in again.stderr
+
+
+def test_jobs_a_worker_error_ends_the_tool_in_one_line(toy, tmp_path):
+    """A bad checkpoint of one model in a worker: exit 2 with the worker's one-line error."""
+    bad = tmp_path / 'bad.pth'
+    bad.write_bytes(b'not a checkpoint')
+    args = [*DEMO[0], DEMO[1][0], bad, '--methods', 'tome', '--ratios', '0', '--threads', '2',
+            '--jobs', '2', '--out-dir', tmp_path / 'D', '--cfg-options', *toy]
+    p = _tool('prune_eval.py', args, tmp_path)
+    assert p.returncode == 2, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith('error: ') and 'bad.pth' in last, p.stderr[-3000:]
+    assert 'Traceback' not in p.stderr

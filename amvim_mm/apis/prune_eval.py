@@ -338,7 +338,8 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
               progress: bool = True, precision: str = 'fp32', seeds: Sequence[int] = (0, ),
               locations: Optional[Sequence[int]] = None, flops_convention: str = 'mamba',
               measure_speed: bool = False, replicates: int = 1000,
-              groups: Optional[Sequence[str]] = None) -> Dict[str, object]:
+              groups: Optional[Sequence[str]] = None, jobs: int = 1,
+              final: bool = True) -> Dict[str, object]:
     """Run (or resume) a sweep; returns the merged results also written to ``results.json``.
 
     Rows of ``results.json`` are reused only when their model name, method, ratio, precision,
@@ -348,6 +349,12 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     (:class:`~amvim_mm.engine.loops.AmpTestLoop`). ``groups`` (one name per model, e.g. the
     architecture of checkpoints trained with several seeds) adds ``group_results`` and
     ``group_paired_differences`` (:func:`_group_intervals`).
+
+    ``jobs`` > 1 evaluates the models in that many worker processes at once (one model at a
+    time per worker, each with ``torch.get_num_threads() // jobs`` threads; see
+    :func:`_sweep_in_workers`); the rows are the same as one process's, and this process then
+    runs the final pass. ``final=False`` (a worker's call) skips the final pass: no intervals,
+    no stale-row message.
     """
     import torch
     from tqdm import tqdm
@@ -380,7 +387,7 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     with results_lock(path):
         stored = load_results(path)['results']
     done, stale = _reusable(stored, prints, out_dir)
-    for name, n in stale.items():
+    for name, n in (stale.items() if final else ()):
         print(f'prune_eval: {n} row(s) of {name!r} in {path} come from another checkpoint or '
               'config (sha256 differs): stale, recomputing and replacing them',
               file=sys.stderr, flush=True)
@@ -397,20 +404,46 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     if LEARNED in methods:   # one cell per model with a learned reducer, at its own ratio
         cells += [(i, LEARNED, -1.0) for i in range(len(models)) if names[i] in learned_models]
     bar = tqdm(total=len(cells), desc='prune_eval', disable=not progress, unit='cell')
-    for i, (config, ckpt) in enumerate(models):
-        name, cfg = names[i], cfgs[i]
+
+    def pending(i: int) -> List[Tuple[str, float, str]]:
+        """Model ``i``'s cells without a reusable row: (method, ratio, protocol)."""
         mine = []
         for _, method, ratio in [c for c in cells if c[0] == i]:
             proto = protocol(method, seeds, locations, flops_convention, measure_speed)
             if method == LEARNED:
-                row = next((r for k, r in done.items() if k[0] == name and k[1] == LEARNED
+                row = next((r for k, r in done.items() if k[0] == names[i] and k[1] == LEARNED
                             and k[3] == precision), None)
             else:
-                row = done.get((name, method, round(ratio, 6), precision))
-            if row is not None and row.get('protocol') == proto:
-                bar.update(1)
-            else:
+                row = done.get((names[i], method, round(ratio, 6), precision))
+            if row is None or row.get('protocol') != proto:
                 mine.append((method, ratio, proto))
+        return mine
+
+    todo = {i: pending(i) for i in range(len(models))}
+    bar.update(len(cells) - sum(map(len, todo.values())))
+    if jobs > 1 and sum(1 for v in todo.values() if v) > 1:
+        busy = [i for i, v in todo.items() if v]
+        kwargs = dict(cfg_options=cfg_options, verbose=verbose, progress=False,
+                      precision=precision, seeds=seeds, locations=locations,
+                      flops_convention=flops_convention, measure_speed=measure_speed,
+                      replicates=replicates, final=False)
+        tasks = [dict(kwargs, models=[models[i]], names=[names[i]], ratios=ratios,
+                      out_dir=out_dir,
+                      methods=[m for m in methods if m != LEARNED or names[i] in learned_models])
+                 for i in busy]
+        try:
+            _sweep_in_workers(tasks, jobs, bar, path, prints)
+        except BaseException:
+            bar.close()       # the error line comes after the bar, not inside it
+            raise
+        with results_lock(path):
+            done, _ = _reusable(load_results(path)['results'], prints, out_dir)
+        todo = {i: pending(i) for i in range(len(models))}
+        bar.n = len(cells) - sum(map(len, todo.values()))
+        bar.refresh()
+    for i, (config, ckpt) in enumerate(models):
+        name, cfg = names[i], cfgs[i]
+        mine = todo[i]
         if not mine:
             continue
         if not verbose:
@@ -441,9 +474,70 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
             merge_results(path, [row], meta)
             bar.update(1)
     bar.close()
+    if not final:
+        with results_lock(path):
+            return load_results(path)
     # the final pass (drops, intervals, meta; stale rows of these models) merges under the lock
     return merge_results(path, [], meta, current=prints, out_dir=out_dir,
                          replicates=replicates)
+
+
+def _worker_init(threads: int) -> None:
+    """A sweep worker's start: its share of the cores (before any torch op runs)."""
+    import warnings
+    warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
+    import torch
+    torch.set_num_threads(threads)
+
+
+def _worker_sweep(task: dict) -> int:
+    """One model's cells in a worker process (``run_sweep`` with ``final=False``)."""
+    run_sweep(**task)
+    return len(task['models'])
+
+
+def _sweep_in_workers(tasks: Sequence[dict], jobs: int, bar, path: str,
+                      prints: Dict[str, Fingerprint]) -> None:
+    """Run ``tasks`` (``run_sweep`` keyword sets, one model each) in ``jobs`` spawned worker
+    processes, each with ``torch.get_num_threads() // jobs`` threads (two torch processes
+    that both spin on every core run many times slower than one), a worker taking the next
+    model when it is done with one. Every worker merges its rows into ``path`` under the lock,
+    as one process would; ``bar`` follows the file. After the first worker error no further
+    model starts (the running ones finish theirs) and the error is raised here; the rows
+    finished so far stay, and a rerun resumes."""
+    import multiprocessing
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    import torch
+    jobs = min(jobs, len(tasks))
+    threads = max(1, torch.get_num_threads() // jobs)
+    start, before = bar.n, _rows_done(path, prints, tasks)
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context('spawn'),
+                             initializer=_worker_init, initargs=(threads, )) as ex:
+        futures = [ex.submit(_worker_sweep, t) for t in tasks]
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, timeout=2.0, return_when=FIRST_EXCEPTION)
+            if any(f.exception() is not None for f in finished):
+                for f in pending:
+                    f.cancel()
+                break
+            bar.n = start + max(0, _rows_done(path, prints, tasks) - before)
+            bar.refresh()
+        for f in futures:
+            if f.done() and not f.cancelled() and f.exception() is not None:
+                raise f.exception()
+
+
+def _rows_done(path: str, prints: Dict[str, Fingerprint], tasks: Sequence[dict]) -> int:
+    """How many rows of ``tasks``' models (with this sweep's fingerprints) ``path`` holds now,
+    for the progress bar (an unreadable file counts as none)."""
+    names = {t['names'][0] for t in tasks}
+    try:
+        rows = load_results(path)['results']
+    except (OSError, ValueError, ConfigError):
+        return 0
+    return sum(1 for r in rows if r['model'] in names and _fingerprint(r) == prints[r['model']])
 
 
 @dataclass
