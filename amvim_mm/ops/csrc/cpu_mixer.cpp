@@ -6,10 +6,12 @@
 // Inference only (no autograd formula): the callers take them without an autograd graph.
 //
 // Vectorisation runs across 16 channels with AVX-512, else 8 (GCC/Clang vector extensions:
-// AVX on x86, NEON pairs on ARM, SSE pairs elsewhere; the library is built for the machine), the walk over L is sequential per channel block and the blocks of
-// (batch x channels) run in parallel on ATen's thread pool. exp is a Cephes-style polynomial
-// (about 1 ulp, the same as ATen's vectorised exp); the scan state of a channel block lives in a
-// small stack array that stays in L1.
+// AVX on x86, NEON pairs on ARM, SSE pairs elsewhere; the library is built for the machine), the
+// walk over L is sequential per channel block and the blocks of (batch x channels) run in
+// parallel on ATen's thread pool. exp is a Cephes-style polynomial (about 1 ulp, the same as
+// ATen's vectorised exp); the scan's exp(dt A) is 2^(dt A log2 e) with A pre-scaled (no range
+// reduction by ln 2: 13-15 % faster scan on an AVX2 machine, outputs within 4e-8 of the exp
+// form); the scan state of a channel block lives in a small stack array that stays in L1.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -31,6 +33,7 @@ constexpr int VW = 16;         // channels per vector (one zmm register)
 constexpr int VW = 8;          // channels per vector (one ymm, or two xmm / NEON registers)
 #endif
 constexpr int kMaxState = 256;  // largest state size N
+constexpr float kLog2e = 1.44269504088896341f;
 typedef float vf __attribute__((vector_size(VW * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(VW * sizeof(int32_t))));
 // the same vector, unaligned: loads and stores of it are single instructions (a memcpy of a
@@ -59,6 +62,27 @@ inline vf vexp(vf x) {
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * r2 + r + 1.0f;
+  const vi e = __builtin_convertvector(n * 8388608.0f + 1065353216.0f, vi);  // (n + 127) << 23
+  return y * reinterpret_cast<vf>(e);
+}
+
+// 2^x for every lane (the scan's exp(dt A) with A pre-scaled by log2(e): no range reduction by
+// ln 2): x = n + f, n = round(x), |f| <= 1/2, 2^f by a degree-6 polynomial fitted to the relative
+// error (1.9e-9 in float64, 1e-7 evaluated in float32, as Cephes' expf), 2^n as float bits.
+inline vf vexp2(vf x) {
+  const vf hi = splat(127.0f), lo = splat(-126.0f);
+  x = x < hi ? x : hi;
+  x = x > lo ? x : lo;
+  const vf magic = splat(12582912.0f);
+  const vf n = (x + magic) - magic;
+  const vf f = x - n;
+  vf y = splat(1.5337576831199462e-4f);
+  y = y * f + 1.339986036306473e-3f;
+  y = y * f + 9.618519534354997e-3f;
+  y = y * f + 5.550328997517793e-2f;
+  y = y * f + 2.4022646608713982e-1f;
+  y = y * f + 6.931472056005104e-1f;
+  y = y * f + 1.0f;
   const vi e = __builtin_convertvector(n * 8388608.0f + 1065353216.0f, vi);  // (n + 127) << 23
   return y * reinterpret_cast<vf>(e);
 }
@@ -242,7 +266,8 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
       for (int j = 0; j < VW; ++j) Wv[r][j] = j < nc ? dtwp[(e0 + j) * rank + r] : 0.f;
     for (int64_t n = 0; n < ns; ++n) {
       h[n] = vf{};
-      for (int j = 0; j < VW; ++j) Av[n][j] = j < nc ? Ap[(e0 + j) * ns + n] : 0.f;
+      // A log2(e): the step's exp(dt A) is 2^(dt A log2 e), one multiply per element
+      for (int j = 0; j < VW; ++j) Av[n][j] = j < nc ? Ap[(e0 + j) * ns + n] * kLog2e : 0.f;
     }
     const vf Dv = Dp ? load(Dp + e0, nc) : vf{};
     const vf biasv = biasp ? load(biasp + e0, nc) : vf{};
@@ -261,7 +286,7 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
       const float* cp = Cp + b * csb + g * csg + t * cst;
       vf y{};
       for (int64_t n = 0; n < ns; ++n) {
-        h[n] = vexp(dt * Av[n]) * h[n] + du * bp[n * bsn];
+        h[n] = vexp2(dt * Av[n]) * h[n] + du * bp[n * bsn];
         y += h[n] * cp[n * csn];
       }
       y += Dv * uv;
