@@ -8,6 +8,7 @@ what="${1:-demo}"
 [ $# -gt 0 ] && shift
 case "$what" in
   demo) bash tools/setup_env.sh && exec .venv/bin/python tools/demo.py "$@" ;;
-  test) bash tools/setup_env.sh && exec .venv/bin/python -m pytest "$@" ;;
+  # one pytest-xdist worker per core (tests/conftest.py gives each its share of the threads)
+  test) bash tools/setup_env.sh && exec .venv/bin/python -m pytest -n "$(nproc)" --dist loadfile "$@" ;;
   *) echo "usage: bash run.sh demo|test [args...]" >&2; exit 2 ;;
 esac

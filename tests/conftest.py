@@ -1,7 +1,23 @@
-"""Shared pytest fixtures: tiny datasets in the real layouts and an isolated mmengine scope."""
+"""Shared pytest fixtures: tiny datasets in the real layouts and an isolated mmengine scope;
+the thread share of a pytest-xdist worker."""
+import os
+
 import pytest
 
 from amvim_mm.testing import make_ade20k, make_coco, make_imagenet
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``bash run.sh test`` runs one worker per core) every worker gets
+    its share of the cores, for its own torch ops and for the tool processes its tests start
+    (``OMP_NUM_THREADS``, unless a test sets it): torch processes whose OpenMP threads spin on
+    the same cores run many times slower than their share."""
+    workers = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '0') or 0)
+    if workers > 1:
+        import torch
+        share = max(1, (os.cpu_count() or 1) // workers)
+        os.environ['OMP_NUM_THREADS'] = os.environ['MKL_NUM_THREADS'] = str(share)
+        torch.set_num_threads(share)
 
 
 @pytest.fixture
