@@ -10,7 +10,9 @@ value; :func:`settings` returns the one in force, parsed from the environment by
         model(x)
 
 The environment is parsed again only when one of the variables changed (the raw values are the
-cache key), so reading the settings costs a few dict lookups; a forward reads them once.
+cache key), so reading the settings costs one lookup per variable; a backbone's forward reads
+them once (:func:`pinned`: the kernels' and mixers' many questions inside it are answered from
+that one reading).
 
 =================================  ========================  =================================
 variable                           field                     values
@@ -184,6 +186,24 @@ def settings() -> Settings:
     """The settings in force: the innermost :func:`override`, else the environment's."""
     stack = getattr(_local, 'stack', None)
     return stack[-1] if stack else from_environment()
+
+
+@contextlib.contextmanager
+def pinned() -> Iterator[Settings]:
+    """The settings in force, read once for the block (a backbone's forward): calls of
+    :func:`settings` inside it return them without reading the environment again. Inside an
+    :func:`override` (or another ``pinned``) nothing changes."""
+    stack = getattr(_local, 'stack', None)
+    if stack:
+        yield stack[-1]
+        return
+    if stack is None:
+        stack = _local.stack = []
+    stack.append(from_environment())
+    try:
+        yield stack[-1]
+    finally:
+        stack.pop()
 
 
 @contextlib.contextmanager

@@ -77,3 +77,39 @@ def test_no_other_module_reads_the_environment():
         if re.search(r'os\.environ|os\.getenv|getenv\(', text):
             offenders.append(str(path.relative_to(PACKAGE)))
     assert offenders == []
+
+
+def test_pinned_reads_the_environment_once_for_the_block(monkeypatch):
+    """``pinned`` (a backbone's forward) answers every ``settings()`` call inside it from one
+    reading of the environment; an ``override`` inside still applies, an outer ``override``
+    is kept, and after the block the environment is read again."""
+    from amvim_mm import runtime
+    monkeypatch.setenv('AMVIM_SCAN_BACKEND', 'torch')
+    reads = []
+    orig = runtime.from_environment
+    monkeypatch.setattr(runtime, 'from_environment', lambda: reads.append(1) or orig())
+    with runtime.pinned() as s:
+        monkeypatch.setenv('AMVIM_SCAN_BACKEND', 'reference')
+        assert [runtime.settings().scan_backend for _ in range(5)] == ['torch'] * 5
+        with runtime.override(scan_backend='cpu'):
+            assert runtime.settings().scan_backend == 'cpu'
+        assert runtime.settings() is s
+    assert len(reads) == 1
+    assert runtime.settings().scan_backend == 'reference'
+    with runtime.override(cpu_kernels=False), runtime.pinned() as s:
+        assert s.cpu_kernels is False and s.scan_backend == 'reference'
+
+
+def test_a_backbone_forward_reads_the_switches_once(monkeypatch):
+    import torch
+
+    from amvim_mm import runtime
+    from amvim_mm.registry import MODELS
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=32,
+                          token_reduction=dict(type='ToMe', ratio=0.3))).eval()
+    reads = []
+    orig = runtime.from_environment
+    monkeypatch.setattr(runtime, 'from_environment', lambda: reads.append(1) or orig())
+    with torch.no_grad():
+        m(torch.randn(1, 3, 32, 32))
+    assert len(reads) == 1

@@ -293,8 +293,9 @@ class BiMambaMixer(nn.Module):
         params = [p for k in range(self.num_paths) for p in self.path_params(k)]
         params += [self.out_proj, self.in_proj]
         flat = []
-        for m in params:
-            flat.extend(m.parameters() if isinstance(m, nn.Module) else (m, ))
+        for m in params:    # leaf modules (convs, linears): their own parameters, directly
+            flat.extend((p for p in m._parameters.values() if p is not None)
+                        if isinstance(m, nn.Module) else (m, ))
         key = (compute_dtype, ) + tuple((t.data_ptr(), t._version, t.dtype) for t in flat)
         if self._fused_cache is not None and self._fused_cache[0] == key:
             return self._fused_cache[1]

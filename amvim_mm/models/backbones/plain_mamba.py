@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 
+from amvim_mm import runtime
 from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.ops.cross_scan import DirectionIndex, cross_merge, cross_scan
@@ -757,6 +758,10 @@ class PlainMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
     supports_learned_reduction = True
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        with runtime.pinned():      # the switches read once per forward, not at every call
+            return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         red = self.token_reducer
         if self.runs_per_image(x):
             return self.forward_per_image(x)

@@ -22,6 +22,7 @@ import torch.nn as nn
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 
+from amvim_mm import runtime
 from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.ops.fused_embed import fused_patch_embed, fused_patch_embed_train
@@ -494,6 +495,10 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
     record_final_stream = False
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        with runtime.pinned():      # the switches read once per forward, not at every call
+            return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         if self.training and getattr(self.token_reducer, 'learned', False):
             return self._forward_masked(x)
         if self.runs_per_image(x):

@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
+from amvim_mm import runtime
 from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.registry import MODELS
@@ -556,6 +557,10 @@ class VMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
         return x.permute(0, 3, 1, 2)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        with runtime.pinned():      # the switches read once per forward, not at every call
+            return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         red = self.token_reducer
         if self.runs_per_image(x):
             return self.forward_per_image(x)

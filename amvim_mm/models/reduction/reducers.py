@@ -226,8 +226,12 @@ class ToMe(TokenReducer):
                 m = m * layer.norm.weight.float()
             m = F.normalize(m, dim=-1)
             d = m.shape[-1]
-            ma = torch.gather(m, 1, a_idx.unsqueeze(-1).expand(-1, -1, d))
-            mb = torch.gather(m, 1, b_idx.unsqueeze(-1).expand(-1, -1, d))
+            if idx.stride(0) == 0 or idx.shape[0] == 1:   # one layout for every sample:
+                # whole-row copies (the same values as the gather, several times faster)
+                ma, mb = m.index_select(1, a_idx[0]), m.index_select(1, b_idx[0])
+            else:
+                ma = torch.gather(m, 1, a_idx.unsqueeze(-1).expand(-1, -1, d))
+                mb = torch.gather(m, 1, b_idx.unsqueeze(-1).expand(-1, -1, d))
             scores = ma @ mb.transpose(1, 2)
         node_max, node_idx = scores.max(dim=-1)      # ties: the first maximum (documented)
         edges = node_max.argsort(dim=-1, descending=True, stable=True)[:, :k]
