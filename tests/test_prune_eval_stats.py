@@ -299,3 +299,13 @@ def test_jobs_a_worker_error_ends_the_tool_in_one_line(toy, tmp_path):
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith('error: ') and 'bad.pth' in last, p.stderr[-3000:]
     assert 'Traceback' not in p.stderr
+
+
+def test_jobs_refuse_speed_measurements(toy, tmp_path):
+    args = [*DEMO[0], *DEMO[1], '--methods', 'tome', '--ratios', '0', '--jobs', '2',
+            '--measure-speed', '--out-dir', tmp_path / 'D', '--cfg-options', *toy]
+    p = _tool('prune_eval.py', args, tmp_path)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1] == (
+        'error: --measure-speed times every cell on this machine: run it with --jobs 1 '
+        '(workers running side by side would slow each other down)')

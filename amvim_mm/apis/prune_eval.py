@@ -364,6 +364,9 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     from amvim_mm.apis.runner import load_config, load_model_weights, make_runner
     from amvim_mm.engine.hooks import find_reducible_backbone
     names = validate(models, methods, ratios, names, precision, seeds)
+    if jobs > 1 and measure_speed:
+        raise ConfigError('--measure-speed times every cell on this machine: run it with '
+                          '--jobs 1 (workers running side by side would slow each other down)')
     if groups is not None and len(groups) != len(names):
         raise ConfigError(f'{len(groups)} groups for {len(names)} models')
     if flops_convention not in CONVENTIONS:
