@@ -22,9 +22,9 @@ Threads: one child process at a time gets every core (OMP_NUM_THREADS = cores); 
 ``--jobs N`` trainings run N at a time with cores // N threads each (two torch processes that
 both spin on all cores run many times slower). Each sweep evaluates one model per core at a
 time (``prune_eval --jobs cores``, one thread each: the demo's batches of 8 small images do
-not spread over threads well); the tables are the same as one process's. ``--quick`` is the
-shortened end-to-end run used by the tests (tiny data, a few training iterations, one seed, two
-ratios): its numbers mean nothing.
+not spread over threads well; one process with ``--quick``); the tables are the same as one
+process's. ``--quick`` is the shortened end-to-end run used by the tests (tiny data, a few
+training iterations, one seed, two ratios): its numbers mean nothing.
 """
 import argparse
 import hashlib
@@ -289,7 +289,8 @@ def main(argv=None) -> int:
         out = osp.join(args.out_dir, task)
         pe_args += ['--methods', *methods, '--ratios', *ratios, '--out-dir', out,
                     '--names', *names, '--groups', *groups, '--seeds', *map(str, SEEDS),
-                    '--threads', str(cores), '--jobs', str(cores),
+                    # --quick's cells take a second or two: a worker's start-up costs more
+                    '--threads', str(cores), '--jobs', '1' if args.quick else str(cores),
                     '--cfg-options', *opts[task][1:]]
         if args.quick:
             results = osp.join(out, 'results.json')
