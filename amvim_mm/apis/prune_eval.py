@@ -493,10 +493,9 @@ def _worker_init(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _worker_sweep(task: dict) -> int:
+def _worker_sweep(task: dict) -> None:
     """One model's cells in a worker process (``run_sweep`` with ``final=False``)."""
     run_sweep(**task)
-    return len(task['models'])
 
 
 def _sweep_in_workers(tasks: Sequence[dict], jobs: int, bar, path: str,

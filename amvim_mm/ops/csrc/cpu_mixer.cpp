@@ -42,16 +42,32 @@ typedef float vf_u __attribute__((vector_size(VW * sizeof(float)), aligned(4)));
 
 inline vf splat(float v) { return vf{} + v; }
 
+// the helpers of vexp / vexp2: x limited to [lo, hi] (min / max instructions); x rounded to the
+// nearest integer (after a scale) by the 1.5 * 2^23 trick (|x| < 2^22); y * 2^n for integral n in [-126, 127],
+// 2^n built as the float bits (n + 127) << 23 with a float multiply and one conversion (no
+// integer vector ops: AVX without AVX2 has none)
+inline vf clamp(vf x, float lo, float hi) {
+  x = x < hi ? x : splat(hi);
+  return x > lo ? x : splat(lo);
+}
+
+inline vf round_scaled(vf x, float scale) {  // round(x * scale)
+  const vf magic = splat(12582912.0f);
+  return (x * scale + magic) - magic;
+}
+
+inline vf times_pow2(vf y, vf n) {
+  const vi e = __builtin_convertvector(n * 8388608.0f + 1065353216.0f, vi);  // (n + 127) << 23
+  return y * reinterpret_cast<vf>(e);
+}
+
 // exp(x) for every lane: x = n ln2 + r, n = round(x / ln2) by the 1.5 * 2^23 trick, |r| <= ln2/2,
 // exp(r) by Cephes' expf polynomial (about 1 ulp), 2^n built as the float bits (n + 127) << 23
 // with a float multiply and one conversion (no integer vector ops: AVX without AVX2 has none).
 // Inputs are clamped to the float range (min / max instructions).
 inline vf vexp(vf x) {
-  const vf hi = splat(88.0f), lo = splat(-87.3365447504f);  // 2^127 at most
-  x = x < hi ? x : hi;
-  x = x > lo ? x : lo;
-  const vf magic = splat(12582912.0f);
-  const vf n = (x * 1.44269504088896341f + magic) - magic;
+  x = clamp(x, -87.3365447504f, 88.0f);  // 2^127 at most
+  const vf n = round_scaled(x, 1.44269504088896341f);
   vf r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
   const vf r2 = r * r;
@@ -62,19 +78,15 @@ inline vf vexp(vf x) {
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * r2 + r + 1.0f;
-  const vi e = __builtin_convertvector(n * 8388608.0f + 1065353216.0f, vi);  // (n + 127) << 23
-  return y * reinterpret_cast<vf>(e);
+  return times_pow2(y, n);
 }
 
 // 2^x for every lane (the scan's exp(dt A) with A pre-scaled by log2(e): no range reduction by
 // ln 2): x = n + f, n = round(x), |f| <= 1/2, 2^f by a degree-6 polynomial fitted to the relative
 // error (1.9e-9 in float64, 1e-7 evaluated in float32, as Cephes' expf), 2^n as float bits.
 inline vf vexp2(vf x) {
-  const vf hi = splat(127.0f), lo = splat(-126.0f);
-  x = x < hi ? x : hi;
-  x = x > lo ? x : lo;
-  const vf magic = splat(12582912.0f);
-  const vf n = (x + magic) - magic;
+  x = clamp(x, -126.0f, 127.0f);
+  const vf n = round_scaled(x, 1.0f);
   const vf f = x - n;
   vf y = splat(1.5337576831199462e-4f);
   y = y * f + 1.339986036306473e-3f;
@@ -83,8 +95,7 @@ inline vf vexp2(vf x) {
   y = y * f + 2.4022646608713982e-1f;
   y = y * f + 6.931472056005104e-1f;
   y = y * f + 1.0f;
-  const vi e = __builtin_convertvector(n * 8388608.0f + 1065353216.0f, vi);  // (n + 127) << 23
-  return y * reinterpret_cast<vf>(e);
+  return times_pow2(y, n);
 }
 
 inline vf vsilu(vf x) { return x / (vexp(-x) + 1.0f); }
