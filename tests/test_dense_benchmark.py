@@ -164,6 +164,7 @@ def _main():
     (['--smoke', '--budget-s', '0'], '--budget-s expects a number >= 1'),
     (['--smoke', '--repeats', '1'], '--repeats must be at least 2'),
     (['--smoke', '--train-iters', '2.5'], '--train-iters expects a whole number'),
+    (['--smoke', '--infer-modes', 'eager', 'fast'], "unknown inference mode 'fast'"),
 ])
 def test_bad_arguments_give_a_short_error(argv, message, capsys, tmp_path):
     main = _main()
@@ -251,3 +252,53 @@ def test_path_probe_summary():
     s = probe.summary()
     assert s['path_ran'] == 'fused' and 'probe failed on 1 calls' in s['path_note']
     assert DB.PathProbe(torch.nn.Linear(2, 2)).summary() == dict(path_ran='attention')
+
+
+def test_graph_mode_rows_planned_per_mode_and_skipped_without_cuda(tmp_path):
+    """``infer_modes``: every inference row once per mode, training rows eager only; on the
+    CPU the graph rows are skipped with the reason, the eager twins measured."""
+    sizes = DB.SMOKE
+    cases = DB.plan_cases(sizes, ['ade-backbone', 'ade-train'], DB._ours_depth(sizes),
+                          infer_modes=('eager', 'graph'))
+    train = [c for c in cases if c.workload == 'ade-train']
+    backbone = [c for c in cases if c.workload == 'ade-backbone']
+    assert train and {c.mode for c in train} == {'eager'}
+    eager = [c for c in backbone if c.mode == 'eager']
+    graph = [c for c in backbone if c.mode == 'graph']
+    assert len(eager) == len(graph) > 0
+    strip = [(c.model, c.impl, c.res, c.batch, c.reduction_name) for c in eager]
+    assert strip == [(c.model, c.impl, c.res, c.batch, c.reduction_name) for c in graph]
+    # the backbone rows' sizes: the slide rows' and the whole rows', once each
+    assert {(c.res, c.batch) for c in eager} == {(64, 1), (64, 2), (96, 1)}
+    pick = [c for c in backbone if c.model == 'vim' and c.impl == 'unfused'
+            and c.reduction is None and (c.res, c.batch) == (64, 1)]
+    suite = DB.DenseSuite(sizes=sizes, workloads=['ade-backbone'], device='cpu',
+                          out_dir=str(tmp_path), root=str(ROOT), command='test',
+                          infer_modes=('eager', 'graph'), smoke=True, log=lambda m: None)
+    res = suite.run(pick)
+    assert [r['mode'] for r in res['rows']] == ['infer-eager']
+    assert 'error' not in res['rows'][0] and res['rows'][0]['img_per_s'] > 0
+    assert [(s['mode'], s['reason']) for s in res['skipped']] == [
+        ('graph', 'CUDA graphs need a CUDA device')]
+    assert res['infer_modes'] == ['eager', 'graph']
+
+
+def test_ratios_within_one_mode_and_the_backbone_share():
+    """Fused / unfused and ours / peer divide rows of the same mode only; ade-whole rows get
+    the backbone's share of their time and the fused rows the ratio a free backbone gives."""
+    def row(workload, impl, mode, ms, model='vim-t'):
+        return dict(workload=workload, model=model, impl=impl, reduction='none', res=512,
+                    batch=8, mode=f'infer-{mode}', ms_per_iter=ms, img_per_s=8000 / ms)
+    rows = [row('ade-whole', 'auto', 'eager', 20.0), row('ade-whole', 'unfused', 'eager', 40.0),
+            row('ade-whole', 'auto', 'graph', 10.0), row('ade-whole', 'unfused', 'graph', 12.0),
+            row('ade-backbone', 'auto', 'graph', 4.0), row('ade-backbone', 'unfused', 'graph', 6.0),
+            row('ade-whole', 'peer', 'graph', 8.0, model='peer')]
+    DB.add_ratios(rows)
+    eager_auto, _, graph_auto, graph_unfused, bb_auto, _, _ = rows
+    assert eager_auto['fused_over_unfused'] == 2.0
+    assert graph_auto['fused_over_unfused'] == 1.2
+    assert graph_auto['ours_over_peer'] == 0.8 and 'ours_over_peer' not in eager_auto
+    assert graph_auto['backbone_share'] == 0.4 and graph_unfused['backbone_share'] == 0.5
+    assert graph_auto['ratio_cap'] == 2.0          # 12 ms / (12 - 6) ms outside the backbone
+    assert 'ratio_cap' not in graph_unfused and 'backbone_share' not in eager_auto
+    assert 'backbone_share' not in bb_auto and bb_auto['fused_over_unfused'] == 1.5

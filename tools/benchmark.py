@@ -394,6 +394,71 @@ def gpu_profile(args):
 
 
 
+#: the ADE20K UperNet configs' Vim-T backbone (configs/_base_/upernet_ade20k-512x512.py)
+DENSE_BACKBONE = dict(type='Vim', arch='tiny', img_size=512, out_type='featmap',
+                      out_indices=(5, 11, 17, 23), with_cls_token=False, final_norm=False)
+
+
+def _host_profile(m, calls: int = 20) -> str:
+    """Where the host's time goes in eager bf16 forwards of ``m`` at 512 b1 (a launch-bound
+    shape): ms per forward eager and as a CUDA-graph replay, then cProfile's top functions
+    over ``calls`` forwards (own time and cumulative)."""
+    import cProfile
+    import io
+    import pstats
+    m = m.cuda().eval()
+    x = torch.randn(1, 3, 512, 512, device='cuda')
+
+    def fwd():
+        with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+            return m(x)
+    for _ in range(3):
+        fwd()
+    torch.cuda.synchronize()
+    eager = B._timer(fwd, calls, 'cuda')
+    graph, _ = B.capture_cuda_graph(fwd, warmup=2)
+    replay = B._timer(graph.replay, calls, 'cuda')
+    del graph
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fwd()
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    buf.write(f'eager {eager * 1e3:.3f} ms per forward, graph replay {replay * 1e3:.3f} ms; '
+              f'cProfile over {calls} forwards:\n')
+    st = pstats.Stats(prof, stream=buf)
+    st.sort_stats('tottime').print_stats(45)
+    st.sort_stats('cumulative').print_stats(45)
+    return buf.getvalue()
+
+
+def gpu_dense_profile(args):
+    """Top CUDA kernels of one bf16 forward of the UperNet configs' Vim-T backbone (four
+    feature maps) at the dense shapes 512 b8 and 1024 b2, next to the classifier's 224 b128:
+    where the fused path's time goes outside the scan; unfused too when mamba-ssm is there."""
+    from amvim_mm.ops.backends import mamba_selective_scan
+    from amvim_mm.registry import MODELS as REG
+    mixers = ['fused'] + (['unfused'] if mamba_selective_scan()[0] else [])
+    out = {}
+    for mixer in mixers:
+        key = f'vim-t_backbone_{mixer}_512_b1_host'
+        out[key] = _host_profile(REG.build(dict(DENSE_BACKBONE, fused_mixer=MIXERS[mixer])))
+        log(f'dense profile, {key}:\n{out[key]}')
+    for res, batch in ((512, 8), (1024, 2), (224, 128)):
+        for mixer in mixers:
+            m = REG.build(dict(DENSE_BACKBONE, fused_mixer=MIXERS[mixer])).cuda().eval()
+            x = torch.randn(batch, 3, res, res, device='cuda')
+            t = _bf16_profile(m, x, rows=30, width=110)
+            key = f'vim-t_backbone_{mixer}_{res}_b{batch}'
+            out[key] = t
+            log(f'dense profile, {key}:\n{t}')
+            del m
+            torch.cuda.empty_cache()
+    return out
+
+
 def _triton_kernel_report() -> list:
     """Registers and spills of every compiled Triton kernel of the fused path (from the jit
     caches), one row each."""
@@ -741,6 +806,7 @@ GPU_PARTS = [
     ('tune-bwd', 'fused scan backward launch configuration (Vim-T bf16 training step)',
      gpu_tune_bwd),
     ('profile', None, gpu_profile),
+    ('dense-profile', None, gpu_dense_profile),
     ('main', 'whole classifiers, batch 128, 224', gpu_main),
     ('train', 'training step, fused vs unfused, batch 128, 224', gpu_train),
     ('train-profile', 'top CUDA kernels of a bf16 training step (Vim-T, batch 128, 224)',
@@ -842,10 +908,14 @@ def main(argv=None):
                        help='training steps per timed repeat (default 5)')
     dense.add_argument('--infer-iters', metavar='N',
                        help='inference calls per timed repeat (default 10)')
+    dense.add_argument('--infer-modes', nargs='+', metavar='MODE',
+                       help=f'inference rows in these modes: {", ".join(DB.INFER_MODES)} '
+                            '(graph: replays of one CUDA graph); default eager')
     args = p.parse_args(argv)
     dense_opts = dict(workloads=args.workloads, whole_sizes=args.whole_sizes,
                       budget_s=args.budget_s, repeats=args.repeats, warmup=args.warmup,
-                      train_iters=args.train_iters, infer_iters=args.infer_iters)
+                      train_iters=args.train_iters, infer_iters=args.infer_iters,
+                      infer_modes=args.infer_modes)
     if args.suite != 'dense':
         given = [k for k, v in dense_opts.items() if v is not None] + \
             (['smoke'] if args.smoke else [])

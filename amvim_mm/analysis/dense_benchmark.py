@@ -31,6 +31,12 @@ Workloads (``--workloads``):
   per 512 x 512 image), batch 1 and 8 (= 1 and 8 windows per forward), logits + argmax;
 * ``ade-whole``: whole-image inference at 512 / 768 / 1024 (batch 8 / 4 / 2 by default: about
   the same pixels per batch; ``--whole-sizes``), logits + argmax;
+* ``ade-backbone``: the same UperNet's backbone alone (its four feature maps), at the slide
+  rows' and the whole rows' sizes: the backbone-only figures next to the end-to-end ones. The
+  whole rows then carry ``backbone_share`` (backbone ms / whole ms, same model, path, size and
+  mode) and the fused rows ``ratio_cap``: the unfused whole row's ms over its time outside the
+  backbone (neck, heads, resize, argmax: the same work on both paths), the fused / unfused
+  ratio a backbone that took no time would give;
 * ``coco``: the Vim-T Mask R-CNN config's backbone and simple feature pyramid only (no mmdet),
   1024 x 1024, batch 2, forward + backward of the sum of the level means (no optimizer step);
 * ``in1k``: the AMVim-T ImageNet fine-tuning recipe (backbone + linear head, label smoothing
@@ -44,8 +50,14 @@ unreduced rows of every workload run first, so a short budget drops reduction ro
 Timing: all inputs are made once on the device before a row (no data generation in the
 timings), ``warmup`` calls (the first under the probe), then ``repeats`` timings of ``iters``
 calls each with CUDA events (``perf_counter`` after the work on the CPU); the row reports the
-median and the spread (max - min) / median. Everything is eager (no CUDA graphs: slide
-inference syncs on the host, the training steps have an optimizer). Peak memory is
+median and the spread (max - min) / median. Training rows are eager (an optimizer step with
+host-side work). Inference rows run in the modes of ``--infer-modes`` (default ``eager``):
+``graph`` captures the timed call in one CUDA graph after the eager warm-up (the probe's call
+is eager) and times its replays, so every path, the peer included, runs without Python and
+launch overhead; ratios only ever divide rows of the same mode. mmseg's slide inference checks
+its window counts on the host, which a graph cannot capture: its graph rows capture the
+windows' forward (``encode_decode`` of the batch of windows, what slide inference runs per
+window batch; at crop = image size there is one window per image). Peak memory is
 ``torch.cuda.max_memory_allocated`` after a reset before the row's first call, less the memory
 of the other models kept for later rows: the row's weights, inputs, optimizer state and
 activations (``device_peak_mib``: the raw maximum). ``--smoke`` runs every row at tiny sizes
@@ -76,10 +88,13 @@ WORKLOADS = {
     'ade-train': 'ADE20K UperNet training step (bf16 autocast, loss.backward, AdamW step)',
     'ade-slide': "ADE20K UperNet slide inference (the config's test_cfg; logits + argmax)",
     'ade-whole': 'ADE20K UperNet whole-image inference (logits + argmax)',
+    'ade-backbone': "the ADE20K UperNet's backbone alone, inference (its four feature maps)",
     'coco': 'COCO Mask R-CNN backbone + simple feature pyramid, forward + backward',
     'in1k': 'ImageNet fine-tuning step (backbone + linear head, AdamW, bf16 autocast)',
 }
 TRAINING = ('ade-train', 'coco', 'in1k')
+#: how inference rows can be timed (``--infer-modes``); training rows are always eager
+INFER_MODES = ('eager', 'graph')
 #: impl -> the backbones' ``fused_mixer`` (the peer has no mixer)
 IMPLS = {'auto': None, 'unfused': False, 'forced': True}
 ADE_CONFIGS = {
@@ -185,8 +200,10 @@ def resolve_options(*, smoke: bool, workloads: Optional[Sequence[str]] = None,
                     whole_sizes: Optional[str] = None, budget_s: Optional[str] = None,
                     repeats: Optional[str] = None, warmup: Optional[str] = None,
                     train_iters: Optional[str] = None, infer_iters: Optional[str] = None,
-                    cuda: bool) -> Tuple[DenseSizes, List[str], Optional[float]]:
-    """Check the suite's command-line options; return (sizes, workloads, budget in s).
+                    infer_modes: Optional[Sequence[str]] = None, cuda: bool
+                    ) -> Tuple[DenseSizes, List[str], Optional[float], Tuple[str, ...]]:
+    """Check the suite's command-line options; return (sizes, workloads, budget in s,
+    inference modes).
 
     Every problem is a one-line :class:`ConfigError` (exit code 2 through ``run_cli``)."""
     if not smoke and not cuda:
@@ -211,7 +228,12 @@ def resolve_options(*, smoke: bool, workloads: Optional[Sequence[str]] = None,
     if changes.get('repeats', sizes.repeats) < 2:
         raise ConfigError('--repeats must be at least 2 (the rows report a spread)')
     budget = _positive('--budget-s', budget_s, float, 1)
-    return dataclasses.replace(sizes, **changes), chosen, budget
+    modes = tuple(dict.fromkeys(infer_modes or ('eager', )))
+    for m in modes:
+        if m not in INFER_MODES:
+            raise ConfigError(f'unknown inference mode {m!r}; choose from '
+                              f'{", ".join(INFER_MODES)}')
+    return dataclasses.replace(sizes, **changes), chosen, budget, modes
 
 
 # ------------------------------------------------------------------------------ path probe
@@ -493,6 +515,7 @@ class Case:
     batch: int
     reduction: Optional[dict] = None
     reduction_name: str = 'none'
+    mode: str = 'eager'   # 'eager' or 'graph' (inference rows only)
 
 
 def _model_name(model: str, sizes: DenseSizes) -> str:
@@ -502,8 +525,9 @@ def _model_name(model: str, sizes: DenseSizes) -> str:
 
 
 def plan_cases(sizes: DenseSizes, workloads: Sequence[str], depth: int,
-               forced: bool = True) -> List[Case]:
-    """Every row, unreduced rows of all workloads first, then the reduction rows."""
+               forced: bool = True, infer_modes: Sequence[str] = ('eager', )) -> List[Case]:
+    """Every row, unreduced rows of all workloads first, then the reduction rows; every
+    inference row once per mode of ``infer_modes``."""
     from amvim_mm.models.reduction import ReductionSchedule
     top = dict(type='ToP', keep_rate=TOP_KEEP_RATE,
                locations=tuple(ReductionSchedule.importance_locations(depth)))
@@ -512,6 +536,8 @@ def plan_cases(sizes: DenseSizes, workloads: Sequence[str], depth: int,
         'ade-train': [(sizes.ade_crop, sizes.ade_train_batch)],
         'ade-slide': [(sizes.ade_crop, b) for b in sizes.slide_batches],
         'ade-whole': list(sizes.whole),
+        'ade-backbone': list(dict.fromkeys(
+            [(sizes.ade_crop, b) for b in sizes.slide_batches] + list(sizes.whole))),
         'coco': [(sizes.coco_res, sizes.coco_batch)],
         'in1k': [(sizes.in1k_res, sizes.in1k_batch)],
     }
@@ -521,13 +547,14 @@ def plan_cases(sizes: DenseSizes, workloads: Sequence[str], depth: int,
         impls = ['auto', 'unfused'] + ([] if train or not forced else ['forced'])
         reductions = [(top, top_name)] if train else [
             (dict(type='ToMe', ratio=r), f'ToMe {r}') for r in TOME_RATIOS]
-        for res, batch in settings[w]:
-            for model in ('vim', 'amvim', 'peer'):
-                for impl in (['peer'] if model == 'peer' else impls):
-                    unreduced.append(Case(w, model, impl, res, batch))
-                    if model != 'peer':
-                        reduced += [Case(w, model, impl, res, batch, red, name)
-                                    for red, name in reductions]
+        for mode in (['eager'] if train else infer_modes):
+            for res, batch in settings[w]:
+                for model in ('vim', 'amvim', 'peer'):
+                    for impl in (['peer'] if model == 'peer' else impls):
+                        unreduced.append(Case(w, model, impl, res, batch, mode=mode))
+                        if model != 'peer':
+                            reduced += [Case(w, model, impl, res, batch, red, name, mode)
+                                        for red, name in reductions]
     return unreduced + reduced
 
 
@@ -552,9 +579,14 @@ def tensor_bytes(tensors) -> int:
 
 
 def time_step(step: Callable[[], object], probe_model: nn.Module, *, device: str, batch: int,
-              warmup: int, iters: int, repeats: int, own_bytes: int = 0) -> Dict[str, object]:
+              warmup: int, iters: int, repeats: int, own_bytes: int = 0,
+              graph: bool = False) -> Dict[str, object]:
     """Warm up (the first call under :class:`PathProbe`), then ``repeats`` timings of
     ``iters`` calls: images/s and ms per call (medians), spread, peak memory, the path.
+
+    ``graph``: after the probed eager call, ``step`` is captured in one CUDA graph (after
+    ``warmup - 1`` more eager calls on a side stream, at least one) and its replays are timed;
+    the graph's memory pool counts in the peak.
 
     ``peak_mib``: ``torch.cuda.max_memory_allocated`` after a reset before the first call,
     less what was resident then but is not this row's (other models kept for later rows):
@@ -568,10 +600,17 @@ def time_step(step: Callable[[], object], probe_model: nn.Module, *, device: str
         others = torch.cuda.memory_allocated() - own_bytes
     with PathProbe(probe_model) as probe:
         step()
-    for _ in range(warmup - 1):
-        step()
+    call = step
+    if graph:
+        from amvim_mm.analysis.benchmark import capture_cuda_graph
+        captured, _ = capture_cuda_graph(step, warmup=max(warmup - 1, 1))
+        call = captured.replay
+        call()
+    else:
+        for _ in range(warmup - 1):
+            step()
     _sync(device)
-    times = [_timer(step, iters, device) for _ in range(repeats)]
+    times = [_timer(call, iters, device) for _ in range(repeats)]
     med = statistics.median(times)
     out: Dict[str, object] = dict(
         img_per_s=round(batch / med, 2), ms_per_iter=round(med * 1e3, 3),
@@ -592,8 +631,10 @@ class DenseSuite:
 
     def __init__(self, *, sizes: DenseSizes, workloads: Sequence[str], device: str,
                  out_dir: str, root: str, command: str, budget_s: Optional[float] = None,
-                 smoke: bool = False, log: Callable[[str], None] = print) -> None:
+                 smoke: bool = False, infer_modes: Sequence[str] = ('eager', ),
+                 log: Callable[[str], None] = print) -> None:
         self.sizes, self.workloads, self.device = sizes, list(workloads), device
+        self.infer_modes = tuple(infer_modes)
         self.out_dir, self.root, self.log, self.smoke = out_dir, root, log, smoke
         self.dtype = 'bf16'
         self.t0 = time.perf_counter()
@@ -607,6 +648,7 @@ class DenseSuite:
         self.build_s = 0.0
         self.result = dict(command=command, suite='dense', smoke=smoke, device=device,
                            dtype=self.dtype, budget_s=budget_s,
+                           infer_modes=list(self.infer_modes),
                            sizes=dataclasses.asdict(sizes), workloads={
                                w: WORKLOADS[w] for w in self.workloads},
                            notes=self._notes())
@@ -619,8 +661,17 @@ class DenseSuite:
             'forced: fused_mixer=True (inference only); peer: ' + PEER_NOTE,
             'path_ran / fused_calls: what the mixers decided in a probed warm-up call '
             '(mixed: some calls fused, e.g. the blocks ToP scores or aligns on the unfused path)',
-            'all rows eager (no CUDA graphs); training rows: forward, loss, backward and (ade, '
-            'in1k) the optimizer step, gradients set to None after every step',
+            'training rows eager: forward, loss, backward and (ade, in1k) the optimizer step, '
+            'gradients set to None after every step; inference rows in the modes '
+            + ', '.join(self.infer_modes) + ' (graph: the call captured in one CUDA graph '
+            'after an eager warm-up, its replays timed; ratios within one mode only)',
+            'ade-slide in graph mode: the windows\' forward (encode_decode of the batch of '
+            'windows); the host-side window bookkeeping of mmseg\'s slide inference (its '
+            'count check syncs) is not capturable',
+            'ade-backbone: the UperNet\'s backbone alone (four feature maps); backbone_share '
+            '(ade-whole rows): backbone ms / whole ms of the same model, path, size and mode; '
+            'ratio_cap (ade-whole fused rows): the unfused whole ms over its ms outside the '
+            'backbone, the fused / unfused ratio with a backbone that took no time',
             f'ade-slide: crop {s.ade_crop}, stride {s.ade_stride}: one window per '
             f'{s.ade_crop} x {s.ade_crop} image, so batch = windows per forward',
             'ade-whole sizes (res:batch): ' + ', '.join(f'{r}:{b}' for r, b in s.whole),
@@ -740,6 +791,13 @@ class DenseSuite:
             info['mode'] = 'train-eager'
             return step, info, inputs
         net.eval()
+        info['mode'] = f'infer-{case.mode}'
+        if w == 'ade-backbone':
+            def step():
+                with torch.no_grad(), _autocast(dev, dtype):
+                    return net.backbone(x)
+            info['step'] = 'backbone forward (the UperNet\'s backbone), four feature maps'
+            return step, info, inputs
         mode = 'slide' if w == 'ade-slide' else 'whole'
         net.test_cfg['mode'] = mode
         metas = self._seg_samples(case, train=False)
@@ -748,11 +806,21 @@ class DenseSuite:
             h_stride, _ = net.test_cfg['stride']
             grids = (max(case.res - h_crop + h_stride - 1, 0) // h_stride + 1) ** 2
             info['windows_per_forward'] = grids * case.batch
+        if mode == 'slide' and case.mode == 'graph':
+            if case.res != h_crop:
+                raise ConfigError('graph-mode slide rows need the image size to equal the '
+                                  f'crop ({h_crop}): one window per image')
+
+            def step():
+                with torch.no_grad(), _autocast(dev, dtype):
+                    return net.encode_decode(x, metas).argmax(1)
+            info['step'] = 'the windows\' forward (encode_decode), logits + argmax'
+            return step, info, inputs
 
         def step():
             with torch.no_grad(), _autocast(dev, dtype):
                 return net.inference(x, metas).argmax(1)
-        info.update(mode='infer-eager', step=f'{mode} inference (mmseg), logits + argmax')
+        info['step'] = f'{mode} inference (mmseg), logits + argmax'
         return step, info, inputs
 
     def _seg_samples(self, case: Case, train: bool):
@@ -774,6 +842,7 @@ class DenseSuite:
         row: Dict[str, object] = dict(
             workload=case.workload, model=_model_name(case.model, s), impl=case.impl,
             reduction=case.reduction_name, res=case.res, batch=case.batch, dtype=self.dtype,
+            mode=f'{"train" if case.workload in TRAINING else "infer"}-{case.mode}',
             fused_mixer={'auto': 'None', 'unfused': 'False', 'forced': 'True'}.get(case.impl))
         net = None
         try:
@@ -791,7 +860,7 @@ class DenseSuite:
             own = tensor_bytes(list(net.parameters()) + list(net.buffers()) + inputs)
             row.update(time_step(step, net, device=self.device, batch=case.batch,
                                  warmup=s.warmup, iters=iters, repeats=s.repeats,
-                                 own_bytes=own))
+                                 own_bytes=own, graph=case.mode == 'graph'))
             row.update(warmup=s.warmup, iters=iters, repeats=s.repeats)
             if case.reduction is not None:
                 row['token_counts'] = list(getattr(backbone, 'token_counts', []))
@@ -811,6 +880,8 @@ class DenseSuite:
         return row
 
     def _skip_reason(self, case: Case) -> Optional[str]:
+        if case.mode == 'graph' and self.device != 'cuda':
+            return 'CUDA graphs need a CUDA device'
         if case.impl == 'forced':
             from amvim_mm.ops.fused_mixer import fused_mixer_available
             ok, why = fused_mixer_available(self.device)
@@ -838,13 +909,13 @@ class DenseSuite:
         for i, case in enumerate(cases):
             self._release(set(kinds_left[i:]))
             label = (f'{case.workload} {case.res}px b{case.batch} {case.model} {case.impl} '
-                     f'{case.reduction_name}')
+                     f'{case.reduction_name}' + (' graph' if case.mode == 'graph' else ''))
             why = self._skip_reason(case)
             if why is not None:
                 self.skipped.append(dict(
                     workload=case.workload, model=_model_name(case.model, self.sizes),
                     impl=case.impl, reduction=case.reduction_name, res=case.res,
-                    batch=case.batch, reason=why))
+                    batch=case.batch, mode=case.mode, reason=why))
                 self.log(f'  [{i + 1}/{len(cases)}] {label}: skipped ({why})')
                 continue
             t, built = time.perf_counter(), self.build_s
@@ -885,14 +956,15 @@ def _ratio(a, b) -> Optional[float]:
 def add_ratios(rows: List[dict]) -> None:
     """Add ``fused_over_unfused``, ``ours_over_peer``, ``mem_over_peer`` and
     ``speedup_vs_unreduced`` (images/s quotients, 3 decimals) to the rows that have the row
-    to compare with in ``rows``."""
+    to compare with in ``rows`` (always of the same mode), and to the ade-whole rows with an
+    ade-backbone row of the same size ``backbone_share`` and (fused rows) ``ratio_cap``."""
     def key(r, **over):
         k = dict(workload=r['workload'], res=r['res'], batch=r['batch'], model=r['model'],
-                 impl=r['impl'], reduction=r['reduction'])
+                 impl=r['impl'], reduction=r['reduction'], mode=r.get('mode'))
         k.update(over)
         return tuple(sorted(k.items()))
     index = {key(r): r for r in rows if r.get('img_per_s')}
-    peers = {(r['workload'], r['res'], r['batch']): r for r in rows
+    peers = {(r['workload'], r['res'], r['batch'], r.get('mode')): r for r in rows
              if r['impl'] == 'peer' and r.get('img_per_s')}
     for r in rows:
         if not r.get('img_per_s') or r['impl'] == 'peer':
@@ -900,7 +972,16 @@ def add_ratios(rows: List[dict]) -> None:
         if r['impl'] != 'unfused':
             base = index.get(key(r, impl='unfused'))
             r['fused_over_unfused'] = _ratio(r['img_per_s'], base and base['img_per_s'])
-        peer = peers.get((r['workload'], r['res'], r['batch']))
+        if r['workload'] == 'ade-whole':
+            bb = index.get(key(r, workload='ade-backbone'))
+            if bb is not None:
+                r['backbone_share'] = round(bb['ms_per_iter'] / r['ms_per_iter'], 3)
+            whole = index.get(key(r, impl='unfused'))
+            bb = index.get(key(r, workload='ade-backbone', impl='unfused'))
+            if r['impl'] != 'unfused' and whole is not None and bb is not None:
+                rest = whole['ms_per_iter'] - bb['ms_per_iter']
+                r['ratio_cap'] = round(whole['ms_per_iter'] / rest, 3) if rest > 0 else None
+        peer = peers.get((r['workload'], r['res'], r['batch'], r.get('mode')))
         if peer is not None:
             r['ours_over_peer'] = _ratio(r['img_per_s'], peer['img_per_s'])
             r['mem_over_peer'] = _ratio(r.get('peak_mib'), peer.get('peak_mib'))
@@ -909,8 +990,8 @@ def add_ratios(rows: List[dict]) -> None:
             r['speedup_vs_unreduced'] = _ratio(r['img_per_s'], base and base['img_per_s'])
 
 
-COLUMNS = ['model', 'impl', 'reduction', 'path_ran', 'fused_calls', 'res', 'batch', 'dtype',
-           'img_per_s', 'ms_per_iter', 'spread_pct', 'peak_mib', 'fused_over_unfused',
+COLUMNS = ['model', 'impl', 'reduction', 'mode', 'path_ran', 'fused_calls', 'res', 'batch',
+           'dtype', 'img_per_s', 'ms_per_iter', 'spread_pct', 'peak_mib', 'fused_over_unfused',
            'ours_over_peer', 'mem_over_peer', 'speedup_vs_unreduced', 'error']
 
 
@@ -929,13 +1010,13 @@ def markdown(result: dict) -> str:
         if not rows:
             continue
         extra = {k for r in rows for k in ('windows_per_forward', 'scan_backend',
-                                           'conv_backend', 'path_note') if k in r}
+                                           'conv_backend', 'path_note', 'backbone_share',
+                                           'ratio_cap') if k in r}
         cols = COLUMNS[:-1] + sorted(extra) + ['error']
-        mode = rows[0].get('mode', '')
-        md += [f'## {w}: {title} ({mode})', '', table(rows, cols), '']
+        md += [f'## {w}: {title}', '', table(rows, cols), '']
     if result.get('skipped'):
         md += ['## skipped', '', table(result['skipped'], [
-            'workload', 'model', 'impl', 'reduction', 'res', 'batch', 'reason']), '']
+            'workload', 'model', 'impl', 'reduction', 'mode', 'res', 'batch', 'reason']), '']
     md += ['## notes', ''] + [f'- {n}' for n in result.get('notes', [])]
     return '\n'.join(md)
 
@@ -955,16 +1036,18 @@ def run_dense(*, out_dir: str, root: str, command: str, smoke: bool,
               workloads: Optional[Sequence[str]] = None, whole_sizes: Optional[str] = None,
               budget_s: Optional[str] = None, repeats: Optional[str] = None,
               warmup: Optional[str] = None, train_iters: Optional[str] = None,
-              infer_iters: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
+              infer_iters: Optional[str] = None, infer_modes: Optional[Sequence[str]] = None,
+              log: Callable[[str], None] = print) -> dict:
     """Check the options, plan and run the suite; write ``benchmark_dense.json`` and
     ``benchmark_dense.md`` to ``out_dir``; return the result."""
     cuda = torch.cuda.is_available()
-    sizes, chosen, budget = resolve_options(
+    sizes, chosen, budget, modes = resolve_options(
         smoke=smoke, workloads=workloads, whole_sizes=whole_sizes, budget_s=budget_s,
         repeats=repeats, warmup=warmup, train_iters=train_iters, infer_iters=infer_iters,
-        cuda=cuda)
+        infer_modes=infer_modes, cuda=cuda)
     device = 'cpu' if smoke else 'cuda'
-    cases = plan_cases(sizes, chosen, _ours_depth(sizes))
+    cases = plan_cases(sizes, chosen, _ours_depth(sizes), infer_modes=modes)
     suite = DenseSuite(sizes=sizes, workloads=chosen, device=device, out_dir=out_dir,
-                       root=root, command=command, budget_s=budget, smoke=smoke, log=log)
+                       root=root, command=command, budget_s=budget, smoke=smoke,
+                       infer_modes=modes, log=log)
     return suite.run(cases)
