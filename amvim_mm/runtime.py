@@ -28,6 +28,7 @@ variable                           field                     values
 ``AMVIM_EMBED_CONFIG``             ``embed_config``          "BLOCK_M,BLOCK_N,warps,stages"
 ``AMVIM_UNSAFE_LOAD``              ``unsafe_load``           checkpoint paths, ``os.pathsep``
 ``AMVIM_CPU_KERNELS``              ``cpu_kernels``           1 (default), 0
+``AMVIM_CUDA_GRAPH``               ``cuda_graph``            0 (default), 1
 ``AMVIM_CACHE``                    ``cache_dir``             directory (``~/.cache/amvim_mm``)
 ``CXX``                            ``cxx``                   C++ compiler of the CPU kernels (g++)
 =================================  ========================  =================================
@@ -64,6 +65,7 @@ class Settings:
     embed_config: Optional[Tuple[int, int, int, int]] = None
     unsafe_load: Tuple[str, ...] = ()
     cpu_kernels: bool = True
+    cuda_graph: bool = False
     cache_dir: str = os.path.abspath(os.path.expanduser('~/.cache/amvim_mm'))
     cxx: str = 'g++'
 
@@ -92,10 +94,12 @@ def _tristate(var: str):
     return parse
 
 
-def _switch(var: str):
+def _switch(var: str, default: bool = True):
     def parse(raw: str) -> bool:
         v = raw.strip().lower()
-        if v in ('', ) + _TRUE:
+        if v == '':
+            return default
+        if v in _TRUE:
             return True
         if v in _FALSE:
             return False
@@ -164,6 +168,7 @@ VARIABLES = {
                              '64,128,4,4')),
     'unsafe_load': ('AMVIM_UNSAFE_LOAD', _paths),
     'cpu_kernels': ('AMVIM_CPU_KERNELS', _switch('AMVIM_CPU_KERNELS')),
+    'cuda_graph': ('AMVIM_CUDA_GRAPH', _switch('AMVIM_CUDA_GRAPH', default=False)),
     'cache_dir': ('AMVIM_CACHE', _cache_dir),
     'cxx': ('CXX', lambda raw: raw.strip() or 'g++'),
 }

@@ -13,6 +13,12 @@ same input tensors and the same starting weights:
   PyTorch ones: the official code's speed);
 * ``forced`` (inference only): ``fused_mixer=True``, the fused path whatever the batch size
   (the automatic choice takes the unfused kernels at these small batches);
+* ``auto-graphs`` / ``unfused-graphs`` (eager inference rows): ``auto`` / ``unfused`` with the
+  backbone's ``cuda_graph=True`` (:mod:`amvim_mm.models.backbones.graphs`): the pipeline stays
+  eager, the backbone's forward is replayed from a CUDA graph (captured in the warm-up). Their
+  ``fused_over_unfused`` divides one by the other (both graphed); ``over_unfused_no_graphs``
+  divides ``auto-graphs`` by the plain eager ``unfused`` row: what a user of the official
+  code's speed gains by switching both on;
 * ``peer``: mmseg's ``VisionTransformer`` at DeiT-T size (embed 192, depth 12, heads 3, patch
   16) with the same neck and heads, no token reduction.
 
@@ -96,7 +102,11 @@ TRAINING = ('ade-train', 'coco', 'in1k')
 #: how inference rows can be timed (``--infer-modes``); training rows are always eager
 INFER_MODES = ('eager', 'graph')
 #: impl -> the backbones' ``fused_mixer`` (the peer has no mixer)
-IMPLS = {'auto': None, 'unfused': False, 'forced': True}
+IMPLS = {'auto': None, 'unfused': False, 'forced': True, 'auto-graphs': None,
+         'unfused-graphs': False}
+#: impls whose backbone replays its forwards from CUDA graphs (``cuda_graph=True``) inside the
+#: eager pipeline (eager inference rows only), and the impl each is divided by
+GRAPH_IMPLS = {'auto-graphs': 'unfused-graphs', 'unfused-graphs': None}
 ADE_CONFIGS = {
     'vim': 'configs/vim/vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512.py',
     'amvim': 'configs/amvim/amvim-t_pyramid_upernet_8xb2-160k_ade20k-512x512.py',
@@ -548,9 +558,10 @@ def plan_cases(sizes: DenseSizes, workloads: Sequence[str], depth: int,
         reductions = [(top, top_name)] if train else [
             (dict(type='ToMe', ratio=r), f'ToMe {r}') for r in TOME_RATIOS]
         for mode in (['eager'] if train else infer_modes):
+            graphs = [] if train or mode != 'eager' else list(GRAPH_IMPLS)
             for res, batch in settings[w]:
                 for model in ('vim', 'amvim', 'peer'):
-                    for impl in (['peer'] if model == 'peer' else impls):
+                    for impl in (['peer'] if model == 'peer' else impls + graphs):
                         unreduced.append(Case(w, model, impl, res, batch, mode=mode))
                         if model != 'peer':
                             reduced += [Case(w, model, impl, res, batch, red, name, mode)
@@ -658,7 +669,11 @@ class DenseSuite:
         s = self.sizes
         return [
             'impl auto: fused_mixer=None (automatic choice); unfused: fused_mixer=False; '
-            'forced: fused_mixer=True (inference only); peer: ' + PEER_NOTE,
+            'forced: fused_mixer=True (inference only); auto-graphs / unfused-graphs (eager '
+            'inference rows): the same with the backbone\'s cuda_graph=True (its forward '
+            'replayed from a CUDA graph in the eager pipeline; fused_over_unfused: one over '
+            'the other, over_unfused_no_graphs: auto-graphs over the plain unfused row); '
+            'peer: ' + PEER_NOTE,
             'path_ran / fused_calls: what the mixers decided in a probed warm-up call '
             '(mixed: some calls fused, e.g. the blocks ToP scores or aligns on the unfused path)',
             'training rows eager: forward, loss, backward and (ade, in1k) the optimizer step, '
@@ -843,7 +858,9 @@ class DenseSuite:
             workload=case.workload, model=_model_name(case.model, s), impl=case.impl,
             reduction=case.reduction_name, res=case.res, batch=case.batch, dtype=self.dtype,
             mode=f'{"train" if case.workload in TRAINING else "infer"}-{case.mode}',
-            fused_mixer={'auto': 'None', 'unfused': 'False', 'forced': 'True'}.get(case.impl))
+            fused_mixer={None: 'None', False: 'False', True: 'True'}.get(
+                IMPLS.get(case.impl, 'peer')),
+            backbone_cuda_graph=case.impl in GRAPH_IMPLS)
         net = None
         try:
             net, optim_cfg, snapshot = self._model(case.workload, case.model)
@@ -853,6 +870,7 @@ class DenseSuite:
             if case.model != 'peer':
                 set_fused_mixer(net, IMPLS[case.impl])
                 backbone = net.backbone
+                backbone.cuda_graph = case.impl in GRAPH_IMPLS or None
                 backbone.set_token_reduction(case.reduction)
             step, info, inputs = self._step(case, net, optim_cfg)
             row.update(info)
@@ -875,6 +893,12 @@ class DenseSuite:
                 if case.model != 'peer':
                     net.backbone.set_token_reduction(None)
                     set_fused_mixer(net, None)
+                    net.backbone.cuda_graph = None
+                    net.backbone._graphs.clear()
+                    if case.impl in GRAPH_IMPLS:
+                        g = net.backbone._graphs.stats
+                        row['backbone_graphs'] = f'{g["capture"]} captured, {g["replay"]} replays'
+                        g.clear()
             if self.device == 'cuda':
                 torch.cuda.empty_cache()
         return row
@@ -969,16 +993,25 @@ def add_ratios(rows: List[dict]) -> None:
     for r in rows:
         if not r.get('img_per_s') or r['impl'] == 'peer':
             continue
-        if r['impl'] != 'unfused':
+        if r['impl'] in GRAPH_IMPLS:
+            base_impl = GRAPH_IMPLS[r['impl']]
+            if base_impl is not None:
+                base = index.get(key(r, impl=base_impl))
+                r['fused_over_unfused'] = _ratio(r['img_per_s'], base and base['img_per_s'])
+            plain = index.get(key(r, impl='unfused'))
+            # the user-visible gain: a graphed backbone against the plain eager unfused one
+            r['over_unfused_no_graphs'] = _ratio(r['img_per_s'], plain and plain['img_per_s'])
+        elif r['impl'] != 'unfused':
             base = index.get(key(r, impl='unfused'))
             r['fused_over_unfused'] = _ratio(r['img_per_s'], base and base['img_per_s'])
         if r['workload'] == 'ade-whole':
             bb = index.get(key(r, workload='ade-backbone'))
             if bb is not None:
                 r['backbone_share'] = round(bb['ms_per_iter'] / r['ms_per_iter'], 3)
-            whole = index.get(key(r, impl='unfused'))
-            bb = index.get(key(r, workload='ade-backbone', impl='unfused'))
-            if r['impl'] != 'unfused' and whole is not None and bb is not None:
+            base_impl = GRAPH_IMPLS.get(r['impl'], 'unfused')
+            whole = index.get(key(r, impl=base_impl))
+            bb = index.get(key(r, workload='ade-backbone', impl=base_impl))
+            if base_impl and r['impl'] != 'unfused' and whole is not None and bb is not None:
                 rest = whole['ms_per_iter'] - bb['ms_per_iter']
                 r['ratio_cap'] = round(whole['ms_per_iter'] / rest, 3) if rest > 0 else None
         peer = peers.get((r['workload'], r['res'], r['batch'], r.get('mode')))
@@ -1011,7 +1044,8 @@ def markdown(result: dict) -> str:
             continue
         extra = {k for r in rows for k in ('windows_per_forward', 'scan_backend',
                                            'conv_backend', 'path_note', 'backbone_share',
-                                           'ratio_cap') if k in r}
+                                           'ratio_cap', 'over_unfused_no_graphs',
+                                           'backbone_graphs') if k in r}
         cols = COLUMNS[:-1] + sorted(extra) + ['error']
         md += [f'## {w}: {title}', '', table(rows, cols), '']
     if result.get('skipped'):

@@ -227,3 +227,73 @@ def test_gpu_plainmamba_reduced_graph_and_training():
     loss.backward()
     grads = [p.grad for p in gpu.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+# ------------------------------------------------------------------------------ CUDA graphs
+def graph_pair(**kw):
+    """The same Vim-T dense backbone with and without ``cuda_graph`` (eval, CUDA)."""
+    cfg = dict(type='Vim', arch='tiny', img_size=224, out_type='featmap',
+               out_indices=(5, 11, 17, 23), with_cls_token=False, final_norm=False, **kw)
+    torch.manual_seed(0)
+    eager = MODELS.build(cfg).eval().cuda()
+    graphed = MODELS.build(dict(cfg, cuda_graph=True)).eval().cuda()
+    graphed.load_state_dict(eager.state_dict())
+    return eager, graphed
+
+
+@pytest.mark.parametrize('red', [None, dict(type='ToMe', ratio=0.3)], ids=['none', 'tome'])
+def test_gpu_cuda_graph_backbone_replays_equal_the_eager_forward(red):
+    """cuda_graph=True: the first call of a shape eager, the second captured and replayed,
+    later ones replayed; every output equals the eager model's on new images (bf16, fused
+    path), clones that a later replay does not overwrite; the token counts restored."""
+    eager, graphed = graph_pair(token_reduction=red)
+    g = graphed._graphs
+    outs = []
+    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+        for i in range(4):
+            x = torch.randn(2, 3, 256, 224, device='cuda')
+            ref, out = eager(x), graphed(x)
+            outs.append((ref, out))
+            assert graphed.token_counts == eager.token_counts
+    assert (g.stats['eager'], g.stats['capture'], g.stats['replay']) == (1, 1, 3)
+    for ref, out in outs:                      # earlier outputs untouched by later replays
+        for p, q in zip(ref, out):
+            assert q.shape == p.shape and q.dtype == p.dtype
+            assert rel(q, p) < (1e-5 if red else 1e-6), rel(q, p)
+
+
+def test_gpu_cuda_graph_recaptures_after_a_weight_change_and_keeps_checks():
+    """A weight changed in place (load, optimizer step) is a new key: captured again after an
+    eager call; the old graph is dropped. NaN images still fail before a replay; training,
+    gradients, hooks and a reducer off the allow-list run eagerly."""
+    from amvim_mm.errors import ConfigError
+    from amvim_mm.models.backbones.graphs import InferenceGraphs
+    eager, graphed = graph_pair()
+    g = graphed._graphs
+    x = torch.randn(1, 3, 224, 224, device='cuda')
+    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+        graphed(x), graphed(x)
+        assert g.stats['capture'] == 1 and len(g.graphs) == 1
+        for m in (eager, graphed):
+            m.layers[3].mixer.out_proj.weight.mul_(0.5)
+        outs = [graphed(x) for _ in range(3)]
+        assert g.stats['capture'] == 2 and len(g.graphs) == 1 and g.stats['replay'] == 3
+        ref = eager(x)
+        for p, q in zip(ref, outs[-1]):
+            assert rel(q, p) < 1e-6
+        bad = x.clone()
+        bad[0, 0, 0, 0] = float('nan')
+        with pytest.raises(ConfigError, match='non-finite'):
+            graphed(bad)
+    assert InferenceGraphs.why_eager(graphed, x) == 'gradients enabled'
+    with torch.no_grad():
+        graphed.train()
+        assert InferenceGraphs.why_eager(graphed, x) == 'training mode'
+        graphed.eval()
+        h = graphed.layers[0].register_forward_hook(lambda *a: None)
+        assert InferenceGraphs.why_eager(graphed, x).startswith('forward hooks')
+        h.remove()
+        assert InferenceGraphs.why_eager(graphed, x) is None
+        graphed.set_token_reduction(dict(type='RandomPrune', ratio=0.2))
+        assert 'RandomPrune is not on the graph allow-list' in \
+            InferenceGraphs.why_eager(graphed, x)

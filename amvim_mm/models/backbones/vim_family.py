@@ -36,6 +36,7 @@ from .block import VimBlock
 from .checkpoint_guard import CheckpointGuard
 from .drop import DropPath
 from .embed import PatchEmbed, infer_square_grid, resize_pos_embed
+from .graphs import InferenceGraphs, graphs_requested
 from .mixer import BiMambaMixer
 from .norm import RMSNorm
 
@@ -108,6 +109,12 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
         scan_backend: selective-scan backend for every block (``None``: automatic).
         fused_mixer: the fused Triton inference path of the mixers (``None``: automatic, on
             for CUDA inference when Triton imports; see :class:`BiMambaMixer`).
+        cuda_graph: replay CUDA inference forwards from captured CUDA graphs (``None``: the
+            ``AMVIM_CUDA_GRAPH`` switch, off by default): the same kernels and numbers
+            without the host's launch overhead, which bounds an eager forward at the dense
+            tasks' small batches; a shape is captured the second time it is seen, training,
+            gradients, hooks and reducers off the allow-list stay eager (see
+            :mod:`amvim_mm.models.backbones.graphs`).
         norm_eps: RMSNorm epsilon.
         token_reduction: switch on a token reducer, e.g. ``dict(type='ToMe', ratio=0.17)``
             (see :mod:`amvim_mm.models.reduction`); validated at build time for ``img_size``.
@@ -141,6 +148,7 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
                  interpolate_mode: str = 'bicubic',
                  scan_backend: Optional[str] = None,
                  fused_mixer: Optional[bool] = None,
+                 cuda_graph: Optional[bool] = None,
                  norm_eps: float = 1e-5,
                  token_reduction: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
@@ -167,6 +175,11 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
         self.interpolate_mode = interpolate_mode
 
         check_backend_usable(scan_backend, name)
+        if cuda_graph is not None and not isinstance(cuda_graph, bool):
+            raise ConfigError(f'{name}: cuda_graph must be True, False or None, got '
+                              f'{cuda_graph!r}')
+        self.cuda_graph = cuda_graph
+        self._graphs = InferenceGraphs()
         self.patch_embed = PatchEmbed(in_channels, D, patch_size, stride)
         self.patch_resolution = self.patch_embed.grid_size(*self.img_size)
         num_patches = self.patch_resolution[0] * self.patch_resolution[1]
@@ -310,10 +323,26 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
 
     # ----------------------------------------------------------------- forward
     def pos_embed_for(self, grid: Tuple[int, int]) -> torch.Tensor:
+        """The position embedding for a ``grid`` of patches, resized from the model's own
+        (:func:`resize_pos_embed`).
+
+        Without autograd the resized copy is kept for the last grid, keyed by the grid and the
+        parameter's storage and version (a load or an optimizer step recomputes it): PyTorch's
+        bicubic resize costs about 1 ms a forward on an H200 at 1024 px, a fifth of a fused
+        Vim-T backbone forward at batch 2. With gradients it is recomputed every time."""
         if tuple(grid) == tuple(self.patch_resolution):
             return self.pos_embed
-        return resize_pos_embed(self.pos_embed, self.patch_resolution, grid,
-                                self.interpolate_mode)
+        pe = self.pos_embed
+        if torch.is_grad_enabled() and pe.requires_grad:
+            return resize_pos_embed(pe, self.patch_resolution, grid, self.interpolate_mode)
+        key = (tuple(grid), pe.device, pe.dtype, pe.data_ptr(), pe._version,
+               self.interpolate_mode)
+        cached = self.__dict__.get('_resized_pos_embed')
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                out = resize_pos_embed(pe, self.patch_resolution, grid, self.interpolate_mode)
+            cached = self.__dict__['_resized_pos_embed'] = (key, out)
+        return cached[1]
 
     def _embed_fused(self, x: torch.Tensor, fused: Optional[bool]) -> bool:
         """Whether :meth:`embed` runs the fused kernel: the forward's fused decision
@@ -496,6 +525,8 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         with runtime.pinned():      # the switches read once per forward, not at every call
+            if graphs_requested(self.cuda_graph):
+                return self._graphs.run(self, x, self._forward, check=self.check_images)
             return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:

@@ -1,0 +1,207 @@
+"""CUDA-graph inference for a backbone's forward (``cuda_graph=True``, ``AMVIM_CUDA_GRAPH=1``).
+
+Why: at the shapes of the dense tasks (a 512 x 512 window at batch 1-8) an eager Vim-T
+forward on an H200 is bound by the host: Python, the mixers' decisions and about 120 kernel
+launches take 17-24 ms, while the GPU work of the fused path is 1.6 ms (run 43). A user's
+mmseg / mmdet pipeline stays eager; this replays the backbone's forward from a CUDA graph
+instead, with the same kernels and the same numbers.
+
+How: :class:`InferenceGraphs` keeps, per key (input shape, dtype, autocast state, the runtime
+switches, the mixers' ``fused`` settings, the token reducer's configuration and every
+parameter's and buffer's storage and version), one captured forward. A key is run eagerly the
+first time it is seen (that call compiles the kernels and serves as the warm-up), captured the
+second time and replayed from then on: the images are copied into the graph's static input,
+the outputs are cloned out of its static output (a later replay overwrites those). A weight
+loaded or stepped in place changes its version, so the key, so the graph is captured again; at
+most ``max_graphs`` graphs are kept (the least recently used one is dropped with its memory).
+
+A forward runs eagerly, as without this, whenever a graph could be wrong or cannot exist
+(:meth:`InferenceGraphs.why_eager`): CPU tensors, training mode, gradients enabled, a capture
+already running (an outer graph, e.g. the benchmarks'), forward hooks on the backbone or any
+of its modules (a hook would run only at capture), the final stream being recorded, or a token
+reducer that is not on the allow-list :data:`GRAPH_SAFE_REDUCERS` (reducers whose choices are
+made on the GPU from the tensors alone with fixed token counts; RandomPrune draws on a CPU
+generator, learned and threshold reducers can change their counts with the data). A capture
+that fails (e.g. an operation that synchronizes with the host) logs one warning and keeps that
+key eager. Each replay restores what the eager forward leaves on the backbone
+(``token_counts``; ``last_context`` is the captured one, whose tensors the replays refresh).
+"""
+from __future__ import annotations
+
+import collections
+import warnings
+from typing import Callable, Dict, Optional
+
+import torch
+import torch.nn as nn
+
+from amvim_mm import runtime
+
+__all__ = ['InferenceGraphs', 'GRAPH_SAFE_REDUCERS', 'graphs_requested']
+
+#: token reducers whose inference forward is a fixed sequence of GPU kernels with fixed token
+#: counts (tested in a replay against the eager forward: tests/models/test_gpu.py)
+GRAPH_SAFE_REDUCERS = ('ToMe', 'EViT', 'ToP')
+
+
+def graphs_requested(setting: Optional[bool]) -> bool:
+    """A backbone's ``cuda_graph`` argument, ``None`` deferring to ``AMVIM_CUDA_GRAPH``."""
+    return runtime.settings().cuda_graph if setting is None else bool(setting)
+
+
+class _Entry:
+    """One captured forward: the graph, its static input and output, the side attributes."""
+
+    __slots__ = ('graph', 'x', 'out', 'counts', 'context')
+
+    def __init__(self, graph, x, out, counts, context) -> None:
+        self.graph, self.x, self.out = graph, x, out
+        self.counts, self.context = counts, context
+
+
+def _clone(out):
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, (tuple, list)):
+        return type(out)(_clone(o) for o in out)
+    return out
+
+
+class InferenceGraphs:
+    """The captured forwards of one backbone (see the module docstring).
+
+    Args:
+        max_graphs: how many keys keep a graph (the least recently used beyond it is dropped).
+    """
+
+    def __init__(self, max_graphs: int = 8) -> None:
+        if max_graphs < 1:
+            raise ValueError(f'max_graphs must be >= 1, got {max_graphs}')
+        self.max_graphs = max_graphs
+        self.graphs: 'collections.OrderedDict[tuple, _Entry]' = collections.OrderedDict()
+        #: keys seen once (captured at the next sighting) and keys whose capture failed
+        self.seen: 'collections.OrderedDict[tuple, bool]' = collections.OrderedDict()
+        self.failed: Dict[tuple, str] = {}
+        #: counters for tests and benchmarks: eager forwards, captures, replays
+        self.stats = collections.Counter()
+
+    # ------------------------------------------------------------------ decisions
+    @staticmethod
+    def why_eager(module: nn.Module, x) -> Optional[str]:
+        """Why this forward of ``module`` must run eagerly, or None when a graph may serve it."""
+        if not isinstance(x, torch.Tensor) or not x.is_cuda:
+            return 'not a CUDA tensor'
+        if module.training:
+            return 'training mode'
+        if torch.is_grad_enabled():
+            return 'gradients enabled'
+        if torch.cuda.is_current_stream_capturing():
+            return 'a CUDA graph capture is running'
+        if getattr(module, 'record_final_stream', False):
+            return 'the final stream is recorded'
+        reducer = getattr(module, 'token_reducer', None)
+        if reducer is not None:
+            name = type(reducer).__name__
+            if name not in GRAPH_SAFE_REDUCERS or getattr(reducer, 'dynamic', False) or \
+                    getattr(reducer, 'learned', False):
+                return f'token reducer {name} is not on the graph allow-list'
+        for m in module.modules():
+            if m._forward_hooks or m._forward_pre_hooks:
+                return f'forward hooks on {type(m).__name__}'
+        return None
+
+    @staticmethod
+    def key(module: nn.Module, x: torch.Tensor) -> tuple:
+        """Everything a captured forward depends on besides the images' values."""
+        state = tuple((t.data_ptr(), t._version) for t in module.parameters())
+        state += tuple((t.data_ptr(), t._version) for t in module.buffers())
+        fused = tuple(getattr(m, 'fused', None) for m in module.modules() if hasattr(m, 'fused'))
+        reducer = getattr(module, 'token_reducer', None)
+        reduction = None if reducer is None else (id(reducer), repr(reducer), tuple(sorted(
+            (k, v) for k, v in vars(reducer).items()
+            if isinstance(v, (int, float, str, bool, tuple, type(None))))))
+        autocast = (torch.is_autocast_enabled('cuda'), torch.get_autocast_dtype('cuda'))
+        # the weights' part last: a capture drops the graphs made with other weights
+        return (tuple(x.shape), x.dtype, x.device, autocast, runtime.settings(), fused,
+                reduction, state)
+
+    # ------------------------------------------------------------------ running
+    def run(self, module: nn.Module, x: torch.Tensor, eager: Callable[[torch.Tensor], object],
+            check: Optional[Callable[[torch.Tensor], object]] = None):
+        """``eager(x)`` or a replay of its captured graph (see the module docstring);
+        ``check(x)`` validates the images before a replay (a graph cannot hold the host-side
+        checks of the eager forward, e.g. the backbones' NaN test)."""
+        if self.why_eager(module, x) is not None:
+            self.stats['eager'] += 1
+            return eager(x)
+        key = self.key(module, x)
+        entry = self.graphs.get(key)
+        if entry is None:
+            if key in self.failed or key not in self.seen:
+                self.seen[key] = True
+                while len(self.seen) > 4 * self.max_graphs:
+                    self.seen.popitem(last=False)
+                self.stats['eager'] += 1
+                return eager(x)
+            entry = self._capture(module, x, key, eager)
+            if entry is None:
+                self.stats['eager'] += 1
+                return eager(x)
+        else:
+            self.graphs.move_to_end(key)
+            if check is not None:
+                check(x)
+        entry.x.copy_(x)
+        entry.graph.replay()
+        self.stats['replay'] += 1
+        if entry.counts is not None:
+            module.token_counts = list(entry.counts)
+        if entry.context is not None:
+            module.last_context = entry.context
+        return _clone(entry.out)
+
+    def _capture(self, module, x, key, eager) -> Optional[_Entry]:
+        static_x = x.clone()
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side):
+                eager(static_x)                  # warm-up on the capturing stream's side
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(graph):
+                out = eager(static_x)
+        except Exception as e:   # noqa: BLE001  (any capture failure: stay eager for this key)
+            msg = f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'[:200]
+            self.failed[key] = msg
+            self.seen.pop(key, None)
+            warnings.warn(f'{type(module).__name__}: CUDA-graph capture failed, this input '
+                          f'shape runs eagerly ({msg})', RuntimeWarning, stacklevel=4)
+            torch.cuda.synchronize()
+            return None
+        self.stats['capture'] += 1
+        self.seen.pop(key, None)
+        for old in [k for k in self.graphs if k[-1] != key[-1]]:
+            del self.graphs[old]              # made with weights that are gone
+        entry = _Entry(graph, static_x, out, getattr(module, 'token_counts', None),
+                       getattr(module, 'last_context', None))
+        self.graphs[key] = entry
+        while len(self.graphs) > self.max_graphs:
+            self.graphs.popitem(last=False)
+        return entry
+
+    def __deepcopy__(self, memo) -> 'InferenceGraphs':
+        # graphs hold the original's memory and pointers: a copied module captures its own
+        return InferenceGraphs(self.max_graphs)
+
+    def __getstate__(self) -> dict:
+        return dict(max_graphs=self.max_graphs)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state['max_graphs'])
+
+    def clear(self) -> None:
+        """Drop every graph (and its memory) and what was seen."""
+        self.graphs.clear()
+        self.seen.clear()
+        self.failed.clear()

@@ -1,0 +1,75 @@
+"""CUDA-graph inference (``cuda_graph=True``) on the CPU: the switch and the argument, when a
+forward must stay eager, the key that a weight change or another input moves, copies of a
+module. The captures and replays themselves are GPU tests (tests/models/test_gpu.py)."""
+import copy
+import pickle
+
+import pytest
+import torch
+
+from amvim_mm import runtime
+from amvim_mm.errors import ConfigError
+from amvim_mm.models.backbones.graphs import InferenceGraphs, graphs_requested
+from amvim_mm.registry import MODELS
+
+
+def build(**kw):
+    return MODELS.build(dict(type='Vim', arch='test', img_size=32, out_type='featmap', **kw))
+
+
+def test_switch_and_argument(monkeypatch):
+    monkeypatch.delenv('AMVIM_CUDA_GRAPH', raising=False)
+    assert runtime.settings().cuda_graph is False
+    with runtime.override(cuda_graph=True):
+        assert graphs_requested(None) is True and graphs_requested(False) is False
+    assert graphs_requested(None) is False and graphs_requested(True) is True
+    monkeypatch.setenv('AMVIM_CUDA_GRAPH', '1')
+    assert runtime.settings().cuda_graph is True and graphs_requested(None) is True
+    monkeypatch.setenv('AMVIM_CUDA_GRAPH', 'maybe')
+    with pytest.raises(ConfigError, match="AMVIM_CUDA_GRAPH='maybe'"):
+        runtime.settings()
+    monkeypatch.delenv('AMVIM_CUDA_GRAPH')
+    with pytest.raises(ConfigError, match='cuda_graph must be True, False or None'):
+        build(cuda_graph='yes')
+
+
+def test_cpu_forward_stays_eager_and_equals_the_plain_one():
+    torch.manual_seed(0)
+    plain = build().eval()
+    graphed = build(cuda_graph=True).eval()
+    graphed.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        for p, q in zip(plain(x), graphed(x)):
+            assert torch.equal(p, q)
+    assert graphed._graphs.stats == {'eager': 1} and not graphed._graphs.graphs
+    assert InferenceGraphs.why_eager(graphed, x) == 'not a CUDA tensor'
+
+
+def test_key_follows_weights_shape_autocast_and_reducer():
+    m = build().eval()
+    x = torch.randn(1, 3, 32, 32)
+    k = InferenceGraphs.key(m, x)
+    assert InferenceGraphs.key(m, x) == k
+    assert InferenceGraphs.key(m, torch.randn(2, 3, 32, 32)) != k
+    with torch.no_grad():
+        m.layers[0].mixer.out_proj.weight.mul_(1.0)        # in place: a new version
+    k2 = InferenceGraphs.key(m, x)
+    assert k2 != k and k2[:-1] == k[:-1]                  # only the weights' part moved
+    m.set_token_reduction(dict(type='ToMe', ratio=0.2))
+    k3 = InferenceGraphs.key(m, x)
+    assert k3 != k2
+    m.token_reducer.schedule = m.token_reducer.schedule   # same reducer, same key
+    assert InferenceGraphs.key(m, x) == k3
+    with runtime.override(fused_mixer=False):
+        assert InferenceGraphs.key(m, x) != k3
+
+
+def test_copies_start_without_graphs():
+    m = build(cuda_graph=True)
+    m._graphs.seen[('k', )] = True
+    for c in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert c._graphs is not m._graphs and not c._graphs.seen
+        assert c._graphs.max_graphs == m._graphs.max_graphs and c.cuda_graph is True
+    with pytest.raises(ValueError, match='max_graphs'):
+        InferenceGraphs(0)
