@@ -71,5 +71,7 @@ def test_copies_start_without_graphs():
     for c in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
         assert c._graphs is not m._graphs and not c._graphs.seen
         assert c._graphs.max_graphs == m._graphs.max_graphs and c.cuda_graph is True
+    m.reset_cuda_graphs()
+    assert not m._graphs.seen and not m._graphs.graphs
     with pytest.raises(ValueError, match='max_graphs'):
         InferenceGraphs(0)

@@ -894,7 +894,7 @@ class DenseSuite:
                     net.backbone.set_token_reduction(None)
                     set_fused_mixer(net, None)
                     net.backbone.cuda_graph = None
-                    net.backbone._graphs.clear()
+                    net.backbone.reset_cuda_graphs()
                     if case.impl in GRAPH_IMPLS:
                         g = net.backbone._graphs.stats
                         row['backbone_graphs'] = f'{g["capture"]} captured, {g["replay"]} replays'

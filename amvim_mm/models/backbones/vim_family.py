@@ -523,6 +523,13 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
     #: in ``self.final_stream`` (for token distillation; see ``ReducerFineTuner``)
     record_final_stream = False
 
+    def reset_cuda_graphs(self) -> None:
+        """Drop the captured inference graphs (``cuda_graph=True``) and their memory. Loads,
+        optimizer steps and in-place edits under ``torch.no_grad()`` are noticed by
+        themselves (parameter versions); an edit through ``.data`` is not: call this after
+        one."""
+        self._graphs.clear()
+
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         with runtime.pinned():      # the switches read once per forward, not at every call
             if graphs_requested(self.cuda_graph):
