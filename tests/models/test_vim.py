@@ -174,6 +174,26 @@ def test_pos_embed_resize_round_trip_and_middle_token():
         resize_pos_embed(pe, (7, 7), (14, 14))
 
 
+def test_resized_pos_embed_is_cached_at_inference_only():
+    """Without grad mode the resized embedding is computed once per grid and weights (a load
+    or an in-place change recomputes it); with grad mode every call resizes (and the result
+    carries the gradient)."""
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=32))
+    with torch.no_grad():
+        a = m.pos_embed_for((3, 3))
+        assert m.pos_embed_for((3, 3)) is a
+        assert torch.equal(a, resize_pos_embed(m.pos_embed, m.patch_resolution, (3, 3)))
+        m.pos_embed.mul_(2.0)                       # a new version: recomputed
+        b = m.pos_embed_for((3, 3))
+        assert b is not a and torch.allclose(b, 2 * a)
+        m.load_state_dict(MODELS.build(dict(type='Vim', arch='test', img_size=32)).state_dict())
+        assert torch.equal(m.pos_embed_for((3, 3)), resize_pos_embed(
+            m.pos_embed, m.patch_resolution, (3, 3)))
+        assert m.pos_embed_for(m.patch_resolution) is m.pos_embed
+    g = m.pos_embed_for((3, 3))
+    assert g.requires_grad and g is not m.pos_embed_for((3, 3))
+
+
 def test_load_resizes_pos_embed_from_other_resolution(tmp_path):
     small = build(img_size=32)
     sd = random_official_state_dict(small, seed=2)

@@ -329,11 +329,11 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
         Without autograd the resized copy is kept for the last grid, keyed by the grid and the
         parameter's storage and version (a load or an optimizer step recomputes it): PyTorch's
         bicubic resize costs about 1 ms a forward on an H200 at 1024 px, a fifth of a fused
-        Vim-T backbone forward at batch 2. With gradients it is recomputed every time."""
+        Vim-T backbone forward at batch 2. With grad mode on it is recomputed every time."""
         if tuple(grid) == tuple(self.patch_resolution):
             return self.pos_embed
         pe = self.pos_embed
-        if torch.is_grad_enabled() and pe.requires_grad:
+        if torch.is_grad_enabled():      # (a cached inference-mode tensor must not enter autograd)
             return resize_pos_embed(pe, self.patch_resolution, grid, self.interpolate_mode)
         key = (tuple(grid), pe.device, pe.dtype, pe.data_ptr(), pe._version,
                self.interpolate_mode)
