@@ -46,6 +46,23 @@ def test_cpu_forward_stays_eager_and_equals_the_plain_one():
     assert InferenceGraphs.why_eager(graphed, x) == 'not a CUDA tensor'
 
 
+def test_traces_and_compiles_stay_eager(monkeypatch):
+    """A jit trace or a torch.compile recording must see the work, never a replay."""
+    m = build(cuda_graph=True).eval()
+    x = torch.randn(1, 3, 32, 32)
+    monkeypatch.setattr(torch.jit, 'is_tracing', lambda: True)
+    assert InferenceGraphs.why_eager(m, x) == 'a trace or compile is recording'
+    monkeypatch.setattr(torch.jit, 'is_tracing', lambda: False)
+    monkeypatch.setattr(torch.compiler, 'is_compiling', lambda: True)
+    assert InferenceGraphs.why_eager(m, x) == 'a trace or compile is recording'
+    monkeypatch.setattr(torch.compiler, 'is_compiling', lambda: False)
+    assert InferenceGraphs.why_eager(m, x) == 'not a CUDA tensor'
+    with torch.no_grad():
+        traced = torch.jit.trace(m, x, check_trace=False)
+    for p, q in zip(traced(x), m(x)):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
 def test_key_follows_weights_shape_autocast_and_reducer():
     m = build().eval()
     x = torch.randn(1, 3, 32, 32)

@@ -16,7 +16,8 @@ loaded or stepped in place changes its version, so the key, so the graph is capt
 most ``max_graphs`` graphs are kept (the least recently used one is dropped with its memory).
 
 A forward runs eagerly, as without this, whenever a graph could be wrong or cannot exist
-(:meth:`InferenceGraphs.why_eager`): CPU tensors, training mode, gradients enabled, a capture
+(:meth:`InferenceGraphs.why_eager`): ``torch.jit`` tracing or ``torch.compile`` recording (they
+would record a replay instead of the work), CPU tensors, training mode, gradients enabled, a capture
 already running (an outer graph, e.g. the benchmarks'), forward hooks on the backbone or any
 of its modules (a hook would run only at capture), the final stream being recorded, or a token
 reducer that is not on the allow-list :data:`GRAPH_SAFE_REDUCERS` (reducers whose choices are
@@ -89,6 +90,11 @@ class InferenceGraphs:
     @staticmethod
     def why_eager(module: nn.Module, x) -> Optional[str]:
         """Why this forward of ``module`` must run eagerly, or None when a graph may serve it."""
+        compiler = getattr(torch, 'compiler', None)
+        if torch.jit.is_tracing() or torch.jit.is_scripting() or (
+                compiler is not None and hasattr(compiler, 'is_compiling')
+                and compiler.is_compiling()):
+            return 'a trace or compile is recording'    # it would record a replay, not the work
         if not isinstance(x, torch.Tensor) or not x.is_cuda:
             return 'not a CUDA tensor'
         if module.training:
