@@ -858,8 +858,7 @@ class DenseSuite:
             workload=case.workload, model=_model_name(case.model, s), impl=case.impl,
             reduction=case.reduction_name, res=case.res, batch=case.batch, dtype=self.dtype,
             mode=f'{"train" if case.workload in TRAINING else "infer"}-{case.mode}',
-            fused_mixer={None: 'None', False: 'False', True: 'True'}.get(
-                IMPLS.get(case.impl, 'peer')),
+            fused_mixer=str(IMPLS[case.impl]) if case.impl in IMPLS else None,
             backbone_cuda_graph=case.impl in GRAPH_IMPLS)
         net = None
         try:

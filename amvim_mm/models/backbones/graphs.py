@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import collections
 import warnings
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from amvim_mm import runtime
+from amvim_mm.ops.cpu_ops import tracing
 
 __all__ = ['InferenceGraphs', 'GRAPH_SAFE_REDUCERS', 'graphs_requested']
 
@@ -58,6 +59,27 @@ class _Entry:
     def __init__(self, graph, x, out, counts, context) -> None:
         self.graph, self.x, self.out = graph, x, out
         self.counts, self.context = counts, context
+
+
+def _survey(module: nn.Module) -> Tuple[Optional[str], tuple, tuple]:
+    """One walk over ``module``'s modules (the walk costs more than what it reads, so a
+    forward takes one): (the type name of the first module with forward hooks or None, the
+    ``fused`` settings of the modules that have one, every parameter's and buffer's storage
+    and version)."""
+    hooked, fused, state = None, [], []
+    for m in module.modules():
+        if hooked is None and (m._forward_hooks or m._forward_pre_hooks):
+            hooked = type(m).__name__
+        d = m.__dict__
+        if 'fused' in d:
+            fused.append(d['fused'])
+        for t in d['_parameters'].values():
+            if t is not None:
+                state.append((t.data_ptr(), t._version))
+        for t in d['_buffers'].values():
+            if t is not None:
+                state.append((t.data_ptr(), t._version))
+    return hooked, tuple(fused), tuple(state)
 
 
 def _clone(out):
@@ -88,12 +110,10 @@ class InferenceGraphs:
 
     # ------------------------------------------------------------------ decisions
     @staticmethod
-    def why_eager(module: nn.Module, x) -> Optional[str]:
-        """Why this forward of ``module`` must run eagerly, or None when a graph may serve it."""
-        compiler = getattr(torch, 'compiler', None)
-        if torch.jit.is_tracing() or torch.jit.is_scripting() or (
-                compiler is not None and hasattr(compiler, 'is_compiling')
-                and compiler.is_compiling()):
+    def why_eager(module: nn.Module, x, survey: Optional[tuple] = None) -> Optional[str]:
+        """Why this forward of ``module`` must run eagerly, or None when a graph may serve it
+        (``survey``: :func:`_survey` of ``module`` when the caller has it)."""
+        if tracing():
             return 'a trace or compile is recording'    # it would record a replay, not the work
         if not isinstance(x, torch.Tensor) or not x.is_cuda:
             return 'not a CUDA tensor'
@@ -111,17 +131,13 @@ class InferenceGraphs:
             if name not in GRAPH_SAFE_REDUCERS or getattr(reducer, 'dynamic', False) or \
                     getattr(reducer, 'learned', False):
                 return f'token reducer {name} is not on the graph allow-list'
-        for m in module.modules():
-            if m._forward_hooks or m._forward_pre_hooks:
-                return f'forward hooks on {type(m).__name__}'
-        return None
+        hooked = (survey or _survey(module))[0]
+        return None if hooked is None else f'forward hooks on {hooked}'
 
     @staticmethod
-    def key(module: nn.Module, x: torch.Tensor) -> tuple:
+    def key(module: nn.Module, x: torch.Tensor, survey: Optional[tuple] = None) -> tuple:
         """Everything a captured forward depends on besides the images' values."""
-        state = tuple((t.data_ptr(), t._version) for t in module.parameters())
-        state += tuple((t.data_ptr(), t._version) for t in module.buffers())
-        fused = tuple(getattr(m, 'fused', None) for m in module.modules() if hasattr(m, 'fused'))
+        _, fused, state = survey or _survey(module)
         reducer = getattr(module, 'token_reducer', None)
         reduction = None if reducer is None else (id(reducer), repr(reducer), tuple(sorted(
             (k, v) for k, v in vars(reducer).items()
@@ -137,10 +153,11 @@ class InferenceGraphs:
         """``eager(x)`` or a replay of its captured graph (see the module docstring);
         ``check(x)`` validates the images before a replay (a graph cannot hold the host-side
         checks of the eager forward, e.g. the backbones' NaN test)."""
-        if self.why_eager(module, x) is not None:
+        survey = _survey(module) if isinstance(x, torch.Tensor) and x.is_cuda else None
+        if self.why_eager(module, x, survey) is not None:
             self.stats['eager'] += 1
             return eager(x)
-        key = self.key(module, x)
+        key = self.key(module, x, survey)
         entry = self.graphs.get(key)
         if entry is None:
             if key in self.failed or key not in self.seen:
