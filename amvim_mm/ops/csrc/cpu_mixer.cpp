@@ -11,7 +11,9 @@
 // parallel on ATen's thread pool. exp is a Cephes-style polynomial (about 1 ulp, the same as
 // ATen's vectorised exp); the scan's exp(dt A) is 2^(dt A log2 e) with A pre-scaled (no range
 // reduction by ln 2: 13-15 % faster scan on an AVX2 machine, outputs within 4e-8 of the exp
-// form); the scan state of a channel block lives in a small stack array that stays in L1.
+// form); the scan state of a channel block lives in a small stack array that stays in L1. The
+// scan walks L in chunks of steps, each in two passes (step sizes and gates, then the
+// recurrence): benchmarks/README.md has the measurements behind these choices.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -25,6 +27,10 @@
 #include <cstring>
 #include <type_traits>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 #if defined(__AVX512F__)
@@ -33,6 +39,7 @@ constexpr int VW = 16;         // channels per vector (one zmm register)
 constexpr int VW = 8;          // channels per vector (one ymm, or two xmm / NEON registers)
 #endif
 constexpr int kMaxState = 256;  // largest state size N
+constexpr int kChunk = 64;      // steps per pass of the scan (two (kChunk, VW) buffers, in L1)
 constexpr float kLog2e = 1.44269504088896341f;
 typedef float vf __attribute__((vector_size(VW * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(VW * sizeof(int32_t))));
@@ -43,22 +50,41 @@ typedef float vf_u __attribute__((vector_size(VW * sizeof(float)), aligned(4)));
 inline vf splat(float v) { return vf{} + v; }
 
 // the helpers of vexp / vexp2: x limited to [lo, hi] (min / max instructions); x rounded to the
-// nearest integer (after a scale) by the 1.5 * 2^23 trick (|x| < 2^22); y * 2^n for integral n in [-126, 127],
-// 2^n built as the float bits (n + 127) << 23 with a float multiply and one conversion (no
-// integer vector ops: AVX without AVX2 has none)
+// nearest integer (after a scale), y * 2^n for integral n in [-126, 127]. With AVX-512 these are
+// single instructions (vminps / vmaxps, vrndscaleps, vscalefps); otherwise the rounding is the 1.5 * 2^23 trick (|x| < 2^22) and 2^n is built as the float bits
+// (n + 127) << 23 with a float multiply and one conversion (no integer vector ops: AVX without
+// AVX2 has none). Both give the same bits.
 inline vf clamp(vf x, float lo, float hi) {
+#if defined(__AVX512F__)
+  // vminps / vmaxps: the selects below (x when it compares, else the bound: a NaN gives hi),
+  // which GCC keeps as compare + blend pairs without -ffinite-math-only
+  const __m512 v = _mm512_min_ps(reinterpret_cast<__m512>(x), _mm512_set1_ps(hi));
+  return reinterpret_cast<vf>(_mm512_max_ps(v, _mm512_set1_ps(lo)));
+#else
   x = x < hi ? x : splat(hi);
   return x > lo ? x : splat(lo);
+#endif
 }
 
-inline vf round_scaled(vf x, float scale) {  // round(x * scale)
+inline vf round_scaled(vf x, float scale) {  // round(x * scale), ties to even
+#if defined(__AVX512F__)
+  return reinterpret_cast<vf>(_mm512_roundscale_ps(reinterpret_cast<__m512>(x * scale),
+                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
   const vf magic = splat(12582912.0f);
   return (x * scale + magic) - magic;
+#endif
 }
 
 inline vf times_pow2(vf y, vf n) {
+#if defined(__AVX512F__)
+  // vscalefps: y * 2^n in one instruction (the same product for n in [-126, 127])
+  return reinterpret_cast<vf>(_mm512_scalef_ps(reinterpret_cast<__m512>(y),
+                                               reinterpret_cast<__m512>(n)));
+#else
   const vi e = __builtin_convertvector(n * 8388608.0f + 1065353216.0f, vi);  // (n + 127) << 23
   return y * reinterpret_cast<vf>(e);
+#endif
 }
 
 // exp(x) for every lane: x = n ln2 + r, n = round(x / ln2) by the 1.5 * 2^23 trick, |r| <= ln2/2,
@@ -83,11 +109,24 @@ inline vf vexp(vf x) {
 
 // 2^x for every lane (the scan's exp(dt A) with A pre-scaled by log2(e): no range reduction by
 // ln 2): x = n + f, n = round(x), |f| <= 1/2, 2^f by a degree-6 polynomial fitted to the relative
-// error (1.9e-9 in float64, 1e-7 evaluated in float32, as Cephes' expf), 2^n as float bits.
+// error with 2^0 = 1 exactly (1.9e-9 in float64, 1e-7 evaluated in float32, as Cephes' expf;
+// exact at f = 0 matters: a slowly decaying channel multiplies its state by 2^f, f near 0, at
+// every step, and a bias there compounds over L), times 2^n. Without AVX-512, x is clamped to
+// [-126, 127] and 2^n built as float bits. With AVX-512 (DQ), f = x - round(x) in one
+// instruction (vreduceps, exact), n = x - f, y * 2^n by vscalefps, and no clamp: vscalefps gives
+// 0 / inf where 2^x under- / overflows, vreduceps gives 0 for infinities (2^-inf = 0, 2^inf =
+// inf) and NaN stays NaN: 9 vector instructions instead of 16 (the clamp's compares and
+// blends, the rounding trick, the exponent bits).
 inline vf vexp2(vf x) {
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  const vf f = reinterpret_cast<vf>(_mm512_reduce_ps(reinterpret_cast<__m512>(x),
+                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const vf n = x - f;
+#else
   x = clamp(x, -126.0f, 127.0f);
   const vf n = round_scaled(x, 1.0f);
   const vf f = x - n;
+#endif
   vf y = splat(1.5337576831199462e-4f);
   y = y * f + 1.339986036306473e-3f;
   y = y * f + 9.618519534354997e-3f;
@@ -107,7 +146,8 @@ inline vf vsoftplus(vf x) {
   const vf ax = x < 0.0f ? -x : x;
   const vf e = vexp(-ax);
   const auto big = e > 0.41421356237f;
-  const vf s = big ? (e - 1.0f) / (e + 3.0f) : e / (e + 2.0f);
+  // one division: numerator and denominator chosen first (the same quotient as choosing after)
+  const vf s = (big ? e - 1.0f : e) / (big ? e + 3.0f : e + 2.0f);
   const vf s2 = s * s;
   vf p = splat(2.0f / 13.0f);
   p = p * s2 + 2.0f / 11.0f;
@@ -282,31 +322,52 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
     }
     const vf Dv = Dp ? load(Dp + e0, nc) : vf{};
     const vf biasv = biasp ? load(biasp + e0, nc) : vf{};
-    for (int64_t t = 0; t < len; ++t) {
-      const vf uv = load(up + b * usb + t * ust + e0, nc);
-      vf dt = biasv;
-      if (dtwp) {
-        const float* lr = dp + b * dsb + t * dst;
-        for (int64_t r = 0; r < rank; ++r) dt += Wv[r] * lr[r];
-      } else {
-        dt += load(dp + b * dsb + t * dst + e0, nc);
+    // chunks of kChunk steps in two passes: first every step's size dt (the low-rank
+    // projection and the softplus) and gate silu(z), then the recurrence. Both are the same
+    // operations as one pass, but the first pass has no dependency between steps, so its long
+    // chains (exp, division, polynomial) overlap; inside the recurrence they were on the
+    // critical path of each step (the scan ran at 2.4x its bare cost with them, AVX-512).
+    vf dts[kChunk], gates[kChunk];
+    for (int64_t t0 = 0; t0 < len; t0 += kChunk) {
+      const int64_t tn = std::min<int64_t>(kChunk, len - t0);
+      for (int64_t i = 0; i < tn; ++i) {
+        const int64_t t = t0 + i;
+        vf dt = biasv;
+        if (dtwp) {
+          const float* lr = dp + b * dsb + t * dst;
+          vf acc[4] = {};  // four partial sums: a chain of 4 FMAs per step instead of R
+          int64_t r = 0;
+          for (; r + 4 <= rank; r += 4)
+            for (int q = 0; q < 4; ++q) acc[q] += Wv[r + q] * lr[r + q];
+          for (; r < rank; ++r) acc[0] += Wv[r] * lr[r];
+          dt += (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        } else {
+          dt += load(dp + b * dsb + t * dst + e0, nc);
+        }
+        dts[i] = delta_softplus ? vsoftplus(dt) : dt;
+        if (zp) gates[i] = vsilu(load(zp + b * zsb + ord.at(b, t) * zst + e0, nc));
       }
-      if (delta_softplus) dt = vsoftplus(dt);
-      const vf du = dt * uv;
-      const float* bp = Bp + b * bsb + g * bsg + t * bst;
-      const float* cp = Cp + b * csb + g * csg + t * cst;
-      vf y{};
-      for (int64_t n = 0; n < ns; ++n) {
-        h[n] = vexp2(dt * Av[n]) * h[n] + du * bp[n * bsn];
-        y += h[n] * cp[n * csn];
+      for (int64_t i = 0; i < tn; ++i) {
+        const int64_t t = t0 + i;
+        const vf uv = load(up + b * usb + t * ust + e0, nc);
+        const vf dt = dts[i];
+        const vf du = dt * uv;
+        const float* bp = Bp + b * bsb + g * bsg + t * bst;
+        const float* cp = Cp + b * csb + g * csg + t * cst;
+        vf y{};
+#pragma GCC unroll 16
+        for (int64_t n = 0; n < ns; ++n) {
+          h[n] = vexp2(dt * Av[n]) * h[n] + du * bp[n * bsn];
+          y += h[n] * cp[n * csn];
+        }
+        y += Dv * uv;
+        const int64_t row = ord.at(b, t);
+        if (zp) y *= gates[i];
+        y *= fscale;
+        float* o = op + b * osb + row * ost + e0;
+        if (accumulate) y += load(o, nc);
+        store(o, y, nc);
       }
-      y += Dv * uv;
-      const int64_t row = ord.at(b, t);
-      if (zp) y *= vsilu(load(zp + b * zsb + row * zst + e0, nc));
-      y *= fscale;
-      float* o = op + b * osb + row * ost + e0;
-      if (accumulate) y += load(o, nc);
-      store(o, y, nc);
     }
     for (int j = 0; j < nc; ++j)
       for (int64_t n = 0; n < ns; ++n) lastp[(b * dim + e0 + j) * ns + n] = h[n][j];
