@@ -19,7 +19,9 @@ naming the fix. ``AMVIM_CPU_KERNELS=0`` switches the kernels off (for comparison
 The third kernel is a ToMe merge step at inference (:func:`fold_merge`): the merge of the summed
 stream, the compaction and the bookkeeping of
 :func:`~amvim_mm.models.reduction.state.reduce_tokens` in one call (that function takes it
-by itself where it applies, :func:`fold_merge_misfit`).
+by itself where it applies, :func:`fold_merge_misfit`). The fourth is a block's residual add +
+RMSNorm at inference (:func:`add_rmsnorm`, taken by ``VimBlock`` where
+:func:`add_rmsnorm_misfit` allows).
 """
 from __future__ import annotations
 
@@ -42,9 +44,9 @@ from amvim_mm import runtime
 
 logger = logging.getLogger('amvim_mm')
 
-#: the sources of the one library: the mixer's kernels and the ToMe merge step
+#: the sources of the one library: the mixer's kernels, the ToMe merge step, add + RMSNorm
 SOURCES = tuple(osp.join(osp.dirname(osp.abspath(__file__)), 'csrc', f)
-                for f in ('cpu_mixer.cpp', 'cpu_token_merge.cpp'))
+                for f in ('cpu_mixer.cpp', 'cpu_token_merge.cpp', 'cpu_add_rmsnorm.cpp'))
 LIBRARY = 'amvim_cpu_mixer.so'
 FLAGS = ('-O3', '-march=native', '-std=c++20', '-shared', '-fPIC', '-fopenmp', '-g0', '-w')
 
@@ -252,3 +254,33 @@ def fold_merge(stream: Tensor, size: Tensor, pos: Tensor, source: Tensor, remove
         stream.float().contiguous(), size.float().contiguous(), pos.long().contiguous(),
         source.long().contiguous(), removed.long().contiguous(), dst.long().contiguous(),
         int(n_patches), int(cls_index))
+
+
+def add_rmsnorm_misfit(hidden: Tensor, residual: Optional[Tensor], weight: Tensor
+                       ) -> Optional[str]:
+    """Why a block's add + RMSNorm cannot take :func:`add_rmsnorm` (``None`` if it can): the
+    inference kernel for float32 CPU tensors of one shape, outside autograd and recordings."""
+    if hidden.device.type != 'cpu':
+        return 'not a CPU tensor'
+    if hidden.dtype != torch.float32 or weight.dtype != torch.float32 or (
+            residual is not None and residual.dtype != torch.float32):
+        return 'it computes in float32'
+    if residual is not None and residual.shape != hidden.shape:
+        return 'residual and hidden differ in shape'
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or (
+            residual is not None and residual.requires_grad)):
+        return 'it has no backward'
+    if tracing():
+        return 'a trace or compile is recording'
+    ok, reason = status()
+    return None if ok else reason
+
+
+def add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float
+                ) -> Tuple[Tensor, Tensor]:
+    """``res = residual + hidden`` (``hidden`` when ``residual`` is None), then
+    ``res * rsqrt(mean(res ** 2, -1) + eps) * weight``, in one pass over each (..., D) row on
+    the compiled kernel. Returns ``(normed, res)``; float32 (see :func:`add_rmsnorm_misfit`)."""
+    return torch.ops.amvim_cpu.add_rmsnorm(
+        hidden.contiguous(), None if residual is None else residual.contiguous(),
+        weight.contiguous(), float(eps))

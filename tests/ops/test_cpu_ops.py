@@ -17,6 +17,7 @@ import torch
 
 from amvim_mm import runtime
 from amvim_mm.errors import BackendUnavailableError
+from amvim_mm.models.backbones.norm import RMSNorm
 from amvim_mm.ops import cpu_ops
 from amvim_mm.ops.causal_conv1d import causal_conv1d_torch
 from amvim_mm.ops.selective_scan import (aligned_selective_scan, selective_scan_fn,
@@ -225,6 +226,51 @@ def test_fused_cpu_mixer_equals_the_unfused_mixer(cfg, reduction):
         assert True in calls[:n] and False in calls[:n]
     assert calls[n:] == [False] * n                              # the switch is honoured
     assert _rel(ours, ref) < 2e-6
+
+
+@pytest.mark.parametrize('shape', [(2, 7, 192), (3, 13), (1, 1, 40)])
+@pytest.mark.parametrize('with_residual', [True, False])
+def test_add_rmsnorm_kernel_equals_the_module(shape, with_residual):
+    """``residual + hidden`` (or ``hidden``) and the project's RMSNorm of it: the sum bit for
+    bit, the norm within 1e-6 (its own summation order), rows of a length off the vector width
+    and a single row included."""
+    g = torch.Generator().manual_seed(1)
+    h, r = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g) * 3
+    norm = RMSNorm(shape[-1])
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(shape[-1], generator=g) + 0.5)
+        res_ref = r + h if with_residual else h
+        ref = norm(res_ref)
+    out, res = cpu_ops.add_rmsnorm(h, r if with_residual else None, norm.weight, norm.eps)
+    assert torch.equal(res, res_ref) and res.data_ptr() != h.data_ptr()
+    assert out.shape == ref.shape and _rel(out, ref) < 1e-6
+
+
+def test_add_rmsnorm_misfits_and_the_block_keeps_hooks():
+    """The kernel steps aside for autograd, other dtypes and shapes; a block takes it at CPU
+    inference, but not when a hook watches its norm (the hook is still called)."""
+    w = torch.ones(8)
+    h = torch.randn(2, 3, 8)
+    assert cpu_ops.add_rmsnorm_misfit(h, None, w) is None
+    assert 'backward' in cpu_ops.add_rmsnorm_misfit(h.requires_grad_(), None, w)
+    h = h.detach()
+    assert 'float32' in cpu_ops.add_rmsnorm_misfit(h.double(), None, w)
+    assert 'shape' in cpu_ops.add_rmsnorm_misfit(h, h[:, :2], w)
+    torch.manual_seed(0)
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=32)).eval()
+    x = torch.randn(1, 3, 32, 32)
+    block = m.layers[1]
+    seen = []
+    orig = block._cpu_add_norm_fits
+    block._cpu_add_norm_fits = lambda *a: seen.append(orig(*a)) or seen[-1]
+    with torch.no_grad():
+        out = m(x)[0]
+        hooked = []
+        handle = block.norm.register_forward_hook(lambda *a: hooked.append(1))
+        out_hooked = m(x)[0]
+        handle.remove()
+    assert seen == [True, False] and hooked == [1]
+    assert _rel(out_hooked, out) < 1e-6
 
 
 def test_training_on_cpu_never_takes_the_kernels():

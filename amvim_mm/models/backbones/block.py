@@ -1,4 +1,5 @@
-"""One Vim block: residual add + RMSNorm (fused on the fused path) + mixer."""
+"""One Vim block: residual add + RMSNorm (fused on the fused path, one compiled pass at CPU
+inference) + mixer."""
 from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
@@ -7,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from amvim_mm.errors import ConfigError
+from amvim_mm.ops import cpu_ops
 from amvim_mm.ops.fused_add_rmsnorm import fused_add_rmsnorm_train
 from amvim_mm.ops.fused_mixer import fused_add_rmsnorm
 from amvim_mm.ops.token_merge import apply_merge_plan
@@ -68,10 +70,27 @@ class VimBlock(nn.Module):
             return self.mixer(normed, ctx, self.path_keys, fused=True), residual
         if merge is not None:
             hidden, residual = apply_merge_plan(hidden, residual, merge), None
+        if self._cpu_add_norm_fits(hidden, residual):
+            # CPU inference: residual add + RMSNorm in one compiled pass (cpu_ops.add_rmsnorm)
+            hidden, residual = cpu_ops.add_rmsnorm(hidden, residual, self.norm.weight,
+                                                   self.norm.eps)
+            return self.mixer(hidden, ctx, self.path_keys, fused=fused), residual
         residual = hidden if residual is None else residual + self.drop_path(hidden)
         hidden = self.norm(residual.to(self.norm.weight.dtype))
         residual = residual.float()
         return self.mixer(hidden, ctx, self.path_keys, fused=fused), residual
+
+    def _cpu_add_norm_fits(self, hidden: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
+        """The unfused add + RMSNorm can take the compiled CPU kernel: float32 CPU inference,
+        no stochastic depth in effect, the block's own ``RMSNorm`` with no hooks on it (a hook
+        would be skipped), and :func:`~amvim_mm.ops.cpu_ops.add_rmsnorm_misfit` finds nothing
+        (kernels built and on, no autograd, no trace)."""
+        return (hidden.device.type == 'cpu' and type(self.norm) is RMSNorm
+                and (not self.training or self.drop_path.drop_prob == 0)
+                and not (self.norm._forward_hooks or self.norm._forward_pre_hooks
+                         or nn.modules.module._global_forward_hooks
+                         or nn.modules.module._global_forward_pre_hooks)
+                and cpu_ops.add_rmsnorm_misfit(hidden, residual, self.norm.weight) is None)
 
     def _wants_grad(self, hidden: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
         """Autograd records this block's add + RMSNorm: grad mode is on and the streams or the
