@@ -19,9 +19,10 @@ naming the fix. ``AMVIM_CPU_KERNELS=0`` switches the kernels off (for comparison
 The third kernel is a ToMe merge step at inference (:func:`fold_merge`): the merge of the summed
 stream, the compaction and the bookkeeping of
 :func:`~amvim_mm.models.reduction.state.reduce_tokens` in one call (that function takes it
-by itself where it applies, :func:`fold_merge_misfit`). The fourth is a block's residual add +
-RMSNorm at inference (:func:`add_rmsnorm`, taken by ``VimBlock`` where
-:func:`add_rmsnorm_misfit` allows).
+by itself where it applies, :func:`fold_merge_misfit`), and ToMe's matching is another
+(:func:`tome_match`, taken by ``ToMe.select`` where :func:`tome_match_misfit` allows). The
+last is a block's residual add + RMSNorm at inference (:func:`add_rmsnorm`, taken by
+``VimBlock`` where :func:`add_rmsnorm_misfit` allows).
 """
 from __future__ import annotations
 
@@ -44,9 +45,11 @@ from amvim_mm import runtime
 
 logger = logging.getLogger('amvim_mm')
 
-#: the sources of the one library: the mixer's kernels, the ToMe merge step, add + RMSNorm
+#: the sources of the one library: the mixer's kernels, ToMe's merge step and matching, a
+#: block's add + RMSNorm
 SOURCES = tuple(osp.join(osp.dirname(osp.abspath(__file__)), 'csrc', f)
-                for f in ('cpu_mixer.cpp', 'cpu_token_merge.cpp', 'cpu_add_rmsnorm.cpp'))
+                for f in ('cpu_mixer.cpp', 'cpu_token_merge.cpp', 'cpu_add_rmsnorm.cpp',
+                          'cpu_tome_match.cpp'))
 LIBRARY = 'amvim_cpu_mixer.so'
 FLAGS = ('-O3', '-march=native', '-std=c++20', '-shared', '-fPIC', '-fopenmp', '-g0', '-w')
 
@@ -284,3 +287,31 @@ def add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor, eps:
     return torch.ops.amvim_cpu.add_rmsnorm(
         hidden.contiguous(), None if residual is None else residual.contiguous(),
         weight.contiguous(), float(eps))
+
+
+def tome_match_misfit(metric: Tensor) -> Optional[str]:
+    """Why ToMe's matching on ``metric`` (B, L, D) cannot take :func:`tome_match` (``None`` if
+    it can): float32 CPU inference outside autograd and recordings."""
+    if metric.device.type != 'cpu':
+        return 'not a CPU tensor'
+    if metric.dtype != torch.float32 or metric.dim() != 3:
+        return 'it takes a (batch, L, D) float32 metric'
+    if torch.is_grad_enabled() and metric.requires_grad:
+        return 'it has no backward'
+    if tracing():
+        return 'a trace or compile is recording'
+    ok, reason = status()
+    return None if ok else reason
+
+
+def tome_match(metric: Tensor, weight: Optional[Tensor], a_idx: Tensor, b_idx: Tensor, k: int
+               ) -> Tuple[Tensor, Tensor]:
+    """ToMe's bipartite matching of one token layout (every sample's A tokens ``a_idx`` (A,),
+    B tokens ``b_idx`` (Bn,)): the cosine similarity of ``metric * weight`` (B, L, D), each A
+    token's first most similar B token, the ``k`` strongest edges in a stable descending
+    order. Returns ``(removed, dst)``, (B, k) int64 each: the decisions of
+    :meth:`~amvim_mm.models.reduction.reducers.ToMe.select`'s PyTorch ops, which are its
+    reference (see ``csrc/cpu_tome_match.cpp`` on near-ties)."""
+    return torch.ops.amvim_cpu.tome_match(
+        metric.contiguous(), None if weight is None else weight.float().contiguous(),
+        a_idx.long().contiguous(), b_idx.long().contiguous(), int(k))

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from amvim_mm import runtime
 from amvim_mm.errors import BackendUnavailableError
@@ -271,6 +272,47 @@ def test_add_rmsnorm_misfits_and_the_block_keeps_hooks():
         handle.remove()
     assert seen == [True, False] and hooked == [1]
     assert _rel(out_hooked, out) < 1e-6
+
+
+def _torch_match(m, w, a_idx, b_idx, k):
+    """ToMe.select's PyTorch ops (its reference) for one shared layout."""
+    m = F.normalize(m * w if w is not None else m, dim=-1)
+    scores = m.index_select(1, a_idx) @ m.index_select(1, b_idx).transpose(1, 2)
+    node_max, node_idx = scores.max(dim=-1)
+    edges = node_max.argsort(dim=-1, descending=True, stable=True)[:, :k]
+    a = a_idx.expand(m.shape[0], -1)
+    return torch.gather(a, 1, edges), b_idx[torch.gather(node_idx, 1, edges)]
+
+
+@pytest.mark.parametrize('B,L,D,k,weighted', [(2, 197, 192, 40, True), (1, 50, 13, 25, False),
+                                              (3, 9, 8, 1, True), (1, 5, 4, 0, False)])
+def test_tome_match_kernel_decides_as_the_torch_ops(B, L, D, k, weighted):
+    """Random tokens (ToMe's alternating sets of one layout, a class token skipped): the same
+    merged tokens and partners, in the same order."""
+    g = torch.Generator().manual_seed(L)
+    m = torch.randn(B, L, D, generator=g)
+    w = torch.rand(D, generator=g) + 0.5 if weighted else None
+    idx = torch.arange(1, L)
+    a_idx, b_idx = idx[0::2], idx[1::2]
+    removed, dst = cpu_ops.tome_match(m, w, a_idx, b_idx, k)
+    ref_removed, ref_dst = _torch_match(m, w, a_idx, b_idx, k)
+    assert removed.shape == dst.shape == (B, k)
+    assert torch.equal(removed, ref_removed) and torch.equal(dst, ref_dst)
+
+
+def test_tome_match_kernel_ties_go_to_the_lower_index():
+    """Duplicated tokens give exactly equal scores: an A token's partner is its first most
+    similar B token, equal edges keep the A tokens' order (as the stable sort does)."""
+    base = torch.randn(1, 4, 16)
+    m = base[:, [0, 1, 0, 1, 2, 3, 2, 3]].contiguous()    # A = 0 2 4 6, B = 1 3 5 7
+    a_idx, b_idx = torch.tensor([0, 2, 4, 6]), torch.tensor([1, 3, 5, 7])
+    removed, dst = cpu_ops.tome_match(m, None, a_idx, b_idx, 4)
+    ref_removed, ref_dst = _torch_match(m, None, a_idx, b_idx, 4)
+    assert torch.equal(removed, ref_removed) and torch.equal(dst, ref_dst)
+    with pytest.raises(RuntimeError, match='cannot merge 5 of 4'):
+        cpu_ops.tome_match(m, None, a_idx, b_idx, 5)
+    with pytest.raises(RuntimeError, match='out of range'):
+        cpu_ops.tome_match(m, None, a_idx + 2, b_idx, 1)
 
 
 def test_training_on_cpu_never_takes_the_kernels():

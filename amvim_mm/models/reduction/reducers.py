@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from mmengine.registry import Registry
 
 from amvim_mm.errors import ConfigError, LookupConfigError
+from amvim_mm.ops import cpu_ops
 from amvim_mm.ops import token_merge as tm
 from .schedule import ReductionSchedule
 from .state import Streams
@@ -208,7 +209,10 @@ class ToMe(TokenReducer):
         """The matching in fp32 whatever the autocast dtype: the gap between the last merged
         and the first kept edge is often below bf16's resolution, so a 16-bit similarity
         changes which tokens merge. Ties go to the lower index (A token for the edge ranking,
-        B token for an A token's partner), as in the matching kernel."""
+        B token for an A token's partner), as in the matching kernel. At CPU inference (one
+        layout for every sample, float32) the compiled :func:`~amvim_mm.ops.cpu_ops.tome_match`
+        takes the whole matching (``AMVIM_CPU_KERNELS=0`` or
+        ``AMVIM_FUSED_REDUCTION_KERNELS=0`` keep these PyTorch ops, its reference)."""
         if isinstance(stream, torch.Tensor):
             stream = Streams(stream, None)
         idx = _patch_indices(ctx)
@@ -217,17 +221,24 @@ class ToMe(TokenReducer):
             raise ConfigError(f'ToMe: cannot merge {k} tokens before block {block}: only '
                               f'{idx.shape[1]} patch tokens are left (at most '
                               f'{a_idx.shape[1] if b_idx.shape[1] else 0} can merge)')
+        shared = idx.stride(0) == 0 or idx.shape[0] == 1    # one layout for every sample
         with torch.autocast(stream.hidden.device.type, enabled=False):
             m = stream.total().float()
+            w = None
             if self.metric == 'norm_input' and hasattr(layer, 'merge_metric'):
                 m = layer.merge_metric(m).float()    # the block's own normalised input
             elif self.metric == 'norm_input':
                 # cosine similarity of RMSNorm(x) = x / rms(x) * w: the 1 / rms cancels
-                m = m * layer.norm.weight.float()
+                w = layer.norm.weight.float()
+            if shared and tm.extra_kernels_enabled() and cpu_ops.tome_match_misfit(m) is None:
+                # CPU inference: the whole matching in one compiled call (same decisions)
+                removed, dst = cpu_ops.tome_match(m, w, a_idx[0], b_idx[0], k)
+                return removed, dst, None
+            if w is not None:
+                m = m * w
             m = F.normalize(m, dim=-1)
             d = m.shape[-1]
-            if idx.stride(0) == 0 or idx.shape[0] == 1:   # one layout for every sample:
-                # whole-row copies (the same values as the gather, several times faster)
+            if shared:   # whole-row copies (the same values as the gather, several times faster)
                 ma, mb = m.index_select(1, a_idx[0]), m.index_select(1, b_idx[0])
             else:
                 ma = torch.gather(m, 1, a_idx.unsqueeze(-1).expand(-1, -1, d))
