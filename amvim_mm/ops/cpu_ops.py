@@ -228,6 +228,17 @@ def conv_silu(x: Tensor, weight: Tensor, bias: Optional[Tensor], order: Optional
     return torch.ops.amvim_cpu.conv_silu(x, weight, bias, order, length)
 
 
+def _inference_misfit(*tensors: Optional[Tensor]) -> Optional[str]:
+    """What every inference kernel here needs of its inputs besides their layout: no autograd
+    graph through them, no trace or compile recording, the library loaded."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return 'it has no backward'
+    if tracing():
+        return 'a trace or compile is recording'
+    ok, reason = status()
+    return None if ok else reason
+
+
 def fold_merge_misfit(stream: Tensor) -> Optional[str]:
     """Why a merge step on ``stream`` cannot take :func:`fold_merge` (``None`` if it can): it
     is the inference kernel for float32 CPU tensors, outside autograd and recordings."""
@@ -235,12 +246,7 @@ def fold_merge_misfit(stream: Tensor) -> Optional[str]:
         return 'not a CPU tensor'
     if stream.dtype != torch.float32:
         return 'it computes in float32'
-    if torch.is_grad_enabled() and stream.requires_grad:
-        return 'it has no backward'
-    if tracing():
-        return 'a trace or compile is recording'
-    ok, reason = status()
-    return None if ok else reason
+    return _inference_misfit(stream)
 
 
 def fold_merge(stream: Tensor, size: Tensor, pos: Tensor, source: Tensor, removed: Tensor,
@@ -270,13 +276,7 @@ def add_rmsnorm_misfit(hidden: Tensor, residual: Optional[Tensor], weight: Tenso
         return 'it computes in float32'
     if residual is not None and residual.shape != hidden.shape:
         return 'residual and hidden differ in shape'
-    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or (
-            residual is not None and residual.requires_grad)):
-        return 'it has no backward'
-    if tracing():
-        return 'a trace or compile is recording'
-    ok, reason = status()
-    return None if ok else reason
+    return _inference_misfit(hidden, residual, weight)
 
 
 def add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float
@@ -296,12 +296,7 @@ def tome_match_misfit(metric: Tensor) -> Optional[str]:
         return 'not a CPU tensor'
     if metric.dtype != torch.float32 or metric.dim() != 3:
         return 'it takes a (batch, L, D) float32 metric'
-    if torch.is_grad_enabled() and metric.requires_grad:
-        return 'it has no backward'
-    if tracing():
-        return 'a trace or compile is recording'
-    ok, reason = status()
-    return None if ok else reason
+    return _inference_misfit(metric)
 
 
 def tome_match(metric: Tensor, weight: Optional[Tensor], a_idx: Tensor, b_idx: Tensor, k: int
