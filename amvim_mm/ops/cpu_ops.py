@@ -19,8 +19,8 @@ naming the fix. ``AMVIM_CPU_KERNELS=0`` switches the kernels off (for comparison
 The third kernel is a ToMe merge step at inference (:func:`fold_merge`): the merge of the summed
 stream, the compaction and the bookkeeping of
 :func:`~amvim_mm.models.reduction.state.reduce_tokens` in one call (that function takes it
-by itself where it applies, :func:`fold_merge_misfit`), and ToMe's matching is another
-(:func:`tome_match`, taken by ``ToMe.select`` where :func:`tome_match_misfit` allows). The
+by itself where it applies, :func:`fold_merge_misfit`), and ToMe's edge choice is another
+(:func:`tome_edges`, taken by ``ToMe.select`` where :func:`tome_edges_misfit` allows). The
 last is a block's residual add + RMSNorm at inference (:func:`add_rmsnorm`, taken by
 ``VimBlock`` where :func:`add_rmsnorm_misfit` allows).
 """
@@ -49,7 +49,7 @@ logger = logging.getLogger('amvim_mm')
 #: block's add + RMSNorm
 SOURCES = tuple(osp.join(osp.dirname(osp.abspath(__file__)), 'csrc', f)
                 for f in ('cpu_mixer.cpp', 'cpu_token_merge.cpp', 'cpu_add_rmsnorm.cpp',
-                          'cpu_tome_match.cpp'))
+                          'cpu_tome_edges.cpp'))
 LIBRARY = 'amvim_cpu_mixer.so'
 FLAGS = ('-O3', '-march=native', '-std=c++20', '-shared', '-fPIC', '-fopenmp', '-g0', '-w')
 
@@ -289,24 +289,22 @@ def add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor, eps:
         weight.contiguous(), float(eps))
 
 
-def tome_match_misfit(metric: Tensor) -> Optional[str]:
-    """Why ToMe's matching on ``metric`` (B, L, D) cannot take :func:`tome_match` (``None`` if
-    it can): float32 CPU inference outside autograd and recordings."""
-    if metric.device.type != 'cpu':
+def tome_edges_misfit(scores: Tensor) -> Optional[str]:
+    """Why ToMe's edge choice on ``scores`` (B, A, Bn) cannot take :func:`tome_edges` (``None``
+    if it can): float32 CPU inference outside autograd and recordings."""
+    if scores.device.type != 'cpu':
         return 'not a CPU tensor'
-    if metric.dtype != torch.float32 or metric.dim() != 3:
-        return 'it takes a (batch, L, D) float32 metric'
-    return _inference_misfit(metric)
+    if scores.dtype != torch.float32 or scores.dim() != 3:
+        return 'it takes (batch, A, B) float32 scores'
+    return _inference_misfit(scores)
 
 
-def tome_match(metric: Tensor, weight: Optional[Tensor], a_idx: Tensor, b_idx: Tensor, k: int
-               ) -> Tuple[Tensor, Tensor]:
-    """ToMe's bipartite matching of one token layout (every sample's A tokens ``a_idx`` (A,),
-    B tokens ``b_idx`` (Bn,)): the cosine similarity of ``metric * weight`` (B, L, D), each A
-    token's first most similar B token, the ``k`` strongest edges in a stable descending
-    order. Returns ``(removed, dst)``, (B, k) int64 each: the decisions of
-    :meth:`~amvim_mm.models.reduction.reducers.ToMe.select`'s PyTorch ops, which are its
-    reference (see ``csrc/cpu_tome_match.cpp`` on near-ties)."""
-    return torch.ops.amvim_cpu.tome_match(
-        metric.contiguous(), None if weight is None else weight.float().contiguous(),
-        a_idx.long().contiguous(), b_idx.long().contiguous(), int(k))
+def tome_edges(scores: Tensor, a_idx: Tensor, b_idx: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+    """The second half of ToMe's bipartite matching for one token layout (every sample's A
+    tokens ``a_idx`` (A,), B tokens ``b_idx`` (Bn,)) from the similarity ``scores`` (B, A, Bn):
+    each A token's first most similar B token, the ``k`` strongest edges in a stable
+    descending order. Returns ``(removed, dst)``, (B, k) int64 each, equal to
+    :meth:`~amvim_mm.models.reduction.reducers.ToMe.select`'s ``max`` / ``argsort`` /
+    ``gather`` ops on the same scores."""
+    return torch.ops.amvim_cpu.tome_edges(scores.contiguous(), a_idx.long().contiguous(),
+                                          b_idx.long().contiguous(), int(k))

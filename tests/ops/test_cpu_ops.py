@@ -14,7 +14,6 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from amvim_mm import runtime
 from amvim_mm.errors import BackendUnavailableError
@@ -274,45 +273,59 @@ def test_add_rmsnorm_misfits_and_the_block_keeps_hooks():
     assert _rel(out_hooked, out) < 1e-6
 
 
-def _torch_match(m, w, a_idx, b_idx, k):
-    """ToMe.select's PyTorch ops (its reference) for one shared layout."""
-    m = F.normalize(m * w if w is not None else m, dim=-1)
-    scores = m.index_select(1, a_idx) @ m.index_select(1, b_idx).transpose(1, 2)
+def _torch_edges(scores, a_idx, b_idx, k):
+    """ToMe.select's PyTorch ops after the scores (the kernel's reference)."""
     node_max, node_idx = scores.max(dim=-1)
     edges = node_max.argsort(dim=-1, descending=True, stable=True)[:, :k]
-    a = a_idx.expand(m.shape[0], -1)
+    a = a_idx.expand(scores.shape[0], -1)
     return torch.gather(a, 1, edges), b_idx[torch.gather(node_idx, 1, edges)]
 
 
-@pytest.mark.parametrize('B,L,D,k,weighted', [(2, 197, 192, 40, True), (1, 50, 13, 25, False),
-                                              (3, 9, 8, 1, True), (1, 5, 4, 0, False)])
-def test_tome_match_kernel_decides_as_the_torch_ops(B, L, D, k, weighted):
-    """Random tokens (ToMe's alternating sets of one layout, a class token skipped): the same
-    merged tokens and partners, in the same order."""
-    g = torch.Generator().manual_seed(L)
-    m = torch.randn(B, L, D, generator=g)
-    w = torch.rand(D, generator=g) + 0.5 if weighted else None
-    idx = torch.arange(1, L)
-    a_idx, b_idx = idx[0::2], idx[1::2]
-    removed, dst = cpu_ops.tome_match(m, w, a_idx, b_idx, k)
-    ref_removed, ref_dst = _torch_match(m, w, a_idx, b_idx, k)
+@pytest.mark.parametrize('B,A,Bn,k,kind', [(2, 98, 98, 40, 'random'), (1, 25, 24, 25, 'random'),
+                                           (3, 9, 8, 1, 'ties'), (2, 12, 7, 6, 'ties'),
+                                           (1, 6, 5, 3, 'nan'), (1, 3, 2, 0, 'random')])
+def test_tome_edges_kernel_decides_as_the_torch_ops(B, A, Bn, k, kind):
+    """The same merged tokens and partners in the same order as max / argsort / gather on the
+    same scores: random scores, many exact ties (first maximum, stable order), NaN scores
+    (above every number, as torch orders them)."""
+    g = torch.Generator().manual_seed(A)
+    scores = torch.randn(B, A, Bn, generator=g)
+    if kind == 'ties':
+        scores = torch.randint(0, 3, (B, A, Bn), generator=g).float()
+    elif kind == 'nan':
+        scores[0, 1, 3] = scores[0, 4, 0] = float('nan')
+    a_idx, b_idx = torch.arange(A) * 2 + 1, torch.arange(Bn) * 2 + 2
+    removed, dst = cpu_ops.tome_edges(scores, a_idx, b_idx, k)
+    ref_removed, ref_dst = _torch_edges(scores, a_idx, b_idx, k)
     assert removed.shape == dst.shape == (B, k)
     assert torch.equal(removed, ref_removed) and torch.equal(dst, ref_dst)
+    with pytest.raises(RuntimeError, match=f'cannot merge {A + 1} of {A}'):
+        cpu_ops.tome_edges(scores, a_idx, b_idx, A + 1)
+    with pytest.raises(RuntimeError, match='must match'):
+        cpu_ops.tome_edges(scores, a_idx[1:], b_idx, 0)
 
 
-def test_tome_match_kernel_ties_go_to_the_lower_index():
-    """Duplicated tokens give exactly equal scores: an A token's partner is its first most
-    similar B token, equal edges keep the A tokens' order (as the stable sort does)."""
-    base = torch.randn(1, 4, 16)
-    m = base[:, [0, 1, 0, 1, 2, 3, 2, 3]].contiguous()    # A = 0 2 4 6, B = 1 3 5 7
-    a_idx, b_idx = torch.tensor([0, 2, 4, 6]), torch.tensor([1, 3, 5, 7])
-    removed, dst = cpu_ops.tome_match(m, None, a_idx, b_idx, 4)
-    ref_removed, ref_dst = _torch_match(m, None, a_idx, b_idx, 4)
-    assert torch.equal(removed, ref_removed) and torch.equal(dst, ref_dst)
-    with pytest.raises(RuntimeError, match='cannot merge 5 of 4'):
-        cpu_ops.tome_match(m, None, a_idx, b_idx, 5)
-    with pytest.raises(RuntimeError, match='out of range'):
-        cpu_ops.tome_match(m, None, a_idx + 2, b_idx, 1)
+@pytest.mark.parametrize('cfg', [dict(type='Vim', arch='test', img_size=48),
+                                 dict(type='AMVim', arch='test', img_size=64)])
+def test_tome_on_the_cpu_kernels_is_bit_identical_to_its_torch_ops(cfg):
+    """A ToMe backbone with the compiled edge choice against AMVIM_FUSED_REDUCTION_KERNELS=0
+    (ToMe's PyTorch ops, everything else the same): equal outputs and token counts."""
+    torch.manual_seed(0)
+    m = MODELS.build(dict(cfg, out_type='featmap', out_indices=(-1, ),
+                          token_reduction=dict(type='ToMe', ratio=0.4))).eval()
+    x = torch.randn(2, 3, cfg['img_size'], cfg['img_size'])
+    calls = []
+    orig = cpu_ops.tome_edges
+    with torch.no_grad():
+        cpu_ops.tome_edges = lambda *a: calls.append(1) or orig(*a)
+        try:
+            ours, counts = m(x)[0], list(m.token_counts)
+        finally:
+            cpu_ops.tome_edges = orig
+        with runtime.override(reduction_kernels=False):
+            ref, ref_counts = m(x)[0], list(m.token_counts)
+    assert calls and counts == ref_counts and counts[-1] < counts[0]
+    assert torch.equal(ours, ref)
 
 
 def test_training_on_cpu_never_takes_the_kernels():
