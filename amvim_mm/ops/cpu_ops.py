@@ -45,7 +45,7 @@ from amvim_mm import runtime
 
 logger = logging.getLogger('amvim_mm')
 
-#: the sources of the one library: the mixer's kernels, ToMe's merge step and matching, a
+#: the sources of the one library: the mixer's kernels, ToMe's merge step and edge choice, a
 #: block's add + RMSNorm
 SOURCES = tuple(osp.join(osp.dirname(osp.abspath(__file__)), 'csrc', f)
                 for f in ('cpu_mixer.cpp', 'cpu_token_merge.cpp', 'cpu_add_rmsnorm.cpp',
