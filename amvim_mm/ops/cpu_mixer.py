@@ -53,17 +53,5 @@ def cpu_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight: T
     P, E, N = A.shape
     if perms.shape[0] != P or perms.shape[-1] != length:
         raise ConfigError(f'perms must be (P={P}, 1 or B, L={length}); got {tuple(perms.shape)}')
-    r = dt_w.shape[-1]
-    xz = F.linear(hidden, in_proj_weight)                        # (B, L, 2E)
-    x, z = xz[..., :E], xz[..., E:]
-    y = hidden.new_empty(bsz, length, E)
-    order = perms.to(torch.int32)
-    for k in range(P):
-        o = order[k].contiguous()
-        u = cpu_ops.conv_silu(x, conv_w[k], conv_b[k], o, length)   # (B, L, E), path order
-        x_dbl = F.linear(u, x_proj[k])                               # (B, L, W)
-        # delta = dt_proj @ x_dbl[..., :R'] inside the kernel (R' FMAs per step)
-        cpu_ops.scan_tokens(u, x_dbl[..., :r], A[k], x_dbl[..., r:r + N],
-                            x_dbl[..., r + N:r + 2 * N], D[k], z, dt_b[k], o, y, k > 0, 1.0 / P,
-                            dt_proj=dt_w[k])
-    return F.linear(y, out_proj_weight)
+    return torch.ops.amvim_cpu.mixer_forward(hidden, in_proj_weight, out_proj_weight, conv_w,
+                                             conv_b, x_proj, dt_w, dt_b, A, D, perms)

@@ -89,7 +89,12 @@ def build_key() -> str:
 
 def library_path() -> str:
     """Where the library for this source, torch and CPU lies (built or not)."""
-    return osp.join(runtime.settings().cache_dir, 'cpu_kernels', build_key(), LIBRARY)
+    return _library_in(runtime.settings().cache_dir)
+
+
+@functools.lru_cache(maxsize=None)
+def _library_in(cache_dir: str) -> str:   # asked by every kernel call: joined once
+    return osp.join(cache_dir, 'cpu_kernels', build_key(), LIBRARY)
 
 
 def build(verbose: bool = False) -> str:

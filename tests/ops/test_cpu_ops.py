@@ -228,6 +228,84 @@ def test_fused_cpu_mixer_equals_the_unfused_mixer(cfg, reduction):
     assert _rel(ours, ref) < 2e-6
 
 
+def _mixer_op_by_op(hidden, in_w, out_w, stacked, perms):
+    """The fused CPU mixer as separate kernel and GEMM calls (what ``amvim_cpu::mixer_forward``
+    does in one call)."""
+    conv_w, conv_b, x_proj, dt_w, dt_b, A, D = stacked
+    P, E, N = A.shape
+    r = dt_w.shape[-1]
+    xz = torch.nn.functional.linear(hidden, in_w)
+    x, z = xz[..., :E], xz[..., E:]
+    y = hidden.new_empty(hidden.shape[0], hidden.shape[1], E)
+    for k in range(P):
+        o = perms[k].to(torch.int32).contiguous()
+        u = cpu_ops.conv_silu(x, conv_w[k], conv_b[k], o, hidden.shape[1])
+        x_dbl = torch.nn.functional.linear(u, x_proj[k])
+        cpu_ops.scan_tokens(u, x_dbl[..., :r], A[k], x_dbl[..., r:r + N],
+                            x_dbl[..., r + N:r + 2 * N], D[k], z, dt_b[k], o, y, k > 0, 1.0 / P,
+                            dt_proj=dt_w[k])
+    return torch.nn.functional.linear(y, out_w)
+
+
+@pytest.mark.parametrize('arch,L,per_sample', [('Vim', 37, False), ('AMVim', 65, True)])
+def test_mixer_op_equals_its_kernels_one_by_one(arch, L, per_sample):
+    """``amvim_cpu::mixer_forward`` is the same GEMMs and kernels as the calls from Python,
+    bit for bit (shared and per-sample path orders, AMVim's four paths)."""
+    from amvim_mm.ops.cpu_mixer import cpu_mixer_forward
+    torch.manual_seed(0)
+    m = MODELS.build(dict(type=arch, arch='test', img_size=64)).eval()
+    mixer = m.layers[0].mixer
+    P = mixer.num_paths
+    h = torch.randn(2, L, m.embed_dims)
+    perms = torch.stack([torch.randperm(L) for _ in range(P * (2 if per_sample else 1))])
+    perms = perms.view(P, 2 if per_sample else 1, L)
+    with torch.no_grad():
+        in_w, stacked, _ = mixer.fused_params()
+        ours = cpu_mixer_forward(h, in_w, mixer.out_proj.weight, stacked, perms)
+        ref = _mixer_op_by_op(h, in_w, mixer.out_proj.weight, stacked, perms)
+    assert torch.equal(ours, ref)
+    with pytest.raises(Exception, match='perms'):
+        cpu_mixer_forward(h, in_w, mixer.out_proj.weight, stacked, perms[:, :, :-1])
+
+
+def test_fused_params_follow_every_parameter_change():
+    """The packed weights of the fused CPU mixer are rebuilt after an in-place write, a
+    state-dict load, a replaced parameter, and (a mixer keeping a kernel parameter deeper than
+    its direct submodules) a write to that one: the output always equals the unfused mixer's."""
+    torch.manual_seed(0)
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=32,
+                          out_type='featmap', out_indices=(-1, ))).eval()
+    x = torch.randn(1, 3, 32, 32)
+    mixer = m.layers[0].mixer
+
+    def check():
+        with torch.no_grad():
+            ours = m(x)[0]
+            with runtime.override(cpu_kernels=False):
+                ref = m(x)[0]
+        assert _rel(ours, ref) < 2e-6
+
+    check()
+    with torch.no_grad():
+        mixer.x_proj.weight.mul_(1.5)                         # in place
+    check()
+    sd = {k: v * 0.9 if k.endswith('dt_proj.bias') else v for k, v in m.state_dict().items()}
+    m.load_state_dict(sd)                                     # copy_ into the parameters
+    check()
+    mixer.A_log = torch.nn.Parameter(mixer.A_log.detach() + 0.3)   # another tensor
+    check()
+    mixer.conv1d_b = torch.nn.Sequential(mixer.conv1d_b)      # a parameter two levels down
+    names = mixer.path_param_names
+    mixer.path_param_names = lambda k: dict(names(k), conv1d='conv1d_b.0') if k else names(k)
+    mixer.path_params = lambda k: tuple(mixer.get_submodule(v) if '.' in v else getattr(mixer, v)
+                                        for v in mixer.path_param_names(k).values())
+    check()
+    assert mixer._fused_cache[2]                              # keyed on the packed tensors
+    with torch.no_grad():
+        mixer.conv1d_b[0].weight.mul_(-1)
+    check()
+
+
 @pytest.mark.parametrize('shape', [(2, 7, 192), (3, 13), (1, 1, 40)])
 @pytest.mark.parametrize('with_residual', [True, False])
 def test_add_rmsnorm_kernel_equals_the_module(shape, with_residual):

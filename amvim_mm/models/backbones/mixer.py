@@ -289,20 +289,46 @@ class BiMambaMixer(nn.Module):
                      ) -> Tuple[torch.Tensor, ...]:
         """The parameters as the fused kernels take them
         (:func:`~amvim_mm.ops.fused_mixer.pack_mixer_weights`), cached until a parameter
-        changes or the module moves."""
-        params = [p for k in range(self.num_paths) for p in self.path_params(k)]
-        params += [self.out_proj, self.in_proj]
-        flat = []
-        for m in params:    # leaf modules (convs, linears): their own parameters, directly
+        changes (another tensor, or an in-place write: its ``_version``) or the module moves.
+
+        The key is read from the mixer's and its direct submodules' parameters (about 1 us;
+        walking the paths' parameters by name cost 12 us a call, a third of a short ToMe
+        block's own time on a CPU); a mixer whose kernel parameters lie deeper is keyed on
+        those parameters themselves."""
+        cache = self._fused_cache
+        flat = self._watched_params(cache[2] if cache is not None else None)
+        key = (compute_dtype, tuple(map(torch.Tensor.data_ptr, flat)),
+               tuple(t._version for t in flat))
+        if cache is not None and cache[0] == key:
+            return cache[1]
+        packed = pack_mixer_weights([self.path_params(k) for k in range(self.num_paths)],
+                                    self.in_proj.weight, self.out_proj.weight, compute_dtype)
+        used = self._kernel_params()
+        shallow = self._watched_params(False)
+        deep = not {id(t) for t in used} <= {id(t) for t in shallow}
+        flat = used if deep else shallow
+        key = (compute_dtype, tuple(map(torch.Tensor.data_ptr, flat)),
+               tuple(t._version for t in flat))
+        self._fused_cache = (key, packed, deep)
+        return packed
+
+    def _kernel_params(self) -> List[torch.Tensor]:
+        """Every parameter :meth:`fused_params` packs, found through the paths' names."""
+        owners = [p for k in range(self.num_paths) for p in self.path_params(k)]
+        owners += [self.out_proj, self.in_proj]
+        flat: List[torch.Tensor] = []
+        for m in owners:    # leaf modules (convs, linears): their own parameters, directly
             flat.extend((p for p in m._parameters.values() if p is not None)
                         if isinstance(m, nn.Module) else (m, ))
-        key = (compute_dtype, ) + tuple((t.data_ptr(), t._version, t.dtype) for t in flat)
-        if self._fused_cache is not None and self._fused_cache[0] == key:
-            return self._fused_cache[1]
-        cached = pack_mixer_weights([self.path_params(k) for k in range(self.num_paths)],
-                                    self.in_proj.weight, self.out_proj.weight, compute_dtype)
-        self._fused_cache = (key, cached)
-        return cached
+        return flat
+
+    def _watched_params(self, deep: Optional[bool]) -> List[torch.Tensor]:
+        """The tensors whose identity and version key :meth:`fused_params`' cache: the
+        mixer's own and its direct submodules' parameters (``deep``: the packed ones)."""
+        if deep:
+            return self._kernel_params()
+        return [p for m in (self, *self._modules.values()) for p in m._parameters.values()
+                if p is not None]
 
     def forward(self, hidden: torch.Tensor, ctx: ScanContext, paths: Sequence,
                 fused: Optional[bool] = None) -> torch.Tensor:

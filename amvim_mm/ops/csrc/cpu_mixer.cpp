@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Optional.h>
 #include <torch/library.h>
@@ -436,6 +437,51 @@ at::Tensor conv_silu(const at::Tensor& x, const at::Tensor& weight,
   return u;
 }
 
+// ---------------------------------------------------------------------------------------------
+// the whole mixer
+// ---------------------------------------------------------------------------------------------
+// The fused CPU mixer's inference forward (amvim_mm/ops/cpu_mixer.py) in one call: in_proj, per
+// path the conv + SiLU in the path's order, x_proj and the gated scan added into the paths'
+// mean at each step's token, out_proj. The same kernels and GEMMs (ATen's linear) as the calls
+// one by one from Python, so the same bits; one call instead of a dozen Python-level ops and
+// slices a path, which at ToMe's short sequences cost more than the scan they feed.
+// hidden (batch, L, D); in_w (2E, D); out_w (D', E); conv_w (P, E, K); conv_b (P, E) or absent;
+// x_proj (P, W, E) with the columns [R' step-size ranks | N B | N C | padding]; dt_w (P, E, R');
+// dt_b, D (P, E); A (P, E, N); perms (P, 1 or batch, L): the token at each step of each path.
+at::Tensor mixer_forward(const at::Tensor& hidden, const at::Tensor& in_w, const at::Tensor& out_w,
+                         const at::Tensor& conv_w, const c10::optional<at::Tensor>& conv_b,
+                         const at::Tensor& x_proj, const at::Tensor& dt_w, const at::Tensor& dt_b,
+                         const at::Tensor& A, const at::Tensor& D, const at::Tensor& perms) {
+  check_f32(hidden, "hidden", 3);
+  check_f32(A, "A", 3);
+  check_f32(x_proj, "x_proj", 3);
+  check_f32(dt_w, "dt_proj", 3);
+  const int64_t P = A.size(0), E = A.size(1), N = A.size(2), L = hidden.size(1);
+  const int64_t rank = dt_w.size(2);
+  TORCH_CHECK(in_w.dim() == 2 && in_w.size(0) == 2 * E, "amvim_cpu: in_proj must be (2E, D)");
+  TORCH_CHECK(x_proj.size(0) == P && x_proj.size(1) >= rank + 2 * N && dt_w.size(0) == P,
+              "amvim_cpu: x_proj must be (P, R' + 2N + pad, E), dt_proj (P, E, R')");
+  TORCH_CHECK(perms.dim() == 3 && perms.size(0) == P && perms.size(2) == L,
+              "amvim_cpu: perms must be (P, 1 or batch, L)");
+  const at::Tensor order = perms.to(at::kInt);
+  const at::Tensor xz = at::linear(hidden, in_w);  // (batch, L, 2E)
+  const at::Tensor x = xz.narrow(-1, 0, E), z = xz.narrow(-1, E, E);
+  at::Tensor y = at::empty({hidden.size(0), L, E}, hidden.options());
+  for (int64_t k = 0; k < P; ++k) {
+    const at::Tensor o = order.select(0, k).contiguous();
+    c10::optional<at::Tensor> bias;
+    if (conv_b.has_value()) bias = conv_b->select(0, k);
+    const at::Tensor u = conv_silu(x, conv_w.select(0, k), bias, o, L);
+    const at::Tensor x_dbl = at::linear(u, x_proj.select(0, k));  // (batch, L, W)
+    selective_scan(u, x_dbl.narrow(-1, 0, rank), A.select(0, k),
+                   x_dbl.narrow(-1, rank, N).unsqueeze(1),
+                   x_dbl.narrow(-1, rank + N, N).unsqueeze(1), D.select(0, k), z,
+                   dt_b.select(0, k), true, o, y, k > 0, 1.0 / static_cast<double>(P),
+                   dt_w.select(0, k));
+  }
+  return at::linear(y, out_w);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(amvim_cpu, m) {
@@ -444,9 +490,13 @@ TORCH_LIBRARY(amvim_cpu, m) {
       "Tensor? z, Tensor? delta_bias, bool delta_softplus, Tensor? order, Tensor(a!) out, "
       "bool accumulate, float scale, Tensor? dt_proj=None) -> Tensor");
   m.def("conv_silu(Tensor x, Tensor weight, Tensor? bias, Tensor? order, int length) -> Tensor");
+  m.def(
+      "mixer_forward(Tensor hidden, Tensor in_w, Tensor out_w, Tensor conv_w, Tensor? conv_b, "
+      "Tensor x_proj, Tensor dt_w, Tensor dt_b, Tensor A, Tensor D, Tensor perms) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(amvim_cpu, CPU, m) {
   m.impl("selective_scan", &selective_scan);
   m.impl("conv_silu", &conv_silu);
+  m.impl("mixer_forward", &mixer_forward);
 }
