@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 from mmengine.config import Config
 
 from amvim_mm.errors import ConfigError
+from amvim_mm.utils.config_lookup import cached_package_lookups
 
 SCOPES = ('mmseg', 'mmdet', 'mmpretrain')
 
@@ -21,7 +22,8 @@ def load_config(path: str, cfg_options: Optional[dict] = None,
     """Load a config (with ``custom_imports``), apply overrides, set the work dir."""
     if not osp.isfile(path):
         raise FileNotFoundError(f'config file not found: {path}')
-    cfg = Config.fromfile(path)
+    with cached_package_lookups():   # mmengine re-reads the libraries' model indexes per base
+        cfg = Config.fromfile(path)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     scope = cfg.get('default_scope')

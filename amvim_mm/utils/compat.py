@@ -1,8 +1,10 @@
 """Compatibility shims for upstream breakage, all in one place.
 
 Each shim names the upstream problem and the version that fixes it. Nothing here edits installed
-packages or monkeypatches other libraries' classes; the only hook into another library is
-registering our own checkpoint loader through mmengine's public ``CheckpointLoader`` API.
+packages or monkeypatches other libraries' classes; the hooks into another library are
+registering our own checkpoint loader through mmengine's public ``CheckpointLoader`` API and
+(3) two lookup functions of mmengine's config parser swapped for cached ones while our
+``load_config`` parses a file.
 
 1. **torch >= 2.6 ``torch.load(weights_only=True)`` default vs mmengine 0.10.7.**
    mmengine 0.10.7 calls ``torch.load`` without an allow-list; under torch >= 2.6 its own
@@ -18,6 +20,11 @@ registering our own checkpoint loader through mmengine's public ``CheckpointLoad
    model runs on random weights. The same loader returns such a file in the layout of an
    mmpretrain ``ImageClassifier`` (``backbone.*``, ``head.fc.*``), so it loads right; a
    segmentor or detector refuses it (see ``VimFamilyBackbone._check_loaded``).
+3. **mmengine 0.10.7 parses every metafile of mmseg / mmdet / mmpretrain for each
+   ``package::`` base of a config** (and reloads ``pkg_resources`` each time): about 0.45 s of a
+   0.5 s config load. :func:`amvim_mm.utils.config_lookup.cached_package_lookups`, used by
+   ``load_config``, swaps those two lookups for cached ones for the duration of one parse (the
+   one place where another library's functions are replaced, and only inside that block).
 """
 from __future__ import annotations
 
