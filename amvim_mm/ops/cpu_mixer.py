@@ -7,7 +7,9 @@ gives ``x_dbl``, and the scan kernel forms ``delta`` from its low-rank columns (
 FMAs per step instead of a skinny GEMM), reads ``B`` and ``C`` straight out of ``x_dbl`` and
 ``z`` in token order, and adds ``y * silu(z) / P`` into the paths' sum at each step's token
 (Vim's mean of the paths folded into the scan's store, as the GPU path folds it into
-``out_proj``). What is left to PyTorch is one GEMM per path and the two shared projections.
+``out_proj``). The GEMMs (one per path and the two shared projections) are ATen's, called with
+the kernels from one compiled op (``amvim_cpu::mixer_forward``): at ToMe's short sequences the
+dozen Python-level calls and slices a path took cost more than the scan they fed.
 The unfused mixer on a CPU spent most of its time in the depthwise ``conv1d`` (oneDNN), the
 flips and copies of the reversed path and the (batch, E, L, N) intermediates of the scan.
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from amvim_mm.errors import ConfigError
@@ -49,8 +50,7 @@ def cpu_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight: T
     each path. Returns (B, L, D).
     """
     conv_w, conv_b, x_proj, dt_w, dt_b, A, D = stacked
-    bsz, length, _ = hidden.shape
-    P, E, N = A.shape
+    length, P = hidden.shape[1], A.shape[0]
     if perms.shape[0] != P or perms.shape[-1] != length:
         raise ConfigError(f'perms must be (P={P}, 1 or B, L={length}); got {tuple(perms.shape)}')
     return torch.ops.amvim_cpu.mixer_forward(hidden, in_proj_weight, out_proj_weight, conv_w,

@@ -19,6 +19,7 @@ import torch
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops import fused_mixer as FM
+from amvim_mm.testing.triton_interpreter import PREAMBLE as FAST_INTERPRETER
 from tests.ops.triton_support import HAS_TRITON, needs_triton  # noqa: F401
 
 
@@ -145,7 +146,7 @@ def test_chunked_scan_matches_references_in_triton_interpreter():
     env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1')
     for var in ('AMVIM_FUSED_SCAN_CONFIG', 'AMVIM_FUSED_SCAN_CHUNK'):
         env.pop(var, None)
-    proc = subprocess.run([sys.executable, '-c', INTERPRETER_SCRIPT], env=env,
+    proc = subprocess.run([sys.executable, '-c', FAST_INTERPRETER + INTERPRETER_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]

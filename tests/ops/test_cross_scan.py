@@ -12,6 +12,7 @@ import torch
 
 from amvim_mm.ops.cross_scan import (DirectionIndex, cross_merge, cross_merge_ref, cross_scan,
                                      cross_scan_ref)
+from amvim_mm.testing.triton_interpreter import PREAMBLE as FAST_INTERPRETER
 
 try:
     import triton  # noqa: F401
@@ -133,7 +134,8 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
 @pytest.mark.skipif(not HAS_TRITON, reason='triton is not installed')
 def test_kernels_equal_the_reference_in_triton_interpreter():
     env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1')
-    p = subprocess.run([sys.executable, '-c', INTERPRETER_SCRIPT], env=env, text=True,
+    p = subprocess.run([sys.executable, '-c', FAST_INTERPRETER + INTERPRETER_SCRIPT], env=env,
+                       text=True,
                        capture_output=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     for r in json.loads(p.stdout.strip().splitlines()[-1]):

@@ -15,6 +15,7 @@ import torch
 import amvim_mm  # noqa: F401
 from amvim_mm.ops.fused_mixer import fused_requested
 from amvim_mm.registry import MODELS
+from amvim_mm.testing.triton_interpreter import PREAMBLE as FAST_INTERPRETER
 from tests.ops.triton_support import HAS_TRITON, needs_triton  # noqa: F401
 
 
@@ -177,7 +178,7 @@ def test_fused_matches_unfused_in_triton_interpreter(config, match, match_cfg):
     env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1',
                AMVIM_FUSED_SCAN_CONFIG=config, AMVIM_FUSED_REDUCTION_KERNELS=match,
                AMVIM_TOME_MATCH_CONFIG=match_cfg)
-    proc = subprocess.run([sys.executable, '-c', INTERPRETER_SCRIPT], env=env,
+    proc = subprocess.run([sys.executable, '-c', FAST_INTERPRETER + INTERPRETER_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]

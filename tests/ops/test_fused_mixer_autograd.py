@@ -18,6 +18,7 @@ import torch
 
 import amvim_mm  # noqa: F401
 from amvim_mm.registry import MODELS
+from amvim_mm.testing.triton_interpreter import PREAMBLE as FAST_INTERPRETER
 from tests.ops.triton_support import HAS_TRITON, needs_triton  # noqa: F401
 
 
@@ -68,7 +69,8 @@ CASES = [
 
 def _run(cases, target, **env):
     env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1', **env)
-    proc = subprocess.run([sys.executable, '-c', GRAD_SCRIPT, json.dumps(cases), str(target)],
+    proc = subprocess.run([sys.executable, '-c', FAST_INTERPRETER + GRAD_SCRIPT, json.dumps(cases),
+                           str(target)],
                           env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

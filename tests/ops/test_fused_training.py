@@ -26,6 +26,7 @@ import torch
 import amvim_mm  # noqa: F401
 from amvim_mm.models.backbones.norm import RMSNorm
 from amvim_mm.registry import MODELS
+from amvim_mm.testing.triton_interpreter import PREAMBLE as FAST_INTERPRETER
 from tests.ops.triton_support import HAS_TRITON, needs_triton  # noqa: F401
 
 
@@ -308,7 +309,7 @@ def interp():
     if not HAS_TRITON:
         pytest.skip('triton is not installed')
     env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable, '-c', INTERPRETER_SCRIPT], env=env,
+    proc = subprocess.run([sys.executable, '-c', FAST_INTERPRETER + INTERPRETER_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
