@@ -296,21 +296,21 @@ class BiMambaMixer(nn.Module):
         block's own time on a CPU); a mixer whose kernel parameters lie deeper is keyed on
         those parameters themselves."""
         cache = self._fused_cache
-        flat = self._watched_params(cache[2] if cache is not None else None)
-        key = (compute_dtype, tuple(map(torch.Tensor.data_ptr, flat)),
-               tuple(t._version for t in flat))
+        key = self._fused_key(compute_dtype, cache is not None and cache[2])
         if cache is not None and cache[0] == key:
             return cache[1]
         packed = pack_mixer_weights([self.path_params(k) for k in range(self.num_paths)],
                                     self.in_proj.weight, self.out_proj.weight, compute_dtype)
-        used = self._kernel_params()
-        shallow = self._watched_params(False)
-        deep = not {id(t) for t in used} <= {id(t) for t in shallow}
-        flat = used if deep else shallow
-        key = (compute_dtype, tuple(map(torch.Tensor.data_ptr, flat)),
-               tuple(t._version for t in flat))
-        self._fused_cache = (key, packed, deep)
+        shallow = {id(t) for t in self._watched_params(False)}
+        deep = not all(id(t) in shallow for t in self._kernel_params())
+        self._fused_cache = (self._fused_key(compute_dtype, deep), packed, deep)
         return packed
+
+    def _fused_key(self, compute_dtype: Optional[torch.dtype], deep: bool) -> tuple:
+        """The identity and version of every watched parameter (:meth:`_watched_params`)."""
+        flat = self._watched_params(deep)
+        return (compute_dtype, tuple(map(torch.Tensor.data_ptr, flat)),
+                tuple(t._version for t in flat))
 
     def _kernel_params(self) -> List[torch.Tensor]:
         """Every parameter :meth:`fused_params` packs, found through the paths' names."""
@@ -322,7 +322,7 @@ class BiMambaMixer(nn.Module):
                         if isinstance(m, nn.Module) else (m, ))
         return flat
 
-    def _watched_params(self, deep: Optional[bool]) -> List[torch.Tensor]:
+    def _watched_params(self, deep: bool) -> List[torch.Tensor]:
         """The tensors whose identity and version key :meth:`fused_params`' cache: the
         mixer's own and its direct submodules' parameters (``deep``: the packed ones)."""
         if deep:
