@@ -20,7 +20,9 @@ The third kernel is a ToMe merge step at inference (:func:`fold_merge`): the mer
 stream, the compaction and the bookkeeping of
 :func:`~amvim_mm.models.reduction.state.reduce_tokens` in one call (that function takes it
 by itself where it applies, :func:`fold_merge_misfit`), and ToMe's edge choice is another
-(:func:`tome_edges`, taken by ``ToMe.select`` where :func:`tome_edges_misfit` allows). The
+(:func:`tome_edges`, taken by ``ToMe.select`` where :func:`tome_edges_misfit` allows);
+:func:`tome_step` chains the summed stream, the similarity, both of them in one call (taken by
+``ToMe.step`` at CPU inference). The
 last is a block's residual add + RMSNorm at inference (:func:`add_rmsnorm`, taken by
 ``VimBlock`` where :func:`add_rmsnorm_misfit` allows).
 """
@@ -45,11 +47,13 @@ from amvim_mm import runtime
 
 logger = logging.getLogger('amvim_mm')
 
-#: the sources of the one library: the mixer's kernels, ToMe's merge step and edge choice, a
-#: block's add + RMSNorm
+#: the sources of the one library: the mixer's kernels, ToMe's merge step, edge choice and the
+#: whole step, a block's add + RMSNorm
 SOURCES = tuple(osp.join(osp.dirname(osp.abspath(__file__)), 'csrc', f)
                 for f in ('cpu_mixer.cpp', 'cpu_token_merge.cpp', 'cpu_add_rmsnorm.cpp',
-                          'cpu_tome_edges.cpp'))
+                          'cpu_tome_edges.cpp', 'cpu_tome_step.cpp'))
+#: the headers they include (part of the build key)
+HEADERS = tuple(osp.join(osp.dirname(osp.abspath(__file__)), 'csrc', f) for f in ('cpu_tome.h', ))
 LIBRARY = 'amvim_cpu_mixer.so'
 FLAGS = ('-O3', '-march=native', '-std=c++20', '-shared', '-fPIC', '-fopenmp', '-g0', '-w')
 
@@ -78,7 +82,7 @@ def build_key() -> str:
     """Hash of everything the compiled library depends on (computed once per process: it is
     asked at every mixer call)."""
     h = hashlib.sha256()
-    for src in SOURCES:
+    for src in SOURCES + HEADERS:
         with open(src, 'rb') as f:
             h.update(f.read())
     for part in (FLAGS, torch.__version__, torch._C._GLIBCXX_USE_CXX11_ABI, sys.version_info[:2],
@@ -233,7 +237,7 @@ def conv_silu(x: Tensor, weight: Tensor, bias: Optional[Tensor], order: Optional
     return torch.ops.amvim_cpu.conv_silu(x, weight, bias, order, length)
 
 
-def _inference_misfit(*tensors: Optional[Tensor]) -> Optional[str]:
+def inference_misfit(*tensors: Optional[Tensor]) -> Optional[str]:
     """What every inference kernel here needs of its inputs besides their layout: no autograd
     graph through them, no trace or compile recording, the library loaded."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
@@ -251,7 +255,7 @@ def fold_merge_misfit(stream: Tensor) -> Optional[str]:
         return 'not a CPU tensor'
     if stream.dtype != torch.float32:
         return 'it computes in float32'
-    return _inference_misfit(stream)
+    return inference_misfit(stream)
 
 
 def fold_merge(stream: Tensor, size: Tensor, pos: Tensor, source: Tensor, removed: Tensor,
@@ -281,7 +285,7 @@ def add_rmsnorm_misfit(hidden: Tensor, residual: Optional[Tensor], weight: Tenso
         return 'it computes in float32'
     if residual is not None and residual.shape != hidden.shape:
         return 'residual and hidden differ in shape'
-    return _inference_misfit(hidden, residual, weight)
+    return inference_misfit(hidden, residual, weight)
 
 
 def add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float
@@ -301,7 +305,7 @@ def tome_edges_misfit(scores: Tensor) -> Optional[str]:
         return 'not a CPU tensor'
     if scores.dtype != torch.float32 or scores.dim() != 3:
         return 'it takes (batch, A, B) float32 scores'
-    return _inference_misfit(scores)
+    return inference_misfit(scores)
 
 
 def tome_edges(scores: Tensor, a_idx: Tensor, b_idx: Tensor, k: int) -> Tuple[Tensor, Tensor]:
@@ -313,3 +317,23 @@ def tome_edges(scores: Tensor, a_idx: Tensor, b_idx: Tensor, k: int) -> Tuple[Te
     ``gather`` ops on the same scores."""
     return torch.ops.amvim_cpu.tome_edges(scores.contiguous(), a_idx.long().contiguous(),
                                           b_idx.long().contiguous(), int(k))
+
+
+def tome_step(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
+              size: Tensor, pos: Tensor, source: Tensor, a_idx: Tensor, b_idx: Tensor, k: int,
+              n_patches: int, cls_index: int
+              ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """A whole ToMe step at CPU inference in one call: the summed stream ``residual + hidden``
+    (B, L, D), the cosine similarity of its rows times ``weight`` (the block's RMSNorm weight;
+    None: the raw stream) between the token sets ``a_idx`` / ``b_idx`` (every sample's
+    layout), the ``k`` strongest edges and the size-weighted merge. Returns ``(hidden, pos,
+    size, source, removed, dst)``: the reduced sequence's folded stream and bookkeeping, and
+    the choice; bit for bit :meth:`ToMe.select <amvim_mm.models.reduction.reducers.ToMe.
+    select>` followed by :func:`~amvim_mm.models.reduction.state.reduce_tokens` with
+    ``fold=True`` (its similarity is PyTorch's operations, called from C++). Misfits as
+    :func:`fold_merge_misfit` (float32 CPU inference)."""
+    return torch.ops.amvim_cpu.tome_step(
+        hidden.contiguous(), None if residual is None else residual.contiguous(),
+        None if weight is None else weight.contiguous(), size.float().contiguous(),
+        pos.long().contiguous(), source.long().contiguous(), a_idx, b_idx, int(k),
+        int(n_patches), int(cls_index))

@@ -114,6 +114,28 @@ def test_non_finite_input_is_named(model, bad, count):
         model(x)
 
 
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_finite_check_takes_a_sum_that_overflows_to_the_elementwise_test(model, dtype):
+    """The check adds the values first (one cheap reduction); finite values whose sum
+    overflows must still pass (the elementwise test decides), a NaN among them must not."""
+    from amvim_mm.models.backbones.vim_family import VimFamilyBackbone
+    big = torch.finfo(dtype).max / 2
+    x = torch.full((2, 3, 8, 8), big, dtype=dtype)
+    assert not torch.isfinite(x.sum())
+    assert VimFamilyBackbone._finite(x)
+    x[1, 2, 7, 7] = float('nan')
+    assert not VimFamilyBackbone._finite(x)
+    half = torch.full((2, 3, 8, 8), 60000.0, dtype=torch.float16)   # added in float32
+    assert VimFamilyBackbone._finite(half)
+    half[0, 0, 0, 0] = float('inf')
+    assert not VimFamilyBackbone._finite(half)
+    x = torch.full((1, 3, 64, 64), 3e38)
+    x[0, 0, 0, ::2] = -3e38
+    x[0, 1, 5, 5] = float('inf')
+    with pytest.raises(ConfigError, match='hold 1 non-finite'), torch.no_grad():
+        model(x)
+
+
 def test_non_finite_check_can_be_switched_off():
     m = build().eval()
     m.check_finite_input = False

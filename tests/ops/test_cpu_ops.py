@@ -386,23 +386,26 @@ def test_tome_edges_kernel_decides_as_the_torch_ops(B, A, Bn, k, kind):
 @pytest.mark.parametrize('cfg', [dict(type='Vim', arch='test', img_size=48),
                                  dict(type='AMVim', arch='test', img_size=64)])
 def test_tome_on_the_cpu_kernels_is_bit_identical_to_its_torch_ops(cfg):
-    """A ToMe backbone with the compiled edge choice against AMVIM_FUSED_REDUCTION_KERNELS=0
-    (ToMe's PyTorch ops, everything else the same): equal outputs and token counts."""
+    """A ToMe backbone with its steps on the compiled kernel (``cpu_ops.tome_step``) against
+    AMVIM_FUSED_REDUCTION_KERNELS=0 (ToMe's PyTorch ops, everything else the same): equal
+    outputs and token counts."""
     torch.manual_seed(0)
     m = MODELS.build(dict(cfg, out_type='featmap', out_indices=(-1, ),
                           token_reduction=dict(type='ToMe', ratio=0.4))).eval()
     x = torch.randn(2, 3, cfg['img_size'], cfg['img_size'])
     calls = []
-    orig = cpu_ops.tome_edges
+    orig = cpu_ops.tome_step
     with torch.no_grad():
-        cpu_ops.tome_edges = lambda *a: calls.append(1) or orig(*a)
+        cpu_ops.tome_step = lambda *a: calls.append(1) or orig(*a)
         try:
             ours, counts = m(x)[0], list(m.token_counts)
+            steps = m.last_context.steps
         finally:
-            cpu_ops.tome_edges = orig
+            cpu_ops.tome_step = orig
         with runtime.override(reduction_kernels=False):
             ref, ref_counts = m(x)[0], list(m.token_counts)
-    assert calls and counts == ref_counts and counts[-1] < counts[0]
+    assert calls and set(steps) == {'cpu-step'} and len(calls) == len(steps)
+    assert counts == ref_counts and counts[-1] < counts[0]
     assert torch.equal(ours, ref)
 
 
@@ -517,6 +520,52 @@ def test_fold_merge_kernel_equals_reduce_tokens_bit_for_bit(B, n_patches, cls, k
         assert torch.equal(getattr(c1, f), getattr(c0, f)), f
     assert (c1.cls_index, c1.n_patches, c1.steps) == (c0.cls_index, c0.n_patches, c0.steps)
     assert c1.frozen is None and c0.frozen is None
+
+
+@pytest.mark.parametrize('B,n_patches,cls,k,metric,first', [
+    (1, 196, True, 14, 'norm_input', False), (3, 196, True, 30, 'norm_input', True),
+    (2, 64, False, 20, 'stream', True), (2, 16, True, 4, 'stream', False)])
+def test_tome_step_kernel_equals_select_and_reduce_tokens_bit_for_bit(B, n_patches, cls, k,
+                                                                      metric, first):
+    """The whole ToMe step at CPU inference in one call (``ToMe.step`` on
+    ``cpu_ops.tome_step``) against ``ToMe.select`` and ``reduce_tokens(fold=True)`` on
+    PyTorch ops only: the same choice, the same merged stream and bookkeeping, exactly; with
+    both metrics, before block 0 (no residual yet) and after an earlier step (sizes > 1)."""
+    from amvim_mm.models.layout.scan_context import ScanContext
+    from amvim_mm.models.reduction.reducers import ToMe
+    from amvim_mm.models.reduction.state import Streams, init_reduction_state, reduce_tokens
+    g = torch.Generator().manual_seed(n_patches + k)
+    D, side = 24, int(n_patches ** 0.5)
+    ctx = init_reduction_state(ScanContext((side, side), side * side // 2 if cls else -1), B,
+                               'cpu')
+    layer = torch.nn.Module()
+    layer.norm = torch.nn.Module()
+    layer.norm.weight = torch.rand(D, generator=g) + 0.5
+    tome = ToMe(r=k, metric=metric)
+    L = n_patches + cls
+    hidden, residual = torch.randn(B, L, D, generator=g), None
+    if not first:       # one earlier step (PyTorch ops): merged tokens of size > 1
+        residual = torch.randn(B, L, D, generator=g)
+        with runtime.override(cpu_kernels=False, reduction_kernels=False):
+            streams = Streams(hidden, residual)
+            rem, ds, _ = tome.select(0, k, streams, ctx, layer)
+            residual, _, ctx = reduce_tokens(ctx, hidden, residual, rem, ds, fold=True)
+        hidden = torch.randn(residual.shape, generator=g)
+    ctx.fold_ok = True
+    with torch.no_grad():
+        sel = tome.step(1, k, Streams(hidden, residual), ctx, layer)
+        with runtime.override(cpu_kernels=False, reduction_kernels=False):
+            streams = Streams(hidden, residual)
+            rem, ds, _ = tome.select(1, k, streams, ctx, layer)
+            ref_h, ref_res, ref = reduce_tokens(ctx, hidden, residual, rem, ds, fold=True)
+    assert sel.reduced is not None and ref_res is None
+    assert torch.equal(sel.removed, rem) and torch.equal(sel.dst, ds)
+    h, pos, size, source = sel.reduced
+    assert h.shape == (B, ctx.n_patches - k + cls, D) and torch.equal(h, ref_h)
+    assert torch.equal(pos, ref.pos) and torch.equal(size, ref.size)
+    assert torch.equal(source, ref.source)
+    ctx.fold_ok = False          # training keeps both streams: the step only chooses
+    assert tome.step(1, k, Streams(hidden, residual), ctx, layer).reduced is None
 
 
 def test_fold_merge_kernel_refuses_a_bad_selection():

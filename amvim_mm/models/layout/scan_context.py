@@ -110,11 +110,13 @@ class ScanContext:
         self.frozen: Optional[torch.Tensor] = None    # (B, M, D) features of pruned patches
         #: how each reduction step of this forward ran, oldest first: 'reduce' (PyTorch ops),
         #: 'plan' / 'kernel-plan' (fused path: planned by PyTorch ops / by the matching kernel),
+        #: 'cpu-step' (the whole ToMe step in one compiled CPU call),
         #: 'fused-slot' (EViT's fused token appended)
         self.steps: Tuple[str, ...] = ()
         # per-step scratch of the reducers
         self.want_importance = False
         self.fused_ok = False        # the reduction step may use the Triton kernels (inference)
+        self.fold_ok = False         # the step may fold the two streams into one (inference)
         self.importance: Optional[torch.Tensor] = None
         self.align: Optional[str] = None
         self._gaps: Dict[tuple, Optional[torch.Tensor]] = {}

@@ -57,6 +57,14 @@ def _patch_indices(ctx) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=256)
+def _bipartite_sets(n: int, cls_index: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """ToMe's token sets A and B ((ceil(n / 2),), (floor(n / 2),) int64, contiguous) of the
+    canonical CPU layout: every other patch token in sequence order."""
+    idx = _regular_patch_indices(n, cls_index, 'cpu')[0]
+    return idx[0::2].contiguous(), idx[1::2].contiguous()
+
+
+@functools.lru_cache(maxsize=256)
 def _regular_patch_indices(n: int, cls_index: int, device: str) -> torch.Tensor:
     idx = torch.arange(n)
     if cls_index >= 0:
@@ -67,13 +75,17 @@ def _regular_patch_indices(n: int, cls_index: int, device: str) -> torch.Tensor:
 class Selection(NamedTuple):
     """One reduction step's choice: ``removed`` (B, r) sequence indices, ``dst`` (B, r) the
     survivor each merges into (-1: pruned), ``weight`` (B, L) merge weights or None (token
-    sizes), and ``plan``: the fused path's merge plan when the selecting kernel made it in the
-    same launch (``(MergePlan, pos, size, source)``, see :func:`~.state.plan_merge_step`)."""
+    sizes), ``plan``: the fused path's merge plan when the selecting kernel made it in the
+    same launch (``(MergePlan, pos, size, source)``, see :func:`~.state.plan_merge_step`), and
+    ``reduced``: the step already applied at CPU inference (``(hidden, pos, size, source)``
+    of the reduced sequence, the streams folded into ``hidden``; see
+    :func:`~.state.folded_successor`)."""
 
     removed: torch.Tensor
     dst: torch.Tensor
     weight: Optional[torch.Tensor] = None
     plan: Optional[tuple] = None
+    reduced: Optional[tuple] = None
 
 
 class TokenReducer:
@@ -192,9 +204,18 @@ class ToMe(TokenReducer):
 
     def step(self, block, k, stream, ctx, layer) -> Selection:
         """On the fused inference path: ToMe's matching kernel (:func:`~amvim_mm.ops.
-        token_merge.tome_match`), which also plans the merge in the same launch; else
-        :meth:`select` (``AMVIM_FUSED_REDUCTION_KERNELS=0`` forces the latter)."""
+        token_merge.tome_match`), which also plans the merge in the same launch; at CPU
+        inference the whole step in one compiled call (:func:`~amvim_mm.ops.cpu_ops.
+        tome_step`, bit for bit :meth:`select` and the folded merge); else :meth:`select`
+        (``AMVIM_FUSED_REDUCTION_KERNELS=0`` forces the latter)."""
         n = ctx.n_patches
+        if ctx.fold_ok and 0 < k <= self.max_merge(n) and self._cpu_step_fits(stream, ctx, layer):
+            w = layer.norm.weight if self.metric == 'norm_input' else None
+            a_idx, b_idx = _bipartite_sets(n, ctx.cls_index)
+            hidden, pos, size, source, removed, dst = cpu_ops.tome_step(
+                stream.hidden, stream.residual, w, ctx.size, ctx.pos, ctx.source, a_idx, b_idx,
+                k, n, ctx.cls_index)
+            return Selection(removed, dst, reduced=(hidden, pos, size, source))
         if ctx.fused_ok and not ctx.has_fused and tm.extra_kernels_enabled() \
                 and self.max_merge(n) <= tm.MAX_MATCH_ROWS and 0 < k <= self.max_merge(n):
             w = layer.norm.weight if self.metric == 'norm_input' else None
@@ -204,6 +225,27 @@ class ToMe(TokenReducer):
                 plan_state=(ctx.pos, ctx.size, ctx.source))
             return Selection(removed, dst, None, plan)
         return super().step(block, k, stream, ctx, layer)
+
+    def _cpu_step_fits(self, stream: Streams, ctx, layer) -> bool:
+        """Whether :func:`~amvim_mm.ops.cpu_ops.tome_step` may run this step: float32 CPU
+        inference outside autocast, one layout for every sample (no EViT fused token), this
+        class's :meth:`select` (a subclass's own choice is kept) and the plain metric (a
+        block's own ``merge_metric`` is PyTorch's)."""
+        h, res = stream.hidden, stream.residual
+        if type(self).select is not ToMe.select or ctx.has_fused or h.device.type != 'cpu' \
+                or not tm.extra_kernels_enabled():
+            return False
+        w = None
+        if self.metric == 'norm_input':
+            if hasattr(layer, 'merge_metric'):
+                return False
+            w = layer.norm.weight
+            if w.dtype != torch.float32:
+                return False
+        if h.dtype != torch.float32 or (res is not None and res.dtype != torch.float32) \
+                or torch.is_autocast_enabled('cpu'):
+            return False
+        return cpu_ops.inference_misfit(h, res, w) is None
 
     def select(self, block, k, stream, ctx, layer):
         """The matching in fp32 whatever the autocast dtype: the gap between the last merged

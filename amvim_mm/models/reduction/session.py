@@ -18,8 +18,8 @@ from amvim_mm.errors import ConfigError
 from amvim_mm.ops.token_merge import MergePlan
 from ..layout.scan_context import ScanContext
 from .reducers import TokenReducer
-from .state import (Streams, append_fused_slot, can_plan_merge, init_reduction_state,
-                    plan_merge_step, reduce_tokens)
+from .state import (Streams, append_fused_slot, can_plan_merge, folded_successor,
+                    init_reduction_state, plan_merge_step, reduce_tokens)
 
 
 class ReductionSession:
@@ -77,10 +77,17 @@ class ReductionSession:
             if fused is None:
                 fused = layer.mixer.use_fused(hidden, None)
             ctx.fused_ok = not self.training and fused and not torch.is_grad_enabled()
+            ctx.fold_ok = not self.training
             streams = Streams(hidden, residual)
             # k: the schedule's count (0 for a dynamic reducer, whose step decides it)
             sel = reducer.step(i, self.removals[i], streams, ctx, layer)
-            if sel is not None and sel.removed.shape[1]:
+            if sel is not None and sel.reduced is not None and sel.removed.shape[1]:
+                # applied by the step itself (CPU inference): the streams folded into hidden
+                hidden, residual = sel.reduced[0], None
+                ctx = folded_successor(ctx, sel.removed.shape[1], *sel.reduced[1:],
+                                       step='cpu-step')
+                ctx.align = reducer.align
+            elif sel is not None and sel.removed.shape[1]:
                 self._check(reducer, sel)
                 if ctx.fused_ok and can_plan_merge(ctx, reducer, sel.weight):
                     merge, ctx = plan_merge_step(ctx, sel.removed, sel.dst, sel.plan)

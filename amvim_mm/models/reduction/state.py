@@ -112,10 +112,7 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
         hidden, pos, size, source = cpu_ops.fold_merge(stream, ctx.size, ctx.pos, ctx.source,
                                                        removed, dst, ctx.n_patches,
                                                        ctx.cls_index)
-        n_keep = ctx.n_patches - r
-        new = ctx.successor(cls_index_for(n_keep, ctx.cls_index >= 0), pos, n_keep, size=size,
-                            source=source, frozen=ctx.frozen, step='reduce')
-        return hidden, None, new
+        return hidden, None, folded_successor(ctx, r, pos, size, source)
     merged = dst >= 0
     safe_dst = dst.clamp(min=0)
 
@@ -203,6 +200,15 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
                         size=torch.gather(size, 1, new_order), source=new_src, frozen=frozen,
                         step='reduce')
     return hidden, residual, new
+
+
+def folded_successor(ctx: ScanContext, r: int, pos: torch.Tensor, size: torch.Tensor,
+                     source: torch.Tensor, step: str = 'reduce') -> ScanContext:
+    """The context after a folded ToMe step that removed ``r`` patch tokens, from the reduced
+    sequence's ``pos``, ``size`` and ``source`` (what the compiled merge step returns)."""
+    n_keep = ctx.n_patches - r
+    return ctx.successor(cls_index_for(n_keep, ctx.cls_index >= 0), pos, n_keep, size=size,
+                         source=source, frozen=ctx.frozen, step=step)
 
 
 def can_plan_merge(ctx: ScanContext, reducer, weight: Optional[torch.Tensor]) -> bool:

@@ -14,6 +14,8 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include "cpu_tome.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <tuple>
@@ -46,7 +48,9 @@ __attribute__((optimize("fp-contract=off"))) void add_scaled(float* row, const f
 // grid positions (< 0: not a patch); source (B, M) int64 token carrying each grid patch (-1:
 // pruned); removed, dst (B, r) int64: distinct removed patch tokens and the survivor each merges
 // into. Returns (hidden (B, L - r, D) float32, pos, size, source) of the reduced sequence.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fold_merge(
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> amvim_kernels::fold_merge(
     const at::Tensor& stream, const at::Tensor& size, const at::Tensor& pos,
     const at::Tensor& source, const at::Tensor& removed, const at::Tensor& dst,
     int64_t n_patches, int64_t cls_index) {
@@ -146,12 +150,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fold_merge(
   return {out, npos, nsize, nsrc};
 }
 
-}  // namespace
-
 TORCH_LIBRARY_FRAGMENT(amvim_cpu, m) {
   m.def(
       "fold_merge(Tensor stream, Tensor size, Tensor pos, Tensor source, Tensor removed, "
       "Tensor dst, int n_patches, int cls_index) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(amvim_cpu, CPU, m) { m.impl("fold_merge", &fold_merge); }
+TORCH_LIBRARY_IMPL(amvim_cpu, CPU, m) { m.impl("fold_merge", &amvim_kernels::fold_merge); }

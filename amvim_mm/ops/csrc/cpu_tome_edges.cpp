@@ -8,9 +8,12 @@
 // in one call instead of six PyTorch operators (max, argsort, a slice, three gathers). NaN
 // orders as torch.max and torch.sort order it: above every number. Registered as
 // ``amvim_cpu::tome_edges``.
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
+
+#include "cpu_tome.h"
 
 #include <algorithm>
 #include <cmath>
@@ -27,8 +30,11 @@ inline bool above(float x, float y) {
   return x > y;
 }
 
-std::tuple<at::Tensor, at::Tensor> tome_edges(const at::Tensor& scores, const at::Tensor& a_idx,
-                                              const at::Tensor& b_idx, int64_t k) {
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> amvim_kernels::tome_edges(const at::Tensor& scores,
+                                                         const at::Tensor& a_idx,
+                                                         const at::Tensor& b_idx, int64_t k) {
   TORCH_CHECK(scores.device().is_cpu() && scores.scalar_type() == at::kFloat &&
                   scores.dim() == 3 && scores.is_contiguous(),
               "amvim_cpu::tome_edges: scores must be a contiguous (batch, A, B) float32 CPU "
@@ -48,32 +54,33 @@ std::tuple<at::Tensor, at::Tensor> tome_edges(const at::Tensor& scores, const at
   const float* sp = scores.data_ptr<float>();
   int64_t* rp = removed.data_ptr<int64_t>();
   int64_t* dp = dst.data_ptr<int64_t>();
-  std::vector<float> node_max(static_cast<size_t>(na));
-  std::vector<int64_t> node_idx(static_cast<size_t>(na)), order(static_cast<size_t>(na));
-  for (int64_t b = 0; b < bsz; ++b) {
-    for (int64_t i = 0; i < na; ++i) {
-      const float* row = sp + (b * na + i) * nb;
-      int64_t arg = 0;
-      for (int64_t j = 1; j < nb; ++j)
-        if (above(row[j], row[arg])) arg = j;  // the first maximum
-      node_max[i] = row[arg];
-      node_idx[i] = arg;
+  // one sample per task (a batch of one runs inline)
+  at::parallel_for(0, bsz, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> node_max(static_cast<size_t>(na));
+    std::vector<int64_t> node_idx(static_cast<size_t>(na)), order(static_cast<size_t>(na));
+    for (int64_t b = begin; b < end; ++b) {
+      for (int64_t i = 0; i < na; ++i) {
+        const float* row = sp + (b * na + i) * nb;
+        int64_t arg = 0;
+        for (int64_t j = 1; j < nb; ++j)
+          if (above(row[j], row[arg])) arg = j;  // the first maximum
+        node_max[i] = row[arg];
+        node_idx[i] = arg;
+      }
+      std::iota(order.begin(), order.end(), int64_t{0});
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t x, int64_t y) { return above(node_max[x], node_max[y]); });
+      for (int64_t e = 0; e < k; ++e) {
+        rp[b * k + e] = ap[order[e]];
+        dp[b * k + e] = bp[node_idx[order[e]]];
+      }
     }
-    std::iota(order.begin(), order.end(), int64_t{0});
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int64_t x, int64_t y) { return above(node_max[x], node_max[y]); });
-    for (int64_t e = 0; e < k; ++e) {
-      rp[b * k + e] = ap[order[e]];
-      dp[b * k + e] = bp[node_idx[order[e]]];
-    }
-  }
+  });
   return {removed, dst};
 }
-
-}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(amvim_cpu, m) {
   m.def("tome_edges(Tensor scores, Tensor a_idx, Tensor b_idx, int k) -> (Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(amvim_cpu, CPU, m) { m.impl("tome_edges", &tome_edges); }
+TORCH_LIBRARY_IMPL(amvim_cpu, CPU, m) { m.impl("tome_edges", &amvim_kernels::tome_edges); }
