@@ -8,20 +8,30 @@ def test_summary_ratios():
             dict(model='vim-t', kernels='compiled', tome=0.0, gflops=2.0, latency_ms=40.0),
             dict(model='vim-t', kernels='torch', tome=0.0, gflops=2.0, latency_ms=160.0),
             dict(model='amvim-t', kernels='compiled', tome=0.0, gflops=2.0, latency_ms=42.0),
-            dict(model='vim-t', kernels='compiled', tome=0.46, gflops=1.0, latency_ms=25.0)]
+            dict(model='vim-t', kernels='compiled', tome=0.46, gflops=1.0, latency_ms=25.0),
+            dict(model='vim-t', kernels='compiled', tome=0.0, gflops=2.0, latency_ms=300.0,
+                 batch=8),
+            dict(model='vim-t', kernels='compiled', tome=0.46, gflops=1.0, latency_ms=166.7,
+                 batch=8)]
     s = CB.summarize(rows)
     assert s == {'vim_t_vs_deit_tiny': 2.0, 'amvim_t_over_vim_t': 1.05,
-                 'tome_0.46_speedup_over_ideal': 0.8, 'vim_t_compiled_over_torch': 4.0}
-    tome = rows[-1]
+                 'tome_0.46_speedup_over_ideal': 0.8, 'vim_t_compiled_over_torch': 4.0,
+                 'tome_0.46_batch8_speedup_over_ideal': 0.9}
+    tome = rows[4]
     assert (tome['speedup'], tome['flops_ratio']) == (1.6, 2.0)
+    # the batch-8 rows are compared with each other only (not with batch-1 DeiT or Vim-T)
+    assert (rows[-1]['speedup'], rows[-1]['flops_ratio']) == (1.8, 2.0)
+    assert 'vs_deit_tiny' not in rows[-1] and 'speedup' not in rows[-2]
     assert 'speedup_vs_torch' not in rows[2]          # the baseline row itself
 
 
 def test_tiny_run_interleaves_and_reports(capsys):
     rows = (('vim-test', 'vim-test', 'compiled', None), ('vim-test', 'vim-test', 'torch', None),
-            ('vim-test', 'vim-test', 'compiled', 0.27))
+            ('vim-test', 'vim-test', 'compiled', 0.27),
+            ('vim-test', 'vim-test', 'compiled', None, 2))
     res = CB.run_cpu_suite(1, iters=1, repeats=2, warmup=1, rows=rows)
-    assert [r['kernels'] for r in res['rows']] == ['compiled', 'torch', 'compiled']
+    assert [r['kernels'] for r in res['rows']] == ['compiled', 'torch'] + ['compiled'] * 2
+    assert [r['batch'] for r in res['rows']] == [1, 1, 1, 2]
     for r in res['rows']:
         assert r['latency_ms'] > 0 and r['min_ms'] <= r['latency_ms'] and r['gflops'] > 0
     assert res['rows'][0]['speedup_vs_torch'] > 0

@@ -7,7 +7,8 @@
 Suites:
   cpu: batch-1 latency at 224 on this machine's cores: timm DeiT-T / DeiT-S, Vim-T/S and
        AMVim-T on the compiled CPU kernels and on the PyTorch scan, Vim-T on the ``reference``
-       loop, Vim-T with ToMe 0.17 / 0.46; interleaved rounds, median and spread, ratios of one
+       loop, Vim-T with ToMe 0.17 / 0.46, and Vim-T with and without ToMe 0.46 at batch 8 (the
+       batch prune_eval times a CPU at); interleaved rounds, median and spread, ratios of one
        run (amvim_mm/analysis/cpu_benchmark.py).
   gpu: (tune) launch configuration of the fused scan kernel; (tune-chunk) sequential against
        chunked fused scan (T = 32-256) against the mamba-ssm kernels, one mixer call per
@@ -953,7 +954,8 @@ def main(argv=None):
     md = [f'# benchmark ({args.suite})', '', f'`{result["command"]}`', '',
           f'environment: `{json.dumps(result["environment"])}`', '']
     if 'cpu' in result:
-        md += [f'batch 1, 224, fp32, eager, {result["cpu"]["threads"]} threads; latency: median '
+        md += [f'batch 1 (8 where the batch column says so), 224, fp32, eager, '
+               f'{result["cpu"]["threads"]} threads; latency: median '
                f'of {result["cpu"]["repeats"]} interleaved rounds of {result["cpu"]["iters"]} '
                'forwards', '', B.table(result['cpu']['rows'], CB.COLUMNS), '',
                f'summary: {result["cpu"]["summary"]}']

@@ -1,5 +1,6 @@
 """The CPU benchmark suite (``tools/benchmark.py --suite cpu``): batch-1 latency at 224 on this
-machine's cores, every row side by side in one process.
+machine's cores, every row side by side in one process; Vim-T and its ToMe 0.46 also at batch 8,
+the batch ``prune_eval`` times a CPU at (its ``img_per_s`` column).
 
 Rows: timm ``deit_tiny`` / ``deit_small`` (the transformer peers), Vim-T / Vim-S / AMVim-T on
 the compiled CPU kernels (the default) and on the PyTorch scan (``AMVIM_CPU_KERNELS=0``, the
@@ -22,7 +23,10 @@ from amvim_mm import runtime
 from . import benchmark as B
 from .flops import backbone_flops
 
-#: (row name, model, how it runs, ToMe ratio)
+#: the batch of the extra rows: the batch prune_eval measures speed at on a CPU
+EVAL_BATCH = 8
+
+#: (row name, model, how it runs, ToMe ratio[, batch (default 1)])
 ROWS = (
     ('deit-tiny', 'deit_tiny_patch16_224', 'timm', None),
     ('deit-small', 'deit_small_patch16_224', 'timm', None),
@@ -36,6 +40,8 @@ ROWS = (
     ('vim-t', 'vim-t', 'compiled', 0.17),
     ('vim-t', 'vim-t', 'compiled', 0.46),
     ('vim-t', 'vim-t', 'torch', 0.46),
+    ('vim-t', 'vim-t', 'compiled', None, EVAL_BATCH),
+    ('vim-t', 'vim-t', 'compiled', 0.46, EVAL_BATCH),
 )
 
 #: how a row runs -> the runtime settings it runs under
@@ -56,33 +62,33 @@ def run_cpu_suite(threads: int, iters: int = 3, repeats: int = 5, warmup: int = 
     """Measure ``rows``; return ``dict(rows=[...], summary={...})`` (see the module doc)."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    x = torch.randn(1, 3, 224, 224)
+    images = torch.randn(max(r[4] if len(r) > 4 else 1 for r in rows), 3, 224, 224)
     built = []
-    for name, model, how, ratio in rows:
+    for name, model, how, ratio, *batch in rows:
         m = _row_model(model, how, ratio)
-        row = dict(model=name, kernels=how, tome=ratio or 0.0)
+        row = dict(model=name, kernels=how, tome=ratio or 0.0, batch=batch[0] if batch else 1)
         if how != 'timm':
             fl = backbone_flops(m.backbone, 224, 'model')
             row['gflops'] = round(fl['gflops'], 3)
         built.append((row, m))
 
-    def forward(m, how):
-        with runtime.override(**SETTINGS[how]), torch.no_grad():
-            return m(x)
+    def forward(m, row):
+        with runtime.override(**SETTINGS[row['kernels']]), torch.no_grad():
+            return m(images[:row['batch']])
 
     for row, m in built:                      # warm-up (and the first-call costs)
         for _ in range(warmup):
-            forward(m, row['kernels'])
+            forward(m, row)
     times: List[List[float]] = [[] for _ in built]
     for rep in range(repeats):                # interleaved rounds
         for i, (row, m) in enumerate(built):
             t0 = time.perf_counter()
             for _ in range(iters):
-                forward(m, row['kernels'])
+                forward(m, row)
             times[i].append((time.perf_counter() - t0) / iters)
         log(f'  round {rep + 1}/{repeats}: ' + ', '.join(
-            f'{r["model"]}/{r["kernels"]}{"+ToMe" + str(r["tome"]) if r["tome"] else ""} '
-            f'{1e3 * t[-1]:.0f}' for (r, _), t in zip(built, times)) + ' ms')
+            f'{r["model"]}/{r["kernels"]}{"+ToMe" + str(r["tome"]) if r["tome"] else ""}'
+            f'{"/b" + str(r["batch"]) if r["batch"] > 1 else ""} {1e3 * t[-1]:.0f}' for (r, _), t in zip(built, times)) + ' ms')
     out = []
     for (row, _), ts in zip(built, times):
         med = statistics.median(ts)
@@ -92,9 +98,10 @@ def run_cpu_suite(threads: int, iters: int = 3, repeats: int = 5, warmup: int = 
                 repeats=repeats)
 
 
-def _find(rows, model, kernels, tome=0.0):
+def _find(rows, model, kernels, tome=0.0, batch=1):
     for r in rows:
-        if r['model'] == model and r['kernels'] == kernels and r['tome'] == tome:
+        if r['model'] == model and r['kernels'] == kernels and r['tome'] == tome \
+                and r.get('batch', 1) == batch:
             return r
     return None
 
@@ -104,12 +111,13 @@ def summarize(rows: List[dict]) -> Dict[str, object]:
     scan; ToMe rows' speed-up over Vim-T against their FLOPs ratio (written into the rows)."""
     deit = _find(rows, 'deit-tiny', 'timm')
     for r in rows:
-        if deit is not None:
+        b = r.get('batch', 1)
+        if deit is not None and b == 1:
             r['vs_deit_tiny'] = round(r['latency_ms'] / deit['latency_ms'], 2)
-        before = _find(rows, r['model'], 'torch', r['tome'])
+        before = _find(rows, r['model'], 'torch', r['tome'], b)
         if before is not None and r['kernels'] != 'torch':
             r['speedup_vs_torch'] = round(before['latency_ms'] / r['latency_ms'], 2)
-        base = _find(rows, r['model'], r['kernels'])
+        base = _find(rows, r['model'], r['kernels'], batch=b)
         if r['tome'] and base is not None:
             r['speedup'] = round(base['latency_ms'] / r['latency_ms'], 3)
             r['flops_ratio'] = round(base['gflops'] / r['gflops'], 3)
@@ -123,10 +131,13 @@ def summarize(rows: List[dict]) -> Dict[str, object]:
     tome = _find(rows, 'vim-t', 'compiled', 0.46)
     if tome and 'speedup_over_ideal' in tome:
         s['tome_0.46_speedup_over_ideal'] = tome['speedup_over_ideal']
+    tome = _find(rows, 'vim-t', 'compiled', 0.46, EVAL_BATCH)
+    if tome and 'speedup_over_ideal' in tome:
+        s[f'tome_0.46_batch{EVAL_BATCH}_speedup_over_ideal'] = tome['speedup_over_ideal']
     if vim and 'speedup_vs_torch' in vim:
         s['vim_t_compiled_over_torch'] = vim['speedup_vs_torch']
     return s
 
 
-COLUMNS = ['model', 'kernels', 'tome', 'gflops', 'latency_ms', 'min_ms', 'spread_pct',
+COLUMNS = ['model', 'kernels', 'tome', 'batch', 'gflops', 'latency_ms', 'min_ms', 'spread_pct',
            'vs_deit_tiny', 'speedup_vs_torch', 'speedup', 'flops_ratio', 'speedup_over_ideal']
