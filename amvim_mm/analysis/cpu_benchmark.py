@@ -88,7 +88,8 @@ def run_cpu_suite(threads: int, iters: int = 3, repeats: int = 5, warmup: int = 
             times[i].append((time.perf_counter() - t0) / iters)
         log(f'  round {rep + 1}/{repeats}: ' + ', '.join(
             f'{r["model"]}/{r["kernels"]}{"+ToMe" + str(r["tome"]) if r["tome"] else ""}'
-            f'{"/b" + str(r["batch"]) if r["batch"] > 1 else ""} {1e3 * t[-1]:.0f}' for (r, _), t in zip(built, times)) + ' ms')
+            f'{"/b" + str(r["batch"]) if r["batch"] > 1 else ""} {1e3 * t[-1]:.0f}'
+            for (r, _), t in zip(built, times)) + ' ms')
     out = []
     for (row, _), ts in zip(built, times):
         med = statistics.median(ts)
