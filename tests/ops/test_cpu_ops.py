@@ -569,8 +569,9 @@ def test_tome_step_kernel_equals_select_and_reduce_tokens_bit_for_bit(B, n_patch
 
 
 def test_fold_merge_kernel_refuses_a_bad_selection():
-    """Removed tokens that repeat, the class token removed, or a removed token as a
-    destination: one clear error, no memory touched out of bounds."""
+    """Removed tokens that repeat, the class token removed, a removed token as a
+    destination, or a source map pointing past the sequence: one clear error, no memory
+    touched out of bounds."""
     ctx, hidden, residual, removed, dst, stream = _tome_step(1, 16, True, 4)
     args = (stream, ctx.size, ctx.pos, ctx.source)
     bad = [(removed.clone().fill_(int(removed[0, 0])), dst),      # repeated
@@ -580,6 +581,11 @@ def test_fold_merge_kernel_refuses_a_bad_selection():
     for rem, ds in bad:
         with pytest.raises(RuntimeError, match='removed must be distinct patch tokens'):
             cpu_ops.fold_merge(*args, rem, ds, ctx.n_patches, ctx.cls_index)
+    source = ctx.source.clone()
+    source[0, 3] = stream.shape[1]                                  # a token past the sequence
+    with pytest.raises(RuntimeError, match='every source a token of the sequence'):
+        cpu_ops.fold_merge(stream, ctx.size, ctx.pos, source, removed, dst, ctx.n_patches,
+                           ctx.cls_index)
 
 
 def test_fold_merge_kernel_steps_aside_under_autograd_and_other_dtypes():

@@ -209,7 +209,8 @@ class ToMe(TokenReducer):
         tome_step`, bit for bit :meth:`select` and the folded merge); else :meth:`select`
         (``AMVIM_FUSED_REDUCTION_KERNELS=0`` forces the latter)."""
         n = ctx.n_patches
-        if ctx.fold_ok and 0 < k <= self.max_merge(n) and self._cpu_step_fits(stream, ctx, layer):
+        if ctx.fold_ok and not ctx.fused_ok and 0 < k <= self.max_merge(n) \
+                and self._cpu_step_fits(stream, ctx, layer):
             w = layer.norm.weight if self.metric == 'norm_input' else None
             a_idx, b_idx = _bipartite_sets(n, ctx.cls_index)
             hidden, pos, size, source, removed, dst = cpu_ops.tome_step(
@@ -227,8 +228,9 @@ class ToMe(TokenReducer):
         return super().step(block, k, stream, ctx, layer)
 
     def _cpu_step_fits(self, stream: Streams, ctx, layer) -> bool:
-        """Whether :func:`~amvim_mm.ops.cpu_ops.tome_step` may run this step: float32 CPU
-        inference outside autocast, one layout for every sample (no EViT fused token), this
+        """Whether :func:`~amvim_mm.ops.cpu_ops.tome_step` may run this step (off the fused
+        path, which plans the merge for its own add + RMSNorm): float32 CPU inference outside
+        autocast, one layout for every sample (no EViT fused token), this
         class's :meth:`select` (a subclass's own choice is kept) and the plain metric (a
         block's own ``merge_metric`` is PyTorch's)."""
         h, res = stream.hidden, stream.residual

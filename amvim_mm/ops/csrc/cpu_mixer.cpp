@@ -226,14 +226,14 @@ Order make_order(const c10::optional<at::Tensor>& order, int64_t bsz, int64_t le
 // order[t], times scale. Returns the last state (batch, E, N).
 //   dt = softplus(delta + delta_bias) (or delta + delta_bias)
 //   h_t = exp(dt_t A) h_{t-1} + dt_t B_t u_t;  y_t = <C_t, h_t> + D u_t;  y_t *= silu(z_t)
-at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
-                          const at::Tensor& B, const at::Tensor& C,
-                          const c10::optional<at::Tensor>& D,
-                          const c10::optional<at::Tensor>& z,
-                          const c10::optional<at::Tensor>& delta_bias, bool delta_softplus,
-                          const c10::optional<at::Tensor>& order, at::Tensor out,
-                          bool accumulate, double scale,
-                          const c10::optional<at::Tensor>& dt_proj) {
+// want_last = false: no last state (an undefined tensor is returned; the fused mixer has no use
+// for it)
+at::Tensor scan_into(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                     const at::Tensor& B, const at::Tensor& C, const c10::optional<at::Tensor>& D,
+                     const c10::optional<at::Tensor>& z,
+                     const c10::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                     const c10::optional<at::Tensor>& order, at::Tensor out, bool accumulate,
+                     double scale, const c10::optional<at::Tensor>& dt_proj, bool want_last) {
   check_f32(u, "u", 3);
   check_f32(delta, "delta", 3);
   check_f32(A, "A", 2);
@@ -292,14 +292,14 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
   TORCH_CHECK(n_state >= 1 && n_state <= kMaxState, "amvim_cpu: state size N must be 1..",
               kMaxState);
   const Order ord = make_order(order, bsz, len);
-  at::Tensor last = at::empty({bsz, dim, n_state}, u.options());
+  at::Tensor last = want_last ? at::empty({bsz, dim, n_state}, u.options()) : at::Tensor();
   const float* up = u.data_ptr<float>();
   const float* dp = delta.data_ptr<float>();
   const float* Ap = A.data_ptr<float>();
   const float* Bp = B.data_ptr<float>();
   const float* Cp = C.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  float* lastp = last.data_ptr<float>();
+  float* lastp = want_last ? last.data_ptr<float>() : nullptr;
   const int64_t usb = u.stride(0), ust = u.stride(1), dsb = delta.stride(0),
                 dst = delta.stride(1), bsb = B.stride(0), bsg = B.stride(1),
                 bst = B.stride(2), bsn = B.stride(3), csb = C.stride(0), csg = C.stride(1),
@@ -370,8 +370,9 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
         store(o, y, nc);
       }
     }
-    for (int j = 0; j < nc; ++j)
-      for (int64_t n = 0; n < ns; ++n) lastp[(b * dim + e0 + j) * ns + n] = h[n][j];
+    if (lastp)
+      for (int j = 0; j < nc; ++j)
+        for (int64_t n = 0; n < ns; ++n) lastp[(b * dim + e0 + j) * ns + n] = h[n][j];
   };
   at::parallel_for(0, bsz * blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t job = begin; job < end; ++job) {
@@ -383,6 +384,18 @@ at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at
     }
   });
   return last;
+}
+
+at::Tensor selective_scan(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
+                          const at::Tensor& B, const at::Tensor& C,
+                          const c10::optional<at::Tensor>& D,
+                          const c10::optional<at::Tensor>& z,
+                          const c10::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                          const c10::optional<at::Tensor>& order, at::Tensor out,
+                          bool accumulate, double scale,
+                          const c10::optional<at::Tensor>& dt_proj) {
+  return scan_into(u, delta, A, B, C, D, z, delta_bias, delta_softplus, order, out, accumulate,
+                   scale, dt_proj, true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -473,11 +486,10 @@ at::Tensor mixer_forward(const at::Tensor& hidden, const at::Tensor& in_w, const
     if (conv_b.has_value()) bias = conv_b->select(0, k);
     const at::Tensor u = conv_silu(x, conv_w.select(0, k), bias, o, L);
     const at::Tensor x_dbl = at::linear(u, x_proj.select(0, k));  // (batch, L, W)
-    selective_scan(u, x_dbl.narrow(-1, 0, rank), A.select(0, k),
-                   x_dbl.narrow(-1, rank, N).unsqueeze(1),
-                   x_dbl.narrow(-1, rank + N, N).unsqueeze(1), D.select(0, k), z,
-                   dt_b.select(0, k), true, o, y, k > 0, 1.0 / static_cast<double>(P),
-                   dt_w.select(0, k));
+    scan_into(u, x_dbl.narrow(-1, 0, rank), A.select(0, k),
+              x_dbl.narrow(-1, rank, N).unsqueeze(1), x_dbl.narrow(-1, rank + N, N).unsqueeze(1),
+              D.select(0, k), z, dt_b.select(0, k), true, o, y, k > 0,
+              1.0 / static_cast<double>(P), dt_w.select(0, k), false);
   }
   return at::linear(y, out_w);
 }

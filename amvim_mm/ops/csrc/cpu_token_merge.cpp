@@ -122,6 +122,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> amvim_kernels::fold_m
           if (keep[i] && pp[b * L + i] >= 0) order.push_back(i);  // kept patches, in order
         ok = static_cast<int64_t>(order.size()) == n_keep;
       }
+      for (int64_t m = 0; m < M && ok; ++m) ok = srcp[b * M + m] < L;  // a token of this sequence
       if (!ok) {
         bad[b] = 1;
         continue;
@@ -146,7 +147,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> amvim_kernels::fold_m
   });
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(!bad[b], "amvim_cpu::fold_merge: sample ", b, ": removed must be distinct patch "
-                "tokens of the sequence and every dst a surviving token");
+                "tokens of the sequence, every dst a surviving token and every source a token "
+                "of the sequence (or negative)");
   return {out, npos, nsize, nsrc};
 }
 
