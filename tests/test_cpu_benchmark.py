@@ -10,18 +10,21 @@ def test_summary_ratios():
             dict(model='amvim-t', kernels='compiled', tome=0.0, gflops=2.0, latency_ms=42.0),
             dict(model='vim-t', kernels='compiled', tome=0.46, gflops=1.0, latency_ms=25.0),
             dict(model='vim-t', kernels='compiled', tome=0.0, gflops=2.0, latency_ms=300.0,
-                 batch=8),
+                 batch=8, rounds_ms=[300.0, 600.0, 290.0]),
             dict(model='vim-t', kernels='compiled', tome=0.46, gflops=1.0, latency_ms=166.7,
-                 batch=8)]
+                 batch=8, rounds_ms=[150.0, 160.0, 300.0])]
     s = CB.summarize(rows)
     assert s == {'vim_t_vs_deit_tiny': 2.0, 'amvim_t_over_vim_t': 1.05,
                  'tome_0.46_speedup_over_ideal': 0.8, 'vim_t_compiled_over_torch': 4.0,
-                 'tome_0.46_batch8_speedup_over_ideal': 0.9}
+                 'tome_0.46_batch8_speedup_over_ideal': 0.9,
+                 'tome_0.46_batch8_paired_over_ideal': 1.0}
     tome = rows[4]
     assert (tome['speedup'], tome['flops_ratio']) == (1.6, 2.0)
     # the batch-8 rows are compared with each other only (not with batch-1 DeiT or Vim-T)
     assert (rows[-1]['speedup'], rows[-1]['flops_ratio']) == (1.8, 2.0)
     assert 'vs_deit_tiny' not in rows[-1] and 'speedup' not in rows[-2]
+    # paired: the median of the rounds' ratios (2.0, 3.75, 0.967), over the FLOPs ratio
+    assert rows[-1]['paired_over_ideal'] == 1.0 and 'paired_over_ideal' not in rows[4]
     assert 'speedup_vs_torch' not in rows[2]          # the baseline row itself
 
 
@@ -35,5 +38,6 @@ def test_tiny_run_interleaves_and_reports(capsys):
     for r in res['rows']:
         assert r['latency_ms'] > 0 and r['min_ms'] <= r['latency_ms'] and r['gflops'] > 0
     assert res['rows'][0]['speedup_vs_torch'] > 0
-    assert res['rows'][2]['flops_ratio'] > 1
+    assert res['rows'][2]['flops_ratio'] > 1 and res['rows'][2]['paired_over_ideal'] > 0
+    assert all(len(r['rounds_ms']) == 2 for r in res['rows'])
     assert capsys.readouterr().out.count('round') == 2

@@ -8,8 +8,10 @@ speed before them), Vim-T on the ``reference`` backend, and Vim-T with ToMe 0.17
 speed-up over Vim-T against the FLOPs ratio). Discipline as on the GPU: warm-up, then
 ``repeats`` rounds in which every row runs ``iters`` forwards in turn (interleaved, so a busy
 spell of the machine hits every row alike); per row the median round, the fastest round and
-the spread ((max - min) / median); the ratios use the medians. fp32, eager, ``torch.no_grad``,
-``torch.set_num_threads(threads)``.
+the spread ((max - min) / median); the ratios use the medians. ToMe rows also give the paired
+estimate (``paired_over_ideal``): the median over rounds of each round's speed-up, divided by
+the FLOPs ratio (on a noisy machine a slow spell hits both rows of a round alike). fp32,
+eager, ``torch.no_grad``, ``torch.set_num_threads(threads)``.
 """
 from __future__ import annotations
 
@@ -94,7 +96,8 @@ def run_cpu_suite(threads: int, iters: int = 3, repeats: int = 5, warmup: int = 
     for (row, _), ts in zip(built, times):
         med = statistics.median(ts)
         out.append(dict(row, latency_ms=round(1e3 * med, 1), min_ms=round(1e3 * min(ts), 1),
-                        spread_pct=round(100 * (max(ts) - min(ts)) / med, 1)))
+                        spread_pct=round(100 * (max(ts) - min(ts)) / med, 1),
+                        rounds_ms=[round(1e3 * t, 2) for t in ts]))
     return dict(rows=out, summary=summarize(out), threads=threads, iters=iters,
                 repeats=repeats)
 
@@ -123,22 +126,28 @@ def summarize(rows: List[dict]) -> Dict[str, object]:
             r['speedup'] = round(base['latency_ms'] / r['latency_ms'], 3)
             r['flops_ratio'] = round(base['gflops'] / r['gflops'], 3)
             r['speedup_over_ideal'] = round(r['speedup'] / r['flops_ratio'], 3)
+            if r.get('rounds_ms') and len(base.get('rounds_ms', ())) == len(r['rounds_ms']):
+                # the paired estimate: each round's ratio (both rows timed seconds apart), then
+                # the median; a slow spell of the machine moves both rows of a round alike
+                r['paired_over_ideal'] = round(statistics.median(
+                    bt / t for bt, t in zip(base['rounds_ms'], r['rounds_ms']))
+                    / r['flops_ratio'], 3)
     s: Dict[str, object] = {}
     vim, am = _find(rows, 'vim-t', 'compiled'), _find(rows, 'amvim-t', 'compiled')
     if vim and deit:
         s['vim_t_vs_deit_tiny'] = vim['vs_deit_tiny']
     if vim and am:
         s['amvim_t_over_vim_t'] = round(am['latency_ms'] / vim['latency_ms'], 3)
-    tome = _find(rows, 'vim-t', 'compiled', 0.46)
-    if tome and 'speedup_over_ideal' in tome:
-        s['tome_0.46_speedup_over_ideal'] = tome['speedup_over_ideal']
-    tome = _find(rows, 'vim-t', 'compiled', 0.46, EVAL_BATCH)
-    if tome and 'speedup_over_ideal' in tome:
-        s[f'tome_0.46_batch{EVAL_BATCH}_speedup_over_ideal'] = tome['speedup_over_ideal']
+    for batch, name in ((1, 'tome_0.46'), (EVAL_BATCH, f'tome_0.46_batch{EVAL_BATCH}')):
+        tome = _find(rows, 'vim-t', 'compiled', 0.46, batch)
+        for key in ('speedup_over_ideal', 'paired_over_ideal'):
+            if tome and key in tome:
+                s[f'{name}_{key}'] = tome[key]
     if vim and 'speedup_vs_torch' in vim:
         s['vim_t_compiled_over_torch'] = vim['speedup_vs_torch']
     return s
 
 
 COLUMNS = ['model', 'kernels', 'tome', 'batch', 'gflops', 'latency_ms', 'min_ms', 'spread_pct',
-           'vs_deit_tiny', 'speedup_vs_torch', 'speedup', 'flops_ratio', 'speedup_over_ideal']
+           'vs_deit_tiny', 'speedup_vs_torch', 'speedup', 'flops_ratio', 'speedup_over_ideal',
+           'paired_over_ideal']
