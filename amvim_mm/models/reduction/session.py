@@ -81,21 +81,21 @@ class ReductionSession:
             streams = Streams(hidden, residual)
             # k: the schedule's count (0 for a dynamic reducer, whose step decides it)
             sel = reducer.step(i, self.removals[i], streams, ctx, layer)
-            if sel is not None and sel.reduced is not None and sel.removed.shape[1]:
-                # applied by the step itself (CPU inference): the streams folded into hidden
-                hidden, residual = sel.reduced[0], None
-                ctx = folded_successor(ctx, sel.removed.shape[1], *sel.reduced[1:],
-                                       step='cpu-step')
-                ctx.align = reducer.align
-            elif sel is not None and sel.removed.shape[1]:
-                self._check(reducer, sel)
-                if ctx.fused_ok and can_plan_merge(ctx, reducer, sel.weight):
-                    merge, ctx = plan_merge_step(ctx, sel.removed, sel.dst, sel.plan)
+            if sel is not None and sel.removed.shape[1]:
+                if sel.reduced is not None:
+                    # applied by the step itself (CPU inference): the streams folded into hidden
+                    hidden, residual = sel.reduced[0], None
+                    ctx = folded_successor(ctx, sel.removed.shape[1], *sel.reduced[1:],
+                                           step='cpu-step')
                 else:
-                    hidden, residual, ctx = reduce_tokens(
-                        ctx, hidden, residual, sel.removed, sel.dst, sel.weight,
-                        reducer.freeze_sources, reducer.merges, fold=not self.training,
-                        stream=streams.total(), prunes=reducer.prunes)
+                    self._check(reducer, sel)
+                    if ctx.fused_ok and can_plan_merge(ctx, reducer, sel.weight):
+                        merge, ctx = plan_merge_step(ctx, sel.removed, sel.dst, sel.plan)
+                    else:
+                        hidden, residual, ctx = reduce_tokens(
+                            ctx, hidden, residual, sel.removed, sel.dst, sel.weight,
+                            reducer.freeze_sources, reducer.merges, fold=not self.training,
+                            stream=streams.total(), prunes=reducer.prunes)
                 ctx.align = reducer.align
         # only the block right before a step scores the tokens (the others keep the fused path)
         ctx.want_importance = reducer.needs_importance and i + 1 in self.steps

@@ -44,11 +44,12 @@ __attribute__((optimize("fp-contract=off"))) void add_scaled(float* row, const f
 }
 #endif
 
+}  // namespace
+
 // stream (B, L, D) float32: residual + hidden; size (B, L) float32 token sizes; pos (B, L) int64
 // grid positions (< 0: not a patch); source (B, M) int64 token carrying each grid patch (-1:
 // pruned); removed, dst (B, r) int64: distinct removed patch tokens and the survivor each merges
 // into. Returns (hidden (B, L - r, D) float32, pos, size, source) of the reduced sequence.
-}  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> amvim_kernels::fold_merge(
     const at::Tensor& stream, const at::Tensor& size, const at::Tensor& pos,
