@@ -316,7 +316,7 @@ def _family(prefix):
 
 # every config x every other backbone type of its family (the config's own type is the
 # file-name prefix, which test_config_builds_and_runs checks)
-SWAPS = [pytest.param(c, t, id=f'{i}->{t}') for c, i in zip(CONFIGS, IDS)
+SWAPS = [pytest.param(c, t, id=f'{i}->{t}') for c, i in zip(CONFIGS, IDS, strict=True)
          for t in _family(osp.basename(c).split('-')[0])
          if t.lower() != osp.basename(c).split('-')[0]]
 

@@ -40,7 +40,7 @@ def test_cpu_forward_stays_eager_and_equals_the_plain_one():
     graphed.load_state_dict(plain.state_dict())
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        for p, q in zip(plain(x), graphed(x)):
+        for p, q in zip(plain(x), graphed(x), strict=True):
             assert torch.equal(p, q)
     assert graphed._graphs.stats == {'eager': 1} and not graphed._graphs.graphs
     assert InferenceGraphs.why_eager(graphed, x) == 'not a CUDA tensor'
@@ -59,7 +59,7 @@ def test_traces_and_compiles_stay_eager(monkeypatch):
     assert InferenceGraphs.why_eager(m, x) == 'not a CUDA tensor'
     with torch.no_grad():
         traced = torch.jit.trace(m, x, check_trace=False)
-    for p, q in zip(traced(x), m(x)):
+    for p, q in zip(traced(x), m(x), strict=True):
         assert torch.allclose(p, q, atol=1e-6)
 
 

@@ -166,7 +166,7 @@ def test_coco_layout_loads_in_mmdet(tmp_coco, split):
             np.testing.assert_allclose(bboxes, expected)
             masks = inst.masks.to_ndarray()
             assert masks.shape == (len(anns), 64, 64)
-            for mask, ann in zip(masks, anns):
+            for mask, ann in zip(masks, anns, strict=True):
                 assert ann['iscrowd'] == 0
                 assert abs(int(mask.sum()) - ann['area']) <= 0.15 * ann['area'] + 8
             n_objects += len(labels)

@@ -212,7 +212,7 @@ def test_concurrent_sweeps_into_one_out_dir_keep_all_rows(seg, tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for method in ('tome', 'random')]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     rows = _rows(out_dir)
     assert {(r['model'], r['method'], r['ratio']) for r in rows} == {

@@ -60,7 +60,7 @@ def test_coco_ap_equals_pycocotools_and_weights_equal_duplicates():
     # weights (0, 2, 1, 3, ...) == a data set with images dropped / repeated under new ids
     w = np.array([0, 2, 1, 3, 1, 0, 2], dtype=float)
     images, anns, ddets = [], [], []
-    for i, times in zip(ids, w.astype(int)):
+    for i, times in zip(ids, w.astype(int), strict=True):
         for t in range(times):
             new = i * 10 + t
             images.append(dict(id=new, width=100, height=100, file_name=f'{new}.png'))
@@ -124,7 +124,7 @@ def test_seg_and_cls_values_equal_the_libraries():
     st = S.per_image_stats('seg', results)
     S.check_against(st, lib, 'seg')
     w = np.array([[2, 0, 1, 1, 1, 0, 3, 1, 0]], dtype=float)
-    dup = [r for r, t in zip(results, w[0].astype(int)) for _ in range(t)]
+    dup = [r for r, t in zip(results, w[0].astype(int), strict=True) for _ in range(t)]
     with contextlib.redirect_stdout(io.StringIO()):
         lib_dup = m.compute_metrics(dup)['mIoU']
     assert S.metric_values(st, w)[0] == pytest.approx(lib_dup, abs=0.006)

@@ -55,7 +55,7 @@ def _assert_unreduced(reducer, outs, refs):
     """A schedule that removes nothing gives exactly the unreduced outputs (a reducer whose
     counts depend on the image runs image by image: a batch of 1 rounds its GEMMs differently
     from a batch of 2)."""
-    for a, b in zip(outs, refs):
+    for a, b in zip(outs, refs, strict=True):
         if getattr(TOKEN_REDUCERS.get(reducer), 'dynamic', False):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
         else:

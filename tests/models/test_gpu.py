@@ -33,7 +33,7 @@ def assert_same_outputs(cpu, gpu, x, tol):
         a = cpu(x)
         b = gpu(x.cuda())
     assert cpu.token_counts == gpu.token_counts
-    for p, q in zip(a, b):
+    for p, q in zip(a, b, strict=True):
         assert q.shape == p.shape and rel(q.cpu(), p) < tol
 
 
@@ -67,7 +67,7 @@ def test_gpu_cuda_kernel_matches_cpu(typ, out_type):
     with torch.no_grad():
         a = cpu(x)
         b = gpu(x.cuda())
-    for p, q in zip(a, b):
+    for p, q in zip(a, b, strict=True):
         assert rel(q.cpu(), p) < 1e-4
 
 
@@ -170,7 +170,7 @@ def test_gpu_vmamba_bf16_training_step_and_graph():
         ref = plain(x)
         with torch.autocast('cuda', dtype=torch.bfloat16):
             out = plain(x)
-    for p, q in zip(ref, out):
+    for p, q in zip(ref, out, strict=True):
         assert torch.isfinite(q).all() and rel(q, p) < 5e-2
     _, gpu = vmamba_pair(token_reduction=dict(type='ToMe', ratio=0.4))
     with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
@@ -257,7 +257,7 @@ def test_gpu_cuda_graph_backbone_replays_equal_the_eager_forward(red):
             assert graphed.token_counts == eager.token_counts
     assert (g.stats['eager'], g.stats['capture'], g.stats['replay']) == (1, 1, 3)
     for ref, out in outs:                      # earlier outputs untouched by later replays
-        for p, q in zip(ref, out):
+        for p, q in zip(ref, out, strict=True):
             assert q.shape == p.shape and q.dtype == p.dtype
             assert rel(q, p) < (1e-5 if red else 1e-6), rel(q, p)
 
@@ -279,7 +279,7 @@ def test_gpu_cuda_graph_recaptures_after_a_weight_change_and_keeps_checks():
         outs = [graphed(x) for _ in range(3)]
         assert g.stats['capture'] == 2 and len(g.graphs) == 1 and g.stats['replay'] == 3
         ref = eager(x)
-        for p, q in zip(ref, outs[-1]):
+        for p, q in zip(ref, outs[-1], strict=True):
             assert rel(q, p) < 1e-6
         bad = x.clone()
         bad[0, 0, 0, 0] = float('nan')

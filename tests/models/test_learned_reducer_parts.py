@@ -85,7 +85,7 @@ def test_dynamicvit_loss_equals_official(mse_token, weights):
         assert abs(got[k].item() - want[k].item()) <= 1e-6, k
     g1 = torch.autograd.grad(got['loss'], (pred, tok))
     g2 = torch.autograd.grad(want['loss'], (pred, tok))
-    for a, b in zip(g1, g2):
+    for a, b in zip(g1, g2, strict=True):
         assert (a - b).abs().max() <= 1e-6
     # nothing kept at the end: no token term
     none = dynamicvit_loss(pred, labels, tok, t_pred, t_tok, decisions, rhos,
@@ -111,7 +111,7 @@ def test_threshold_masker_equals_official(dtype, tau):
     w = torch.randn(4, 33, generator=g, dtype=dtype)
     ga = torch.autograd.grad((got * w).sum(), (v1, masker.threshold))
     gb = torch.autograd.grad((want * w).sum(), (v2, th))
-    for a, b in zip(ga, gb):
+    for a, b in zip(ga, gb, strict=True):
         assert (a - b).abs().max() <= 1e-6 * max(1.0, float(b.abs().max()))
 
 
@@ -124,7 +124,7 @@ def test_flops_ratios_and_loss_equal_official():
     assert abs(got.item() - want.item()) <= 1e-6
     ga = torch.autograd.grad(got, masks)
     gb = torch.autograd.grad(want, masks)
-    assert all((a - b).abs().max() <= 1e-9 for a, b in zip(ga, gb))
+    assert all((a - b).abs().max() <= 1e-9 for a, b in zip(ga, gb, strict=True))
     ce = torch.tensor(2.3, dtype=torch.float64)
     assert ltmp_loss(ce, got).item() == pytest.approx(ltmp_ref.ltmp_loss(ce, want).item(),
                                                       abs=1e-9)

@@ -64,7 +64,7 @@ def test_masked_training_forward_equals_pruned_inference(monkeypatch, typ, with_
         want = m(x)
     assert m.token_counts[-1] == counts[-1] + int(with_cls)
     assert int(keep.sum(1)[0]) == counts[-1] + int(with_cls)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         # the blocks keep the residual stream in fp32 by design (both forwards): fp32 rounding
         # of the sums, everything else float64
@@ -161,7 +161,7 @@ def test_ltmp_masked_training_equals_per_image_inference(typ, with_cls):
     assert len({c[-1] for c in counts}) > 1          # the counts differ per image
     assert all(c[1] < c[0] for c in counts)          # merged / pruned before block 1
     if out_type == 'cls_token':
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert (g - w).abs().max() <= 1e-6 * w.abs().max()
     # the learned row's FLOPs use the mean counts
     from amvim_mm.analysis.flops import backbone_flops
@@ -227,7 +227,7 @@ def test_plainmamba_masked_training_equals_pruned_inference(monkeypatch, out_typ
     with torch.no_grad():
         want = m(x)
     assert m.token_counts[-1] == counts[-1]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         assert (g - w).abs().max() <= 1e-10 * max(1.0, float(w.abs().max()))
 
@@ -276,6 +276,6 @@ def test_vmamba_masked_training_equals_pruned_inference(monkeypatch, out_type):
     with torch.no_grad():
         want = m(x)
     assert int(M * 0.6) in m.token_counts
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         assert (g - w).abs().max() <= 1e-10 * max(1.0, float(w.abs().max()))

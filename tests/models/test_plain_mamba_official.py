@@ -58,7 +58,7 @@ def test_dense_maps_and_logits_equal_the_official_model(arch, size, released_fil
         maps = dense(x)
         logits = torch.nn.functional.linear(cls(x)[0], sd['head.fc.weight'], sd['head.fc.bias'])
     assert isinstance(maps, tuple) and len(maps) == 4
-    for i, (a, b) in enumerate(zip(maps, want['dense'])):
+    for i, (a, b) in enumerate(zip(maps, want['dense'], strict=True)):
         assert a.shape == b.shape, i
         assert _rel(a, b) < 1e-5, (i, _rel(a, b))
     assert _rel(logits, want['logits']) < 1e-5
@@ -73,7 +73,7 @@ def test_float64_equality_keeps_both_quirks(released_files):
     want = ref.official_plainmamba_forward(sd, x, 'L1', out_indices=ref.OUT_INDICES['L1'])
     with torch.no_grad():
         maps = m(x)
-    for a, b in zip(maps, want['dense']):
+    for a, b in zip(maps, want['dense'], strict=True):
         assert _rel(a, b) < 1e-9
     # zeroed direction biases change the result: the comparison can fail
     with torch.no_grad():

@@ -43,7 +43,7 @@ def test_contract_tiny_224(tiny_pair, typ, method):
         ref = base(x)
         same = m0(x)
         red = m46(x)
-    assert all(torch.equal(a, b) for a, b in zip(ref, same))
+    assert all(torch.equal(a, b) for a, b in zip(ref, same, strict=True))
     assert len(red) == 4
     for o in red:
         assert o.shape == (1, 192, 14, 14) and torch.isfinite(o).all()
@@ -108,7 +108,7 @@ def test_flops_localmamba_convention_vs_published():
                                  num_classes=1000, convention='localmamba',
                                  count_after_merge=after)['gflops'] for r in ratios]
     # merges counted from the block after each even block: every row within 3 %
-    for ours, pub in zip(g(True), published):
+    for ours, pub in zip(g(True), published, strict=True):
         assert abs(ours / pub - 1) < 0.03
     # as our protocol applies them (before the even blocks) the strongest ratio is 6 % lower
     assert abs(g(False)[-1] / published[-1] - 1) > 0.05
@@ -134,7 +134,7 @@ def test_zero_removal_is_identical_and_reduction_runs(typ, method):
         base.out_type = out_type
         m = build(typ, token_reduction=zero, out_type=out_type, **extra).eval()
         m.load_state_dict(base.state_dict())
-        assert all(torch.equal(a, b) for a, b in zip(base(x), m(x)))
+        assert all(torch.equal(a, b) for a, b in zip(base(x), m(x), strict=True))
         m.set_token_reduction(method)
         outs = m(x)
         assert all(torch.isfinite(o).all() for o in outs)

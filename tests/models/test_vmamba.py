@@ -209,7 +209,7 @@ def test_aligned_scan_equals_full_length_zero_input_scan_per_direction():
     with torch.no_grad():
         ys = _token_order(*op.directions(xk, red), (H, W))
         ref = _token_order(*op.directions(zero, full), (H, W))
-    for y, r in zip(ys, ref):
+    for y, r in zip(ys, ref, strict=True):
         r = torch.gather(r, 2, kept.unsqueeze(1).expand(-1, E, -1))
         assert (y - r).abs().max() <= 1e-5 * r.abs().max()
     # without alignment the result differs: the test can fail
@@ -263,7 +263,8 @@ def test_stage3_reduction_dense_maps(cfg):
         same = plain(x)
         m = _build(token_reduction=cfg)
         out = m(x)
-    for a, b in zip(same, ref):   # a schedule that removes nothing is exactly no reduction
+    # a schedule that removes nothing is exactly no reduction
+    for a, b in zip(same, ref, strict=True):
         assert torch.equal(a, b)
     assert [o.shape for o in out] == [o.shape for o in ref]
     assert all(torch.isfinite(o).all() for o in out)

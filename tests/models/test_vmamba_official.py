@@ -60,7 +60,7 @@ def test_dense_maps_and_logits_equal_the_official_model(arch, size, official_fil
         logits = torch.nn.functional.linear(feat, sd['classifier.head.weight'],
                                             sd['classifier.head.bias'])
     assert isinstance(maps, tuple) and len(maps) == 4
-    for i, (a, b) in enumerate(zip(maps, maps_ref)):
+    for i, (a, b) in enumerate(zip(maps, maps_ref, strict=True)):
         assert a.shape == b.shape, i
         assert _rel(a, b) < 1e-5, (i, _rel(a, b))
     assert _rel(logits, logits_ref) < 1e-5

@@ -144,6 +144,6 @@ def test_gpu_cuda_kernel_vs_torch(dtype, tol, activation):
     # (bf16 rounding is 2^-8 relative; a few ulps apart is the expected gap)
     err = (outs['cuda'] - outs['torch']).abs().max() / outs['torch'].abs().max()
     assert err <= (tol if dtype == torch.float32 else 2e-2)
-    for g_c, g_t in zip(grads['cuda'], grads['torch']):
+    for g_c, g_t in zip(grads['cuda'], grads['torch'], strict=True):
         scale = g_t.abs().max()
         assert (g_c - g_t).abs().max() <= 10 * tol * scale

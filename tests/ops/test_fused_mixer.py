@@ -39,7 +39,7 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
     ]
     sizes = [(64, 48), (112, 96), (112, 112), (112, 112), (96, 112), (80, 64), (112, 96)]
     res = []
-    for cfg, (h, w) in zip(cases, sizes):
+    for cfg, (h, w) in zip(cases, sizes, strict=True):
         torch.manual_seed(0)
         m = MODELS.build(dict(cfg, out_type='featmap', out_indices=(0, 2, 3))).eval()
         x = torch.randn(2, 3, h, w)
@@ -58,7 +58,7 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
                                   steps.count('plan'))
         same_state = all(torch.equal(getattr(ctxs[True], k), getattr(ctxs[False], k))
                          for k in ('pos', 'source') if getattr(ctxs[False], k) is not None)
-        for a, b in zip(outs[True], outs[False]):
+        for a, b in zip(outs[True], outs[False], strict=True):
             assert a.shape == b.shape, (a.shape, b.shape)
             errs.append(((a - b).abs().max() / b.abs().max()).item())
         res.append(dict(cfg=cfg['type'], errs=errs, counts=m.token_counts,
@@ -83,8 +83,9 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
             0, k, Streams(x, resid), ctx, layer)
         rem1, dst1 = tm.tome_match(x, resid, layer.norm.weight if metric == 'norm_input' else None,
                                    n, cls, k)
-        match.append(all(set(zip(a.tolist(), c.tolist())) == set(zip(b.tolist(), d.tolist()))
-                         for a, b, c, d in zip(rem0, rem1, dst0, dst1)))
+        match.append(all(set(zip(a.tolist(), c.tolist(), strict=True))
+                         == set(zip(b.tolist(), d.tolist(), strict=True))
+                         for a, b, c, d in zip(rem0, rem1, dst0, dst1, strict=True)))
     # a planned merge step (bookkeeping kernel + merge inside the fused add + RMSNorm) against
     # reduce_tokens(fold=True): merged stream, normalised output, pos/size/source
     from amvim_mm.ops.fused_mixer import fused_add_rmsnorm
@@ -362,7 +363,7 @@ def test_gpu_fused_matches_unfused(cfg, dtype):
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
     tol = 1e-4 if dtype is None else 3e-2
-    for a, b in zip(out, ref):
+    for a, b in zip(out, ref, strict=True):
         assert a.shape == b.shape and torch.isfinite(a).all()
         assert _rel(a, b) < tol
 
@@ -428,7 +429,7 @@ def test_gpu_fused_reduction_kernels(monkeypatch, kernels):
         out = _run(m, x, True)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
-    for a, b in zip(out, ref):
+    for a, b in zip(out, ref, strict=True):
         assert a.shape == b.shape and _rel(a, b) < 1e-4
 
 
@@ -461,8 +462,9 @@ def test_gpu_tome_match_in_bf16_finds_planted_edges():
     with torch.autocast('cuda', dtype=torch.bfloat16):
         rem1, dst1 = tome_match(hidden, residual, layer.norm.weight, n, cls, k,
                                 precision='tf32')
-    for a, b, c, d in zip(rem0, rem1, dst0, dst1):
-        assert set(zip(a.tolist(), c.tolist())) == set(zip(b.tolist(), d.tolist()))
+    for a, b, c, d in zip(rem0, rem1, dst0, dst1, strict=True):
+        assert set(zip(a.tolist(), c.tolist(), strict=True)) == \
+            set(zip(b.tolist(), d.tolist(), strict=True))
 
 
 @gpu

@@ -51,7 +51,8 @@ GRAD_SCRIPT = textwrap.dedent('''
                 list(m.token_counts))
         (o0, g0, c0), (o1, g1, c1) = got[False], got[True]
         res.append(dict(
-            out=max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(o1, o0)),
+            out=max(((a - b).abs().max() / b.abs().max()).item()
+                    for a, b in zip(o1, o0, strict=True)),
             names=sorted(g0) == sorted(g1), n=len(g0), counts=[c0, c1],
             grads={k: ((g1[k] - g0[k]).abs().max() / (g0[k].abs().max() + 1e-30)).item()
                    for k in g0}))
@@ -88,7 +89,7 @@ def test_fused_training_matches_unfused_in_interpreter(bwd_config, target):
     cases = CASES if target == 1 else CASES[:1]
     results = _run(cases, target, AMVIM_FUSED_BWD_CONFIG=bwd_config)
     assert len(results) == len(cases)
-    for (cfg, _, _), r in zip(cases, results):
+    for (cfg, _, _), r in zip(cases, results, strict=True):
         assert r['names'] and r['n'] > 20, r
         assert r['out'] < 1e-5, (cfg, r['out'])
         worst = max(r['grads'].items(), key=lambda kv: kv[1])
@@ -201,9 +202,9 @@ def test_fused_training_grads_cuda(typ, arch, batch, size, reduction):
     print(f'{typ}-{arch} b{batch} {size} {reduction}: fp32 fused vs torch route {worst}; '
           f'CUDA-kernel route vs torch route {kernels}; bf16 vs fp32: unfused {err_u}, '
           f'fused {err_f}')
-    assert max(_rel(a, b) for a, b in zip(o_f, o_ref)) < 1e-4
+    assert max(_rel(a, b) for a, b in zip(o_f, o_ref, strict=True)) < 1e-4
     assert worst[0] < 1e-4, worst
     assert err_f[0] <= 1.5 * err_u[0] + 2e-3, (err_f, err_u)
-    out_u = max(_rel(a, b) for a, b in zip(o_u16, o_ref))
-    out_f = max(_rel(a, b) for a, b in zip(o_f16, o_ref))
+    out_u = max(_rel(a, b) for a, b in zip(o_u16, o_ref, strict=True))
+    out_f = max(_rel(a, b) for a, b in zip(o_f16, o_ref, strict=True))
     assert out_f <= 1.5 * out_u + 2e-3, (out_f, out_u)

@@ -79,11 +79,11 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
                 'both': ([out, res], [ref, x], [go, gr])}[use]
         got = torch.autograd.grad(outs[0], ins, outs[2])
         want = torch.autograd.grad(outs[1], ins, outs[2], allow_unused=True)
-        want = [torch.zeros_like(t) if g is None else g for t, g in zip(ins, want)]
+        want = [torch.zeros_like(t) if g is None else g for t, g in zip(ins, want, strict=True)]
         names = ['dh', 'dr', 'dw'] if has_res else ['dh', 'dw']
         norm32.append(dict(case=[B, L, D, has_res, has_scale, use], out=rel(out, ref),
                            res=rel(res, x), dtypes=[str(out.dtype), str(res.dtype)],
-                           **{n: rel(a, b) for n, a, b in zip(names, got, want)}))
+                           **{n: rel(a, b) for n, a, b in zip(names, got, want, strict=True)}))
     # only some inputs require grad: h (no dr, no dw), then w alone
     h, r, w, s, go, gr = norm_inputs(3, 6, 24, torch.float32, torch.float32, True, True, 5)
     r.requires_grad_(False)
@@ -114,7 +114,7 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
         names = ['dh', 'dr', 'dw'] if has_res else ['dh', 'dw']
         norm64.append(dict(case=[B, L, D, has_res, has_scale], out=rel(out, ref),
                            res=rel(res, x), dtypes=[str(out.dtype), str(res.dtype)],
-                           **{n: rel(a, b) for n, a, b in zip(names, got, want)}))
+                           **{n: rel(a, b) for n, a, b in zip(names, got, want, strict=True)}))
     gradcheck = []
     for has_res in (True, False):
         h, r, w, s, _, _ = norm_inputs(2, 3, 5, torch.float64, torch.float64, has_res, True, 11)
@@ -147,7 +147,7 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
         norm16.append(dict(case=[B, L, D, has_res, has_scale], out=rel(out, ref),
                            res=rel(res, x), dtypes=[str(out.dtype), str(res.dtype)],
                            grad_dtypes=[str(t.dtype) for t in got],
-                           **{n: rel(a, b) for n, a, b in zip(names, got, want)}))
+                           **{n: rel(a, b) for n, a, b in zip(names, got, want, strict=True)}))
 
     # ---- the trainable fused embedding against the unfused embed
     embed_calls = []
@@ -184,7 +184,7 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
                            pos_resized=tuple(ca[1]) != (4, 4),
                            pos_grad_nonzero=bool(gb[2].abs().sum() > 0),
                            mid_row_zero=[bool(g[2][0, mid].abs().sum() == 0) for g in (ga, gb)],
-                           **{n: rel(p, q) for n, p, q in zip(names, ga, gb)}))
+                           **{n: rel(p, q) for n, p, q in zip(names, ga, gb, strict=True)}))
     fe.fused_patch_embed = kernel
 
     # ---- VimBlock.forward(fused=True) under autograd against fused=False
@@ -258,7 +258,7 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
                            residual=rel(ar, br), res_dtype=str(ar.dtype),
                            scale=None if scale is None else scale.tolist(),
                            drop_prob=blk.drop_path.drop_prob,
-                           **{n: rel(p, q) for n, p, q in zip(names, ag, bg)}))
+                           **{n: rel(p, q) for n, p, q in zip(names, ag, bg, strict=True)}))
     with torch.no_grad():   # eval without gradients: the inference kernel, as before
         blk.eval()
         n_train, n_infer = len(train_calls), len(infer_calls)
@@ -292,10 +292,10 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
                       len(embed_calls) - n_embed)
     (ao, ag, ad, at, ae), (bo, bg, bd, bt, be) = got[True], got[False]
     grad_errs = {n: (None if (p is None or q is None) else rel(p, q))
-                 for (n, _), p, q in zip(named, ag, bg)}
+                 for (n, _), p, q in zip(named, ag, bg, strict=True)}
     backbone = dict(decision=[bd, ad], calls=[[bt, be], [at, ae]], layers=len(m.layers),
-                    outs=[rel(p, q) for p, q in zip(ao, bo)],
-                    none_match=all((p is None) == (q is None) for p, q in zip(ag, bg)),
+                    outs=[rel(p, q) for p, q in zip(ao, bo, strict=True)],
+                    none_match=all((p is None) == (q is None) for p, q in zip(ag, bg, strict=True)),
                     grads=grad_errs)
     print('RESULT' + json.dumps(dict(norm32=norm32, partial=partial, norm64=norm64,
                                      gradcheck=gradcheck, norm16=norm16, embeds=embeds,
@@ -537,7 +537,7 @@ def test_gpu_fused_embedding_gradients(exact_fp32, monkeypatch, arch, with_cls):
                                   m.cls_token if with_cls else None, 16, (32, 32))
     got = torch.autograd.grad(tok, params, go)
     assert _rel(tok, ref) < 1e-5
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         assert _rel(a, b) < 1e-5
     import amvim_mm.ops.fused_embed as fe
     calls, kernel = [], fe.fused_patch_embed
@@ -549,5 +549,5 @@ def test_gpu_fused_embedding_gradients(exact_fp32, monkeypatch, arch, with_cls):
     assert _rel(tok16, ref16) < 1e-2
     got = torch.autograd.grad(tok16, params, go)
     want = torch.autograd.grad(ref16, params, go)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         assert _rel(a, b) < 1e-2

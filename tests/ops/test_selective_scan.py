@@ -187,7 +187,7 @@ def test_gradcheck_torch_scan():
     inputs = tuple(x[k].requires_grad_(True) for k in NAMES)
 
     def f(*args):
-        kw = dict(zip(NAMES, args))
+        kw = dict(zip(NAMES, args, strict=True))
         return selective_scan_torch(kw['u'], kw['delta'], kw['A'], kw['B'], kw['C'], kw['D'],
                                     kw['z'], kw['delta_bias'], delta_softplus=True,
                                     chunk_size=2)
