@@ -11,43 +11,50 @@ save can be left with ``last_checkpoint`` naming a deleted file, or with no chec
 2. point ``last_checkpoint`` at it (again a temporary file and a rename);
 3. only then delete the checkpoints beyond ``max_keep_ckpts``.
 
-At every moment ``last_checkpoint`` names a complete file. Temporary files that a killed write
-left behind (``.<name>.*.tmp``) are removed when training starts. It also records the SHA-256 of
-the weights in the checkpoint's ``meta`` (verified when the file is loaded, see
-:mod:`amvim_mm.utils.safe_load`). Our configs and tools use it in place of ``CheckpointHook``.
+At every moment ``last_checkpoint`` names a complete file. When training starts, the temporary
+files that a killed write of this hook left behind are removed: only names of the atomic writer's
+exact pattern (``.<target>.amvim-<random>.tmp``, :mod:`amvim_mm.engine.fileio`) whose target is
+a file this hook writes (``filename_tmpl`` checkpoints and the ``best_<key>_...`` ones in the
+output folder, ``last_checkpoint`` in the work dir); any other file, a user's ``.notes.tmp``
+included, is left alone.
+
+It also records the SHA-256 of the weights in the checkpoint's ``meta`` (verified when the file
+is loaded, see :mod:`amvim_mm.utils.safe_load`). Our configs and tools use it in place of
+``CheckpointHook``.
 """
 from __future__ import annotations
 
 import glob
-import os
 import os.path as osp
-from typing import Optional
+import re
+import string
+from typing import Callable, Optional
 
 from mmengine.dist import is_main_process
 from mmengine.hooks import CheckpointHook
 
 from amvim_mm.registry import HOOKS
 from amvim_mm.utils.safe_load import mark_weights
-from .fileio import atomic_write_bytes
+from .fileio import atomic_write_bytes, remove_stale_temporaries
+
+#: the work dir's pointer to the newest checkpoint (mmengine's name)
+POINTER = 'last_checkpoint'
 
 
-def remove_stale_temporaries(folder: str) -> int:
-    """Delete ``.*.tmp`` files that killed atomic writes left in ``folder``; returns the count."""
-    n = 0
-    for path in glob.glob(osp.join(folder, '.*.tmp')):
-        try:
-            os.unlink(path)
-            n += 1
-        except OSError:
-            pass
-    return n
+def checkpoint_names(filename_tmpl: str) -> re.Pattern:
+    """The file names a ``CheckpointHook`` with this ``filename_tmpl`` saves in its output
+    folder: ``filename_tmpl.format(step)`` for any step, and the best checkpoints
+    ``best_<key>_<that name>`` (mmengine replaces a ``/`` of the key with ``_``)."""
+    body = ''.join(re.escape(literal) + ('' if field is None else r'\d+')
+                   for literal, field, _, _ in string.Formatter().parse(filename_tmpl))
+    return re.compile(r'(?:best_[^/]+_)?' + body)
 
 
 def latest_checkpoint(work_dir: str) -> Optional[str]:
     """The checkpoint ``--resume`` continues: the one ``last_checkpoint`` names if it exists,
     else the newest complete ``iter_*.pth`` / ``epoch_*.pth`` of the folder (a run that
     mmengine's own hook left with a dangling pointer), else ``None``."""
-    pointer = osp.join(work_dir, 'last_checkpoint')
+    pointer = osp.join(work_dir, POINTER)
     if osp.isfile(pointer):
         with open(pointer) as f:
             named = f.read().strip()
@@ -75,13 +82,21 @@ class AtomicCheckpointHook(CheckpointHook):
 
     def before_train(self, runner) -> None:
         super().before_train(runner)
-        if is_main_process():
-            for folder in {runner.work_dir, str(self.out_dir)}:
-                if osp.isdir(folder):
-                    n = remove_stale_temporaries(folder)
-                    if n:
-                        runner.logger.info(f'removed {n} temporary files of interrupted '
-                                           f'checkpoint writes in {folder}')
+        if not is_main_process():
+            return
+        work_dir, out_dir = osp.abspath(runner.work_dir), osp.abspath(str(self.out_dir))
+        names = checkpoint_names(self.filename_tmpl)
+
+        def written_by_us(folder: str) -> Callable[[str], bool]:
+            return lambda target: ((folder == work_dir and target == POINTER)
+                                   or (folder == out_dir and names.fullmatch(target) is not None))
+
+        for folder in {work_dir, out_dir}:
+            if osp.isdir(folder):
+                n = remove_stale_temporaries(folder, written_by_us(folder))
+                if n:
+                    runner.logger.info(f'removed {n} temporary files of interrupted '
+                                       f'checkpoint writes in {folder}')
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         mark_weights(checkpoint.setdefault('meta', {}), checkpoint['state_dict'])
@@ -105,7 +120,7 @@ class AtomicCheckpointHook(CheckpointHook):
         if not is_main_process():
             return
         atomic_write_bytes(str(self.last_ckpt).encode(),
-                           osp.join(runner.work_dir, 'last_checkpoint'))
+                           osp.join(runner.work_dir, POINTER))
         for old_step in old:
             path = self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(old_step))
             if path == self.last_ckpt:

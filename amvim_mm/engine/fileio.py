@@ -6,21 +6,43 @@ writes to a temporary file in the same directory, fsyncs it and renames it over 
 Registered under the new name ``atomic_local`` (mmengine's own backends are untouched); our
 configs and ``tools/train.py`` select it with
 ``default_hooks.checkpoint.backend_args=dict(backend='atomic_local')``.
+
+The temporary file of a write to ``<dir>/<name>`` is ``<dir>/.<name>.amvim-<random>.tmp``
+(``<random>``: the 8 characters ``tempfile.mkstemp`` draws from ``[a-z0-9_]``). A killed write
+leaves it behind; :func:`remove_stale_temporaries` deletes such leftovers and nothing else, so
+the ``.*.tmp`` files of users and editors in the same folder are never touched.
 """
 from __future__ import annotations
 
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
-from typing import Union
+from typing import Callable, Optional, Union
 
 from mmengine.fileio import LocalBackend, register_backend
 
+#: what marks a temporary file as one of :func:`atomic_write_bytes`'s
+TEMP_MARK = 'amvim-'
+_TEMP_NAME = re.compile(r'\.(?P<target>.+)\.' + re.escape(TEMP_MARK) + r'[a-z0-9_]{8}\.tmp')
+
+
+def temporary_target(name: str) -> Optional[str]:
+    """The file name whose atomic write uses the temporary file ``name``, or ``None`` when
+    ``name`` is not one of :func:`atomic_write_bytes`'s temporaries (``.<target>.amvim-<8
+    characters of [a-z0-9_]>.tmp``, matched exactly)."""
+    m = _TEMP_NAME.fullmatch(name)
+    return m.group('target') if m else None
+
 
 def atomic_write_bytes(data: bytes, filepath: Union[str, Path]) -> None:
+    """Write ``data`` to ``filepath`` through a temporary file in the same folder that is
+    fsynced and renamed over the target: a reader sees the old file or the new one, whole."""
     filepath = Path(filepath)
     filepath.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f'.{filepath.name}.', suffix='.tmp', dir=filepath.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f'.{filepath.name}.{TEMP_MARK}', suffix='.tmp',
+                               dir=filepath.parent)
     umask = os.umask(0)
     os.umask(umask)
     try:
@@ -34,6 +56,28 @@ def atomic_write_bytes(data: bytes, filepath: Union[str, Path]) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def remove_stale_temporaries(folder: Union[str, Path], is_target: Callable[[str], bool]) -> int:
+    """Delete the temporaries that killed :func:`atomic_write_bytes` calls left in ``folder``
+    for targets that ``is_target`` (given the target's file name) accepts; returns the count.
+
+    Only regular files named exactly like our temporaries are candidates, so a user's
+    ``.notes.tmp`` (or any other file) in the folder survives.
+    """
+    n = 0
+    for entry in os.scandir(folder):
+        target = temporary_target(entry.name)
+        if target is None or not is_target(target):
+            continue
+        try:
+            if not stat.S_ISREG(entry.stat(follow_symlinks=False).st_mode):
+                continue
+            os.unlink(entry.path)
+            n += 1
+        except OSError:
+            pass
+    return n
 
 
 class AtomicLocalBackend(LocalBackend):
