@@ -75,7 +75,8 @@ def test_writer_temporaries_are_named_unmistakably(tmp_path):
 
 def test_checkpoint_names_follow_the_template():
     names = checkpoint_names('iter_{}.pth')
-    for ok in ('iter_3.pth', 'iter_120.pth', 'best_mIoU_iter_2.pth', 'best_coco_bbox_mAP_iter_9.pth'):
+    for ok in ('iter_3.pth', 'iter_120.pth', 'best_mIoU_iter_2.pth',
+               'best_coco_bbox_mAP_iter_9.pth'):
         assert names.fullmatch(ok), ok
     for bad in ('iter_.pth', 'iter_3.pth.bak', 'notes.txt', 'epoch_3.pth', 'last_checkpoint'):
         assert not names.fullmatch(bad), bad
