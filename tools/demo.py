@@ -103,15 +103,18 @@ def write_sums(sums: dict) -> None:
 
 
 def export_weights(src: str, dst: str, config: str, command: str) -> None:
-    """Keep only the model weights (and provenance) of a training checkpoint."""
+    """Keep only the model weights (and provenance) of a training checkpoint, with the weights'
+    SHA-256 in ``meta`` so that every later load of the file verifies them (not only this
+    script's SHA256SUMS check)."""
     import io
 
     import torch
 
     from amvim_mm.engine.fileio import atomic_write_bytes
-    from amvim_mm.utils.safe_load import load_checkpoint_file
+    from amvim_mm.utils.safe_load import load_checkpoint_file, mark_weights
     ck = load_checkpoint_file(src)
-    meta = dict(config=config, command=command, iter=ck.get('meta', {}).get('iter'))
+    meta = mark_weights(dict(config=config, command=command, iter=ck.get('meta', {}).get('iter')),
+                        ck['state_dict'])
     buf = io.BytesIO()
     torch.save(dict(state_dict=ck['state_dict'], meta=meta), buf)
     atomic_write_bytes(buf.getvalue(), dst)
