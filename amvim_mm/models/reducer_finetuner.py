@@ -34,6 +34,7 @@ from amvim_mm.errors import ConfigError
 from amvim_mm.registry import MODELS
 from .reduction.learned import patch_tokens
 from .reduction.learned_losses import logit_distill_loss, token_distill_loss
+from .reduction.settings import check_number
 
 WRAPPER_PREFIXES = ('student.', 'teacher.', 'data_preprocessor.')
 
@@ -44,8 +45,8 @@ class ReducerFineTuner(BaseModel):
 
     Args:
         model: the model config (its backbone has ``token_reduction`` of a learned reducer).
-        logit_weight: weight of the logit distillation (DynamicViT 0.5; 0: off).
-        token_weight: weight of the token distillation (DynamicViT 0.5; 0: off).
+        logit_weight: weight of the logit distillation (DynamicViT 0.5; 0: off), in [0, inf).
+        token_weight: weight of the token distillation (DynamicViT 0.5; 0: off), in [0, inf).
         train_only_reducer: train the reducer's parameters only (LTMP: every other parameter
             frozen); else the whole student trains (DynamicViT; scale the backbone's learning
             rate with the optimizer's ``paramwise_cfg``).
@@ -57,9 +58,8 @@ class ReducerFineTuner(BaseModel):
                  train_only_reducer: bool = False, data_preprocessor: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
-        for name, w in (('logit_weight', logit_weight), ('token_weight', token_weight)):
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
-                raise ConfigError(f'ReducerFineTuner: {name} must be a number >= 0, got {w!r}')
+        logit_weight = check_number('ReducerFineTuner', 'logit_weight', logit_weight, low=0)
+        token_weight = check_number('ReducerFineTuner', 'token_weight', token_weight, low=0)
         if not isinstance(model, dict) or not isinstance(model.get('backbone'), dict):
             raise ConfigError('ReducerFineTuner: model must be a model config with a backbone')
         model = copy.deepcopy(model)
@@ -74,7 +74,7 @@ class ReducerFineTuner(BaseModel):
             raise ConfigError(f'ReducerFineTuner: {red.get("type")!r} is not a learned reducer '
                               '(DynamicViT); training-free reducers need no fine-tuner')
         self.data_preprocessor = self.student.data_preprocessor
-        self.logit_weight, self.token_weight = float(logit_weight), float(token_weight)
+        self.logit_weight, self.token_weight = logit_weight, token_weight
         self.train_only_reducer = bool(train_only_reducer)
         self.teacher = None
         if self.logit_weight or self.token_weight:

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from amvim_mm.errors import ConfigError
+from .settings import check_number, is_int
 
 
 class KeepPredictor(nn.Module):
@@ -29,10 +30,10 @@ class KeepPredictor(nn.Module):
 
     def __init__(self, embed_dims: int) -> None:
         super().__init__()
-        if embed_dims < 4 or embed_dims % 2:
+        if not is_int(embed_dims) or embed_dims < 4 or embed_dims % 2:
             raise ConfigError(f'KeepPredictor: embed_dims must be an even int >= 4, got '
                               f'{embed_dims!r}')
-        C = embed_dims
+        C = int(embed_dims)
         self.in_conv = nn.Sequential(nn.LayerNorm(C), nn.Linear(C, C), nn.GELU())
         self.out_conv = nn.Sequential(nn.Linear(C, C // 2), nn.GELU(), nn.Linear(C // 2, C // 4),
                                       nn.GELU(), nn.Linear(C // 4, 2), nn.LogSoftmax(dim=-1))
@@ -51,5 +52,7 @@ def gumbel_keep(log_probs: torch.Tensor, previous: torch.Tensor, tau: float = 1.
                 ) -> torch.Tensor:
     """The training decision: ``gumbel_softmax(log_probs, tau, hard=True)[..., 0:1] *
     previous`` -> (B, N, 1), 0 / 1 in the forward pass with the soft sample's gradient
-    (straight-through); tokens dropped before stay dropped."""
+    (straight-through); tokens dropped before stay dropped. ``tau`` in (0, inf): at inf the
+    sample ignores ``log_probs`` (every token kept)."""
+    check_number('gumbel_keep', 'tau', tau, low=0, low_open=True)
     return F.gumbel_softmax(log_probs, tau=tau, hard=True)[..., 0:1] * previous

@@ -31,6 +31,7 @@ from amvim_mm.errors import ConfigError
 from .keep_predictor import KeepPredictor, gumbel_keep
 from .learned_losses import keep_ratio_loss
 from .reducers import TOKEN_REDUCERS, TokenReducer, _patch_indices
+from .settings import check_number
 
 
 def with_class_token(patch_keep: torch.Tensor, cls_index: int) -> torch.Tensor:
@@ -139,23 +140,22 @@ class DynamicViTReducer(LearnedReducer):
     which would scramble a scan), the class token at their middle.
 
     Args:
-        keep_rate: rho.
-        locations: the blocks after which tokens are dropped.
-        tau: Gumbel-softmax temperature.
-        ratio_weight: weight of the keep-ratio loss (DynamicViT's ``--ratio_weight``, 2.0).
+        keep_rate: rho, in (0, 1] (1: every token kept).
+        locations: the blocks after which tokens are dropped (distinct ints >= 0).
+        tau: Gumbel-softmax temperature, in (0, inf) (at inf the hard sample ignores the
+            scores and keeps every token).
+        ratio_weight: weight of the keep-ratio loss (DynamicViT's ``--ratio_weight``, 2.0), in
+            [0, inf) (0: the predictors learn from the other terms alone).
     """
 
     def __init__(self, keep_rate: float = 0.7, locations: Sequence[int] = (5, 11, 17),
                  tau: float = 1.0, ratio_weight: float = 2.0) -> None:
         super().__init__(keep_rate=keep_rate, locations=locations)
-        if not tau > 0:
-            raise ConfigError(f'DynamicViT: tau must be > 0, got {tau!r}')
-        if isinstance(ratio_weight, bool) or not isinstance(ratio_weight, (int, float)) or \
-                ratio_weight < 0:
-            raise ConfigError(f'DynamicViT: ratio_weight must be a number >= 0, got '
-                              f'{ratio_weight!r}')
-        self.tau = float(tau)
-        self.ratio_weight = float(ratio_weight)
+        locs = list(self.schedule.locations)
+        if len(set(locs)) != len(locs):
+            raise ConfigError(f'DynamicViT: locations must be distinct, got {locs}')
+        self.tau = check_number('DynamicViT', 'tau', tau, low=0, low_open=True)
+        self.ratio_weight = check_number('DynamicViT', 'ratio_weight', ratio_weight, low=0)
         self.predictors = nn.ModuleList()
 
     def build(self, embed_dims: int, depth: int) -> None:
@@ -170,8 +170,6 @@ class DynamicViTReducer(LearnedReducer):
         """``int(M * rho^(s+1))`` patch tokens kept after location ``s`` (DynamicViT's count,
         relative to the initial tokens; ToP chains ``int(n * rate)`` instead)."""
         locs = sorted(self.schedule.locations)
-        if len(set(locs)) != len(locs):
-            raise ConfigError(f'DynamicViT: locations must be distinct, got {list(locs)}')
         out, n = [0] * depth, num_patches
         for loc, ratio in zip(locs, self.keep_ratios()):
             if loc >= depth - 1:

@@ -12,6 +12,8 @@ from typing import Dict, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from .settings import check_number
+
 
 def dynamicvit_loss(pred: torch.Tensor, labels: torch.Tensor, token_pred: torch.Tensor,
                     teacher_pred: torch.Tensor, teacher_token: torch.Tensor,
@@ -34,12 +36,18 @@ def dynamicvit_loss(pred: torch.Tensor, labels: torch.Tensor, token_pred: torch.
         decisions: per location the cumulative keep decision (B, N) (or (B, N, 1)).
         keep_ratios: the target kept fraction per location (rho, rho^2, rho^3).
         final_mask: (B, N[, 1]) the last decision (detached by the caller).
-        num_locations: the ratio term's divisor (default ``len(decisions)``).
+        num_locations: the ratio term's divisor (default ``len(decisions)``), an int >= 1.
+        clf_weight, ratio_weight, distill_weight: the terms' weights, each in [0, inf).
 
     Returns:
         dict ``loss`` (total), ``cls_loss``, ``ratio_loss`` (unweighted sum over locations),
         ``cls_kl_loss`` and ``token_loss``.
     """
+    for key, w in (('clf_weight', clf_weight), ('ratio_weight', ratio_weight),
+                   ('distill_weight', distill_weight)):
+        check_number('dynamicvit_loss', key, w, low=0)
+    if num_locations is not None:
+        check_number('dynamicvit_loss', 'num_locations', num_locations, low=1, integer=True)
     ratio = keep_ratio_loss(decisions, keep_ratios)
     cls = F.cross_entropy(pred, labels)
     kl = logit_distill_loss(pred, teacher_pred)
@@ -112,5 +120,9 @@ def linear_flops_ratio(keep: Sequence[torch.Tensor], block_costs: Sequence[float
 
 def ltmp_loss(ce: torch.Tensor, flops_ratio: torch.Tensor, target: float = 0.75,
               reg_scale: float = 10.0, cls_scale: float = 1.0) -> torch.Tensor:
-    """LTMP's objective: ``cls_scale * ce + reg_scale * (flops_ratio - target) ** 2``."""
+    """LTMP's objective: ``cls_scale * ce + reg_scale * (flops_ratio - target) ** 2``
+    (``target``, the FLOPs fraction kept, in (0, 1]; the weights in [0, inf))."""
+    check_number('ltmp_loss', 'target', target, low=0, high=1, low_open=True)
+    check_number('ltmp_loss', 'reg_scale', reg_scale, low=0)
+    check_number('ltmp_loss', 'cls_scale', cls_scale, low=0)
     return cls_scale * ce + reg_scale * (flops_ratio - target) ** 2

@@ -42,6 +42,7 @@ from amvim_mm.errors import ConfigError
 from .learned import Decision, LearnedReducer
 from .learned_losses import linear_flops_ratio
 from .reducers import TOKEN_REDUCERS, Selection, _patch_indices
+from .settings import check_int_list, check_number
 from .threshold_masker import ThresholdMasker
 
 
@@ -62,11 +63,22 @@ class LTMPReducer(LearnedReducer):
 
     Args:
         blocks: the blocks before which the thresholds act (default: every block but the
-            first; block ``l``'s scores come from block ``l - 1``).
-        merge_init, prune_init: initial thresholds (LTMP: 0.9 and 0.0).
-        tau: the sigmoid's temperature.
-        target: ``r_FLOPs`` target (LTMP's ``--reduction-target``, 0.75).
-        reg_scale: weight of the FLOPs term (LTMP's ``--reg-scale``, 10).
+            first; block ``l``'s scores come from block ``l - 1``): a non-empty list of ints
+            >= 1.
+        merge_init: the initial merge threshold (LTMP: 0.9), in [-1, 1): it is compared with a
+            cosine similarity (in [-1, 1]); an A token merges when its similarity is strictly
+            above it, so at 1 or above no token could ever merge, and below -1 the value is
+            outside the score's domain (every pair merges, as at -1).
+        prune_init: the initial prune threshold (LTMP: 0.0), in [0, 1): it is compared with
+            the importance divided by its mean over the image's present tokens (>= 0, mean 1);
+            a token is pruned when its score is at or below it, so below 0 no token could ever
+            be pruned, and from 1 on an image whose tokens are equally important would lose
+            them all (below 1 the tokens of above-average importance stay).
+        tau: the sigmoid's temperature, in (0, inf) (at inf the sigmoid is 0.5 everywhere:
+            no token merges and every patch token is pruned).
+        target: ``r_FLOPs`` target (LTMP's ``--reduction-target``, 0.75), the FLOPs fraction
+            kept, in (0, 1].
+        reg_scale: weight of the FLOPs term (LTMP's ``--reg-scale``, 10), in [0, inf).
         merge, prune: switch either part off (LTMP's merge-only / prune-only variants).
     """
 
@@ -79,19 +91,18 @@ class LTMPReducer(LearnedReducer):
                  prune_init: float = 0.0, tau: float = 0.1, target: float = 0.75,
                  reg_scale: float = 10.0, merge: bool = True, prune: bool = True) -> None:
         super().__init__(r=0)
-        if blocks is not None and (isinstance(blocks, (str, bytes)) or not all(
-                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in blocks)):
-            raise ConfigError(f'LTMP: blocks must be block indices >= 1, got {blocks!r}')
-        if not tau > 0:
-            raise ConfigError(f'LTMP: tau must be > 0, got {tau!r}')
-        if not 0 < target <= 1:
-            raise ConfigError(f'LTMP: target (the FLOPs fraction kept) must be in (0, 1], got '
-                              f'{target!r}')
+        if blocks is not None:
+            blocks = tuple(sorted(set(check_int_list('LTMP', 'blocks', blocks, low=1))))
+        self.merge_init = check_number('LTMP', 'merge_init', merge_init, low=-1, high=1,
+                                       high_open=True)
+        self.prune_init = check_number('LTMP', 'prune_init', prune_init, low=0, high=1,
+                                       high_open=True)
+        self.tau = check_number('LTMP', 'tau', tau, low=0, low_open=True)
+        self.target = check_number('LTMP', 'target', target, low=0, high=1, low_open=True)
+        self.reg_scale = check_number('LTMP', 'reg_scale', reg_scale, low=0)
         if not (merge or prune):
             raise ConfigError('LTMP: merge and prune are both off')
-        self.blocks = None if blocks is None else tuple(sorted(set(blocks)))
-        self.merge_init, self.prune_init, self.tau = float(merge_init), float(prune_init), tau
-        self.target, self.reg_scale = float(target), float(reg_scale)
+        self.blocks = blocks
         self.merge, self.prune = bool(merge), bool(prune)
         self.merges = self.merge          # merge=False: a pruning reducer (dst always -1)
         self.merge_thresholds = nn.ModuleList()

@@ -20,6 +20,7 @@ from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops import cpu_ops
 from amvim_mm.ops import token_merge as tm
 from .schedule import ReductionSchedule
+from .settings import check_number
 from .state import Streams
 
 TOKEN_REDUCERS = Registry('token reducer', scope='amvim_mm')
@@ -91,9 +92,10 @@ class Selection(NamedTuple):
 class TokenReducer:
     """Base class: a schedule plus a rule to pick the tokens that leave.
 
-    Args (schedule, exactly one of): ``ratio`` (AMVim protocol), ``r`` (int at ``locations``
-    or a list per block), ``keep_rate`` with ``locations`` (ToP protocol; the blocks *after*
-    which tokens are pruned). See :mod:`amvim_mm.models.reduction.schedule`.
+    Args (schedule, exactly one of): ``ratio`` (AMVim protocol, in [0, 1)), ``r`` (a
+    non-negative int at ``locations`` or a list per block), ``keep_rate`` in (0, 1] with
+    ``locations`` (ToP protocol; the blocks *after* which tokens are pruned, ints >= 0). See
+    :mod:`amvim_mm.models.reduction.schedule`.
     """
 
     #: reducers that rank tokens by the ToP importance of the previous block's mixer
@@ -296,11 +298,17 @@ class ToMe(TokenReducer):
 
 @TOKEN_REDUCERS.register_module(name='RandomPrune')
 class RandomPrune(TokenReducer):
-    """Drop random patch tokens (same schedule as ToMe); deterministic for a given ``seed``."""
+    """Drop random patch tokens (same schedule as ToMe); deterministic for a given ``seed``.
+
+    Args:
+        seed: the generator's seed, an int in [0, 2**64 - 1] (the range of
+            ``torch.Generator.manual_seed``; a float would be truncated, so it is refused).
+    """
 
     def __init__(self, *args, seed: int = 0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.seed = int(seed)
+        self.seed = check_number('RandomPrune', 'seed', seed, low=0, high=2 ** 64 - 1,
+                                 integer=True)
         self._gen: Optional[torch.Generator] = None
 
     def start(self) -> None:

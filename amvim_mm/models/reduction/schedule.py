@@ -17,27 +17,19 @@ many patch tokens to remove **before** each block. Three forms:
 
 The realised ratio is the mean fraction of the ``M`` patch tokens absent, averaged over all
 blocks. Asking for more than the sequence can give is an error, never a silent clamp.
+
+Accepted values: ``ratio`` a number in [0, 1) (0: no reduction; 1 would remove every token),
+``keep_rate`` in (0, 1] (1: keep all; 0 keeps none), ``r`` and ``locations`` non-negative ints
+(``r``: counts, ``locations``: block indices). NaN, infinities, bools and strings are refused
+with a one-line error naming the key (:mod:`.settings`).
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 from amvim_mm.errors import ConfigError
-
-
-def _is_int(v) -> bool:
-    """An int-like value (Python or NumPy integer), not a bool."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _int_list(v) -> Optional[List[int]]:
-    """``v`` as a list of ints if it is a non-string iterable of ints, else None."""
-    if isinstance(v, (str, bytes)) or not isinstance(v, Iterable):
-        return None
-    v = list(v)
-    return [int(x) for x in v] if all(_is_int(x) for x in v) else None
+from .settings import check_number, int_list, is_int
 
 
 @dataclass(frozen=True)
@@ -58,26 +50,19 @@ class ReductionSchedule:
             raise ConfigError(f'{name}: give exactly one of ratio, r or keep_rate '
                               f'(got {given or "none"})')
         if ratio is not None:
-            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or \
-                    not 0 <= ratio < 1:
-                raise ConfigError(f'{name}: ratio must be a number in [0, 1), got {ratio!r}')
+            check_number(name, 'ratio', ratio, low=0, high=1, high_open=True)
             if locations is not None:
                 raise ConfigError(f'{name}: ratio uses the AMVim protocol locations; give r '
                                   'with locations instead')
         if keep_rate is not None:
-            if isinstance(keep_rate, bool) or not isinstance(keep_rate, (int, float)) or \
-                    not 0 < keep_rate <= 1:
-                raise ConfigError(f'{name}: keep_rate must be in (0, 1], got {keep_rate!r}')
-            if not locations:
-                raise ConfigError(f'{name}: keep_rate needs locations (the blocks after which '
-                                  'tokens are pruned), e.g. locations=(9, 19)')
+            check_number(name, 'keep_rate', keep_rate, low=0, high=1, low_open=True)
         if r is not None:
             # anything but an int or a list of ints (2.5, '5', [2.5]...) is refused here
-            rs = [r] if _is_int(r) else _int_list(r)
+            rs = [r] if is_int(r) else int_list(r)
             if rs is None or any(x < 0 for x in rs):
                 raise ConfigError(f'{name}: r must be a non-negative int or a list of them '
                                   f'(one per block), got {r!r}')
-            if _is_int(r):
+            if is_int(r):
                 r = int(r)
             if not isinstance(r, int):
                 if locations is not None:
@@ -86,7 +71,7 @@ class ReductionSchedule:
                 r = tuple(rs)
         if locations is not None:
             # a string is iterable too: '10' must not be read as blocks 1 and 0
-            locs = [locations] if _is_int(locations) else _int_list(locations)
+            locs = [locations] if is_int(locations) else int_list(locations)
             if locs is None:
                 raise ConfigError(f'{name}: locations must be a list of block indices (ints), '
                                   f'got {locations!r}')
@@ -94,6 +79,9 @@ class ReductionSchedule:
             if any(x < 0 for x in locations):
                 raise ConfigError(f'{name}: locations must be non-negative block indices, '
                                   f'got {locations}')
+        if keep_rate is not None and not locations:     # None or empty (a single 0 is block 0)
+            raise ConfigError(f'{name}: keep_rate needs locations (the blocks after which '
+                              'tokens are pruned), e.g. locations=(9, 19)')
         return ReductionSchedule(ratio=ratio, r=r, keep_rate=keep_rate, locations=locations)
 
     # ------------------------------------------------------------------ protocol helpers

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from amvim_mm.errors import ConfigError
+from .settings import check_number
 
 
 def threshold_mask(v: torch.Tensor, theta: torch.Tensor, tau: float) -> torch.Tensor:
@@ -23,16 +23,17 @@ class ThresholdMasker(nn.Module):
     keeps the entries whose value passes the threshold (:func:`threshold_mask`).
 
     Args:
-        init: the initial threshold (LTMP: 0.9 for merging, 0.0 for pruning).
-        tau: the sigmoid's temperature (LTMP's training default 0.5; its models 0.1).
+        init: the initial threshold (LTMP: 0.9 for merging, 0.0 for pruning), any finite
+            number (its useful range depends on the score; the owner checks it).
+        tau: the sigmoid's temperature (LTMP's training default 0.5; its models 0.1), in
+            (0, inf).
     """
 
     def __init__(self, init: float = 0.0, tau: float = 0.5) -> None:
         super().__init__()
-        if not tau > 0:
-            raise ConfigError(f'ThresholdMasker: tau must be > 0, got {tau!r}')
-        self.tau = float(tau)
-        self.threshold = nn.Parameter(torch.tensor([float(init)]))
+        self.tau = check_number('ThresholdMasker', 'tau', tau, low=0, low_open=True)
+        init = check_number('ThresholdMasker', 'init', init)
+        self.threshold = nn.Parameter(torch.tensor([init]))
 
     def forward(self, v: torch.Tensor) -> torch.Tensor:
         return threshold_mask(v, self.threshold, self.tau)
