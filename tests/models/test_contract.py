@@ -16,8 +16,9 @@ SCHEDULES = {
     'ToP': (dict(keep_rate=0.7, locations=(1, )), dict(keep_rate=1.0, locations=(1, ))),
     'EViT': (dict(keep_rate=0.7, locations=(1, )), dict(keep_rate=1.0, locations=(1, ))),
     'DynamicViT': (dict(keep_rate=0.7, locations=(1, )), dict(keep_rate=1.0, locations=(1, ))),
-    # thresholds that always / never pass (cosine similarity <= 1 < 2)
-    'LTMP': (dict(merge_init=0.3, prune_init=0.8), dict(merge_init=2.0, prune_init=-1e9)),
+    # LTMP removing nothing: no merging, and pruning only a token of importance exactly 0
+    # (a token's importance is a sum of ReLUs over all channels: never 0 here)
+    'LTMP': (dict(merge_init=0.3, prune_init=0.8), dict(merge=False, prune_init=0.0)),
 }
 BACKBONES = sorted(n for n, c in MODELS.module_dict.items()
                    if isinstance(c, type) and issubclass(c, VimFamilyBackbone))
@@ -29,7 +30,7 @@ HIER_SCHEDULES = {
     'ToP': (dict(keep_rate=0.7, locations=(0, )), dict(keep_rate=1.0, locations=(0, ))),
     'EViT': (dict(keep_rate=0.7, locations=(0, )), dict(keep_rate=1.0, locations=(0, ))),
     'DynamicViT': (dict(keep_rate=0.7, locations=(0, )), dict(keep_rate=1.0, locations=(0, ))),
-    'LTMP': (dict(merge_init=0.3, prune_init=0.8), dict(merge_init=2.0, prune_init=-1e9)),
+    'LTMP': (dict(merge_init=0.3, prune_init=0.8), dict(merge=False, prune_init=0.0)),
 }
 #: plain backbones without a class token (one stream, the Vim schedules over their layers)
 PLAIN = {'PlainMamba': dict(arch='test')}
