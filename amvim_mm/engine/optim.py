@@ -13,13 +13,13 @@ A parameter at layer depth ``d`` of ``n`` (``backbone.get_layer_depth``) gets
 ``lr * layer_decay_rate ** (n - 1 - d)``; parameters outside the backbone (neck, heads) get the
 base rate. No weight decay for 1-D parameters (norms, biases), the position embedding, the class
 token and the SSM's ``A_log``/``D`` (as in the reference training code), plus any name listed in
-``no_decay_names``.
+``no_decay_names`` (see :mod:`amvim_mm.models.backbones.layer_decay`, which builds the groups).
 
-Configs written for mmseg's ``LayerDecayOptimizerConstructor`` (which picks layers by backbone
-class name and fails with a bare ``NotImplementedError`` for ours) carry ``num_layers`` and
+Configs written for mmseg's ``LayerDecayOptimizerConstructor`` carry ``num_layers`` and
 ``decay_type`` in ``paramwise_cfg``: both are accepted here when they agree with the backbone
 (``num_layers`` = its depth, ``decay_type='layer_wise'``); the depth itself always comes from the
-backbone.
+backbone. mmseg's and mmdet's own constructors work with our backbones too (see
+:mod:`amvim_mm.models.backbones.layer_decay`).
 """
 from __future__ import annotations
 
@@ -27,20 +27,11 @@ from typing import List
 
 import torch.nn as nn
 from mmengine.logging import MMLogger
-from mmengine.model import is_model_wrapper
 from mmengine.optim import DefaultOptimWrapperConstructor
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
 from amvim_mm.errors import ConfigError
-
-NO_DECAY_SUFFIXES = ('pos_embed', 'cls_token')
-
-
-def _no_decay(name: str, param, extra: List[str]) -> bool:
-    leaf = name.rsplit('.', 1)[-1]
-    return (param.ndim <= 1 or leaf in NO_DECAY_SUFFIXES or leaf.startswith('A_')
-            or (leaf.startswith('A') and leaf.endswith('_log')) or leaf.startswith('D_')
-            or leaf == 'D' or any(e in name for e in extra))
+from amvim_mm.models.backbones.layer_decay import layer_decay_param_groups, unwrap_backbone
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
@@ -58,8 +49,7 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         if cfg:
             raise ConfigError(f'{name}: unknown paramwise_cfg keys {sorted(cfg)}; use '
                               'layer_decay_rate and no_decay_names')
-        model = module.module if is_model_wrapper(module) else module
-        backbone = getattr(model, 'backbone', model)
+        _, backbone, _ = unwrap_backbone(module)
         if not hasattr(backbone, 'get_layer_depth'):
             raise ConfigError(f'{type(backbone).__name__} has no get_layer_depth(); layer-wise '
                               'decay needs a Vim-family backbone')
@@ -71,24 +61,7 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             raise ConfigError(f'{name}: paramwise_cfg num_layers={num_layers} but the backbone '
                               f'has {depth} layers; drop num_layers (the depth comes from the '
                               'backbone)')
-        prefix = 'backbone.' if backbone is not model else ''
-        groups = {}
-        for name, param in model.named_parameters():
-            if not param.requires_grad:
-                continue
-            if name.startswith(prefix):
-                depth, num = backbone.get_layer_depth(name, prefix)
-            else:
-                depth, num = 1, 2  # heads and necks: base rate
-            scale = rate ** (num - 1 - depth)
-            decay = 0.0 if _no_decay(name, param, extra) else self.base_wd
-            key = (depth if name.startswith(prefix) else 'head', decay)
-            g = groups.setdefault(key, dict(params=[], lr=self.base_lr * scale,
-                                            weight_decay=decay, lr_scale=scale, names=[]))
-            g['params'].append(param)
-            g['names'].append(name)
+        groups = layer_decay_param_groups(module, self.base_lr, self.base_wd, rate, extra)
         MMLogger.get_current_instance().info(
             f'LayerDecayOptimWrapperConstructor: {len(groups)} groups, decay rate {rate}')
-        for g in groups.values():
-            g.pop('names')
-            params.append(g)
+        params.extend(groups)

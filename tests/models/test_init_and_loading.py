@@ -125,3 +125,61 @@ def test_whole_model_file_without_backbone_weights_is_an_error(tmp_path):
     full = tmp_path / 'full.pth'
     torch.save({'state_dict': model.state_dict()}, full)
     load_checkpoint(model, str(full), map_location='cpu')
+
+
+# ------------------------------------------- mmseg's ``pretrained=`` (EncoderDecoder passes it)
+SEG_PRETRAINED = """
+_base_ = ['mmseg::_base_/models/fpn_r50.py']
+custom_imports = dict(imports=['amvim_mm'], allow_failed_imports=False)
+model = dict(
+    pretrained={pretrained!r},
+    data_preprocessor=dict(size=(32, 32)),
+    backbone=dict(_delete_=True, type='{type}', arch='test', img_size=32, {extra}),
+    neck=None,
+    decode_head=dict(_delete_=True, type='FCNHead', in_channels=32, channels=8, num_convs=1,
+                     num_classes=2))
+"""
+BACKBONE_EXTRA = {'Vim': "out_type='featmap'", 'AMVim': "out_type='featmap'",
+                  'LocalVim': "out_type='featmap'", 'VMamba': 'out_indices=(1, )',
+                  'PlainMamba': ''}
+
+
+@pytest.mark.parametrize('type_', list(BACKBONE_EXTRA))
+def test_mmseg_pretrained_argument_loads_the_backbone(tmp_path, type_):
+    """A config that keeps its base's ``pretrained=`` (was: TypeError: unexpected keyword
+    argument 'pretrained' from every backbone of ours)."""
+    from mmseg.registry import MODELS
+    extra = BACKBONE_EXTRA[type_]
+    source = MODELS.build(Config.fromstring(  # the backbone's own weights, moved off its init
+        SEG_PRETRAINED.format(pretrained=None, type=type_, extra=extra), '.py').model).backbone
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(torch.rand_like(p))
+    path = tmp_path / f'{type_}.pth'
+    torch.save(source.state_dict(), path)
+    cfg = Config.fromstring(SEG_PRETRAINED.format(pretrained=str(path), type=type_,
+                                                  extra=extra), '.py')
+    with pytest.warns(UserWarning, match='DeprecationWarning: pretrained is deprecated, '
+                                         'please use "init_cfg" instead'):
+        model = MODELS.build(cfg.model)
+    assert model.backbone.init_cfg == dict(type='Pretrained', checkpoint=str(path))
+    model.init_weights()
+    for k, v in source.state_dict().items():
+        assert torch.equal(model.backbone.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize('type_', list(BACKBONE_EXTRA))
+def test_pretrained_none_builds_and_bad_values_are_errors(tmp_path, type_):
+    from amvim_mm.errors import ConfigError
+    from amvim_mm.registry import MODELS
+    cfg = dict(type=type_, arch='test', img_size=32)
+    assert MODELS.build(dict(cfg, pretrained=None)).init_cfg is None
+    with pytest.raises(ConfigError, match=rf"^{type_}: init_cfg and pretrained cannot be set at "
+                                          r"the same time \(got pretrained='a.pth'\)"):
+        MODELS.build(dict(cfg, pretrained='a.pth',
+                          init_cfg=dict(type='Pretrained', checkpoint='b.pth')))
+    for bad in (3, '', ['a.pth']):
+        with pytest.raises(ConfigError, match=rf'^{type_}: pretrained must be a checkpoint path '
+                                              rf'\(str\) or None, got {bad!r}'.replace('[', r'\[')
+                           .replace(']', r'\]')):
+            MODELS.build(dict(cfg, pretrained=bad))

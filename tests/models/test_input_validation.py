@@ -1,4 +1,5 @@
 """Bad backbone arguments, inputs and token-reduction schedules fail loudly with a ConfigError."""
+import copy
 import logging
 
 import numpy as np
@@ -278,7 +279,7 @@ def test_reduce_tokens_traces(freeze_sources):
 
     args = (torch.randn(2, 17, 8), torch.randn(2, 17, 8))
     traced = torch.jit.trace(step, args)
-    for a, b in zip(step(*args), traced(*args)):
+    for a, b in zip(step(*args), traced(*args), strict=True):
         assert torch.equal(a, b)
 
 
@@ -294,7 +295,7 @@ def test_jit_trace_with_tome_matches_eager():
         assert m.token_counts == [14, 14, 11, 11]
         got = traced(x)
     assert len(got) == len(eager)
-    for a, b in zip(eager, got):
+    for a, b in zip(eager, got, strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 
@@ -326,3 +327,75 @@ def test_block_with_wrong_number_of_paths_fails_at_build():
     mixer = BiMambaMixer(32, d_state=8, dt_rank=2)
     with pytest.raises(ConfigError, match='has 2 paths, but the block got 3 scan orders'):
         VimBlock(mixer, 32, [dict(order='raster')] * 3)
+
+
+# ----------------------------------------------------------------------- every backbone
+BACKBONES = {
+    'Vim': dict(out_type='featmap'), 'AMVim': dict(out_type='featmap'),
+    'LocalVim': dict(out_type='featmap'), 'VMamba': dict(), 'PlainMamba': dict(),
+}
+
+
+@pytest.fixture(scope='module')
+def backbones():
+    return {t: MODELS.build(dict(type=t, arch='test', img_size=32, **kw)).eval()
+            for t, kw in BACKBONES.items()}
+
+
+def _bad(x, where, value):
+    x = x.clone()
+    x[where] = value
+    return x
+
+
+@pytest.mark.parametrize('name', list(BACKBONES))
+def test_every_backbone_refuses_bad_images_by_name(backbones, name):
+    """One check for all (NaN/inf passed through VMamba and PlainMamba; a wrong dtype was a
+    traceback from the stem's convolution in every backbone)."""
+    m = backbones[name]
+    x = torch.randn(2, 3, 32, 32)
+    cases = [
+        (_bad(x, (1, 2, 3, 4), float('nan')),
+         rf'^{name}: the input images hold 1 non-finite \(NaN or inf\) values of 6144 \(input '
+         r'shape \(2, 3, 32, 32\)\); every output would be NaN$'),
+        (_bad(_bad(x, (0, 0, 0, 0), float('inf')), (1, 1, 1, 1), -float('inf')),
+         rf'^{name}: the input images hold 2 non-finite'),
+        (x.half(), rf'^{name}: the input images are torch.float16 but the model is '
+                   r'torch.float32; cast the images to torch.float32, convert the model, or '
+                   r'run a float32 model under torch.autocast$'),
+        (x.double(), rf'^{name}: the input images are torch.float64 but the model is '
+                     r'torch.float32'),
+        ((x * 60 + 100).clamp(0, 255).to(torch.uint8),
+         rf'^{name}: the input images are torch.uint8, not floating point; normalise them to '
+         r'float first'),
+        (x[:, :1], rf'^{name}: expected 3 input channels, got 1 \(input shape '
+                   r'\(2, 1, 32, 32\), expected \(B, 3, H, W\)\)$'),
+        (x[0], rf'^{name}: expected images of shape \(B, C, H, W\) = \(B, 3, H, W\), got '
+               r'\(3, 32, 32\)$'),
+        (x[:0], rf'^{name}: empty batch'),
+        (x[..., :2], rf'^{name}: input image 32x2 is smaller than one patch'),
+    ]
+    for bad, match in cases:
+        with pytest.raises(ConfigError, match=match), torch.no_grad():
+            m(bad)
+    with pytest.raises(ConfigError, match=rf'^{name}: the model is torch.float16 but autocast '
+                                          r'casts to torch.bfloat16'), torch.no_grad(), \
+            torch.autocast('cpu', dtype=torch.bfloat16):
+        copy.deepcopy(m).half()(x.half())
+
+
+@pytest.mark.parametrize('name', list(BACKBONES))
+def test_every_backbone_still_runs_half_and_under_autocast(backbones, name):
+    m = backbones[name]
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        ref = m(x)[-1]
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                out = m(x.to(dtype))[-1]      # autocast casts the images for the stem
+                assert out.shape == ref.shape and torch.isfinite(out).all()
+                torch.testing.assert_close(out.float(), ref, rtol=0.1, atol=0.1)
+        half = copy.deepcopy(m).half()
+        out = half(x.half())[-1]
+        assert out.shape == ref.shape and torch.isfinite(out).all()
+        torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)

@@ -1,11 +1,9 @@
-"""Argument and input checks shared by every backbone: one-line ``ConfigError`` messages that
+"""Argument checks shared by every backbone: one-line ``ConfigError`` messages that
 name the backbone, the argument, the value and what is allowed."""
 from __future__ import annotations
 
 import numbers
 from typing import List, Sequence, Tuple
-
-import torch
 
 from amvim_mm.errors import ConfigError
 
@@ -56,13 +54,3 @@ def resolve_out_indices(name: str, out_indices, n: int, unit: str) -> List[int]:
         resolved.append(j)
     return sorted(set(resolved))
 
-
-def check_image_batch(name: str, x, in_channels: int, patch: int) -> None:
-    """A (B, C, H, W) tensor with B >= 1, the model's channels and at least one patch."""
-    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[0] == 0 \
-            or x.shape[1] != in_channels:
-        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ConfigError(f'{name}: expected images (B >= 1, {in_channels}, H, W), got {shape}')
-    if x.shape[2] < patch or x.shape[3] < patch:
-        raise ConfigError(f'{name}: the input {tuple(x.shape[2:])} is smaller than one '
-                          f'{patch} x {patch} patch')

@@ -1,8 +1,10 @@
 """Loading rules every backbone of this project keeps: ``init_cfg=Pretrained`` is strict and
-never silently empty, and a whole-model load cannot leave the backbone on random weights."""
+never silently empty, mmseg's ``pretrained=`` means the same, and a whole-model load cannot
+leave the backbone on random weights."""
 from __future__ import annotations
 
-from typing import Tuple
+import warnings
+from typing import Optional, Tuple, Union
 
 from mmengine.logging import MMLogger
 
@@ -10,6 +12,31 @@ from amvim_mm.errors import CheckpointMismatchError, ConfigError
 from amvim_mm.utils.checkpoint import load_backbone_checkpoint
 
 PRETRAINED_KEYS = frozenset({'type', 'checkpoint', 'strict', 'prefix', 'map_location'})
+
+
+def pretrained_init_cfg(name: str, pretrained: Optional[str],
+                        init_cfg: Union[dict, list, None]) -> Union[dict, list, None]:
+    """The ``init_cfg`` of a backbone given mmseg's deprecated ``pretrained=`` argument.
+
+    mmseg's ``EncoderDecoder`` hands its own ``pretrained`` to the backbone (``backbone.pretrained
+    = pretrained``), so a config that keeps its base's ``pretrained=...`` gives every backbone
+    that argument. As mmseg's backbones (``ResNet``, ``VisionTransformer``): a path becomes
+    ``init_cfg=dict(type='Pretrained', checkpoint=path)`` (loaded strictly by
+    :meth:`CheckpointGuard.load_pretrained`) with mmseg's deprecation warning, ``None`` leaves
+    ``init_cfg`` as it is; both at once, or anything but a non-empty path, is a
+    :class:`~amvim_mm.errors.ConfigError`.
+    """
+    if pretrained is None:
+        return init_cfg
+    if init_cfg is not None:
+        raise ConfigError(f'{name}: init_cfg and pretrained cannot be set at the same time (got '
+                          f'pretrained={pretrained!r}); keep init_cfg=dict(type=\'Pretrained\', '
+                          'checkpoint=...) or set pretrained=None')
+    if not isinstance(pretrained, str) or not pretrained.strip():
+        raise ConfigError(f'{name}: pretrained must be a checkpoint path (str) or None, got '
+                          f'{pretrained!r}')
+    warnings.warn('DeprecationWarning: pretrained is deprecated, please use "init_cfg" instead')
+    return dict(type='Pretrained', checkpoint=pretrained)
 
 
 class CheckpointGuard:

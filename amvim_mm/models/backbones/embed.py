@@ -12,6 +12,7 @@ from amvim_mm.errors import ConfigError
 from amvim_mm.ops.fused_embed import pack_patch_weight
 from amvim_mm.ops.fused_mixer import autocast_dtype
 from amvim_mm.token_layout import cls_slot
+from .input_check import check_image_shape
 
 
 
@@ -39,19 +40,7 @@ class PatchEmbed(nn.Module):
     def check_input(self, x: torch.Tensor) -> Tuple[int, int]:
         """The patch grid of images ``x``, or a ConfigError naming what is wrong with them
         (not a tensor, not 4-D, wrong channel count, an empty batch, smaller than a patch)."""
-        C = self.proj.in_channels
-        if not isinstance(x, torch.Tensor):
-            raise ConfigError(f'expected images as a tensor of shape (B, {C}, H, W), got '
-                              f'{type(x).__name__}')
-        if x.dim() != 4:
-            raise ConfigError(f'expected images of shape (B, C, H, W) = (B, {C}, H, W), got '
-                              f'{tuple(x.shape)}')
-        if x.shape[1] != C:
-            raise ConfigError(f'expected {C} input channels, got {x.shape[1]} (input shape '
-                              f'{tuple(x.shape)}, expected (B, {C}, H, W))')
-        if x.shape[0] == 0:
-            raise ConfigError(f'empty batch: got input of shape {tuple(x.shape)}; expected '
-                              f'(B, {C}, H, W) with B >= 1 images')
+        check_image_shape(type(self).__name__, x, self.proj.in_channels, self.patch_size)
         return self.grid_size(*x.shape[-2:])
 
     def _apply(self, fn, *args, **kwargs):

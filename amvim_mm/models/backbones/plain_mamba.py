@@ -63,10 +63,12 @@ from ..layout.grid_conv import grid_depthwise_conv, whole_grid
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import masked_path_permutation, scan_rank
 from ..reduction import ReducibleBackbone, ReductionSession, restore_grid
-from .args import check_image_batch, is_int, positive_int, rate, resolve_out_indices
-from .checkpoint_guard import CheckpointGuard
+from .args import is_int, positive_int, rate, resolve_out_indices
+from .checkpoint_guard import CheckpointGuard, pretrained_init_cfg
 from .drop import DropPath
 from .embed import resize_pos_embed
+from .input_check import ImageInputCheck
+from .layer_decay import teach_upstream_layer_decay
 
 #: the official arch zoo (``PlainMamba.arch_zoo``); d_state 16, expand 2, dt_rank ceil(C/16)
 PLAIN_MAMBA_ARCHS = {
@@ -532,7 +534,7 @@ class PlainMambaLayer(nn.Module):
 # the backbone
 # ---------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class PlainMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
+class PlainMamba(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule):
     """PlainMamba L1 / L2 / L3 for classification, segmentation and detection.
 
     Args:
@@ -562,10 +564,23 @@ class PlainMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
             layout: ``state_dict`` with ``backbone.*``, ``head.*``) or a bare backbone state
             dict strictly; ``head.*`` and EMA buffers (``ema_*``) are dropped; output norms
             absent from the file keep weight 1 / bias 0 (logged).
+        pretrained: mmseg's deprecated form of ``init_cfg=dict(type='Pretrained',
+            checkpoint=pretrained)`` (mmseg's ``EncoderDecoder`` passes its own on); not
+            together with ``init_cfg`` (see
+            :func:`~amvim_mm.models.backbones.checkpoint_guard.pretrained_init_cfg`).
     """
 
     arch_zoo = PLAIN_MAMBA_ARCHS
     classifier_out_types = ('avg_featmap', )
+
+    @property
+    def min_input_size(self) -> int:
+        """The smallest image height and width: one patch (see :meth:`check_images`)."""
+        return self.patch_size
+
+    def input_dtype(self) -> torch.dtype:
+        """The dtype of images outside autocast: the stem's first weight's."""
+        return self.patch_embed.stem[0].weight.dtype
 
     def __init__(self,
                  arch: Union[str, dict] = 'l1',
@@ -581,9 +596,11 @@ class PlainMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
                  scan_backend: Optional[str] = None,
                  token_reduction: Optional[dict] = None,
                  reduced_direction_codes: str = 'positional',
-                 init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=copy.deepcopy(init_cfg))
+                 init_cfg: Optional[dict] = None,
+                 pretrained: Optional[str] = None) -> None:
         name = type(self).__name__
+        super().__init__(init_cfg=pretrained_init_cfg(name, pretrained, copy.deepcopy(init_cfg)))
+        teach_upstream_layer_decay()    # mmseg's / mmdet's decay constructors (see layer_decay)
         self.arch_settings = cfg = _arch_settings(arch)
         self.embed_dims = C = cfg['embed_dims']
         self.num_layers = depth = cfg['num_layers']
@@ -724,9 +741,6 @@ class PlainMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
         return f'{tokens} tokens, {blocks} layers'
 
     # ----------------------------------------------------------------- forward
-    def check_images(self, x: torch.Tensor) -> None:
-        check_image_batch(type(self).__name__, x, self.in_channels, self.patch_size)
-
     def _output(self, i: int, x: torch.Tensor, ctx: ScanContext,
                 keep: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Layer ``i``'s output as the requested map or pooled vector. A reduced sequence is

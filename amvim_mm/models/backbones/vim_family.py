@@ -33,10 +33,12 @@ from ..reduction import ReducibleBackbone, ReductionSession, restore_grid
 from ..reduction.learned import patch_tokens
 from .args import positive_int, rate, resolve_out_indices, size_pair
 from .block import VimBlock
-from .checkpoint_guard import CheckpointGuard
+from .checkpoint_guard import CheckpointGuard, pretrained_init_cfg
 from .drop import DropPath
 from .embed import PatchEmbed, infer_square_grid, resize_pos_embed
 from .graphs import InferenceGraphs, graphs_requested
+from .input_check import ImageInputCheck
+from .layer_decay import teach_upstream_layer_decay
 from .mixer import BiMambaMixer
 from .norm import RMSNorm
 
@@ -80,7 +82,7 @@ REQUIRED_ARCH_KEYS = frozenset({'embed_dims', 'num_layers'})
 OPTIONAL_ARCH_KEYS = frozenset({'d_state', 'd_conv', 'expand', 'dt_rank'})
 
 
-class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
+class VimFamilyBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule):
     """Base of Vim-family backbones: everything but the choice of scan paths per layer.
 
     Subclasses set ``arch_zoo`` and implement :meth:`layer_paths`.
@@ -124,10 +126,15 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, strict=True])`` loads an official
             Vim file or one of ours strictly (see
             :func:`amvim_mm.utils.checkpoint.load_backbone_checkpoint`).
+        pretrained: mmseg's deprecated form of ``init_cfg=dict(type='Pretrained',
+            checkpoint=pretrained)`` (mmseg's ``EncoderDecoder`` passes its own on); not
+            together with ``init_cfg`` (see
+            :func:`~amvim_mm.models.backbones.checkpoint_guard.pretrained_init_cfg`).
 
     Every argument is checked at build time (a :class:`~amvim_mm.errors.ConfigError` names the
     argument, the value and what is allowed); the images of each forward are checked by
-    :meth:`check_images` (shape, channels, an empty batch, NaN/inf values).
+    :meth:`check_images` (shape, channels, an empty batch, dtype, NaN/inf values; see
+    :mod:`~amvim_mm.models.backbones.input_check`).
     """
 
     arch_zoo: Dict[str, dict] = {}
@@ -151,9 +158,11 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
                  cuda_graph: Optional[bool] = None,
                  norm_eps: float = 1e-5,
                  token_reduction: Optional[dict] = None,
-                 init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=copy.deepcopy(init_cfg))
+                 init_cfg: Optional[dict] = None,
+                 pretrained: Optional[str] = None) -> None:
         name = type(self).__name__
+        super().__init__(init_cfg=pretrained_init_cfg(name, pretrained, copy.deepcopy(init_cfg)))
+        teach_upstream_layer_decay()    # mmseg's / mmdet's decay constructors (see layer_decay)
         self.arch_settings = _canonical_arch(self.arch_zoo, arch, name)
         self.embed_dims = D = self.arch_settings['embed_dims']
         self.num_layers = depth = self.arch_settings['num_layers']
@@ -374,51 +383,14 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
         L = grid[0] * grid[1] + int(self.with_cls_token)
         return self.layers[0].mixer.use_fused(x, None, seq_len=L)
 
-    #: check every forward's images for NaN/inf (see :meth:`check_images`); a subclass or an
-    #: instance may set it to False to save the reduction and its host sync
-    check_finite_input = True
+    @property
+    def min_input_size(self) -> int:
+        """The smallest image height and width: one patch (see :meth:`check_images`)."""
+        return self.patch_embed.patch_size
 
-    def check_images(self, x: torch.Tensor) -> Tuple[int, int]:
-        """Validate a batch of images and return its patch grid.
-
-        Raises :class:`~amvim_mm.errors.ConfigError` for anything but a (B, C, H, W) tensor with
-        B >= 1, the model's C and H, W of at least one patch, and - when
-        ``check_finite_input`` is True (default) - for NaN or inf values: one bad pixel would
-        otherwise turn every output into NaN without a word. The finiteness test is a single
-        reduction per forward (``isfinite(x).all()``, one host sync; the values are counted
-        only when it fails). It is skipped while a CUDA graph is being captured (no sync is
-        allowed there), while ``torch.jit`` traces or scripts the model (a traced graph could
-        not keep a data-dependent check anyway) and while ``torch.compile`` traces it (a
-        data-dependent branch would break the graph).
-        """
-        grid = self.patch_embed.check_input(x)
-        if self.check_finite_input and x.is_floating_point() and not self._skip_finite_check(x):
-            if not self._finite(x):
-                bad = int((~torch.isfinite(x)).sum())
-                raise ConfigError(f'{type(self).__name__}: the input images hold {bad} '
-                                  f'non-finite (NaN or inf) values of {x.numel()} (input shape '
-                                  f'{tuple(x.shape)}); every output would be NaN')
-        return grid
-
-    @staticmethod
-    def _finite(x: torch.Tensor) -> bool:
-        """Whether every value of ``x`` is finite. A finite sum proves it (a NaN or inf makes
-        the sum NaN or inf) in one cheap reduction; only a non-finite sum (a bad value, or
-        finite values that overflow when added) takes the elementwise test, which decides:
-        one pass over the images instead of the elementwise test's four (timings in
-        benchmarks/README.md, "CPU a fifth time")."""
-        total = x.sum(dtype=torch.float32 if x.element_size() < 4 else None)
-        return bool(torch.isfinite(total)) or bool(torch.isfinite(x).all())
-
-    @staticmethod
-    def _skip_finite_check(x: torch.Tensor) -> bool:
-        if torch.jit.is_tracing() or torch.jit.is_scripting():
-            return True
-        compiler = getattr(torch, 'compiler', None)
-        if compiler is not None and hasattr(compiler, 'is_compiling') and \
-                compiler.is_compiling():
-            return True
-        return x.is_cuda and torch.cuda.is_current_stream_capturing()
+    def input_dtype(self) -> torch.dtype:
+        """The dtype of images outside autocast: the stem's first weight's."""
+        return self.patch_embed.proj.weight.dtype
 
     def embed(self, x: torch.Tensor, fused: Optional[bool] = None
               ) -> Tuple[torch.Tensor, ScanContext]:
@@ -430,10 +402,9 @@ class VimFamilyBackbone(CheckpointGuard, ReducibleBackbone, BaseModule):
         :class:`~amvim_mm.ops.fused_embed.FusedPatchEmbed` (PyTorch backward).
         In fp32 on CUDA cuBLAS's fp32 GEMM stays (Triton's fp32 dot products are not faster).
 
-        The images are checked first (:meth:`check_images`): a tensor that is not (B, C, H, W)
-        with B >= 1 and the model's channel count, or that holds NaN/inf, raises
-        :class:`~amvim_mm.errors.ConfigError`. ``fused``: the forward's fused-path decision
-        (None: ask the first block's mixer).
+        The images are checked first (:meth:`check_images`: shape, channels, dtype, NaN/inf;
+        a bad batch raises :class:`~amvim_mm.errors.ConfigError`). ``fused``: the forward's
+        fused-path decision (None: ask the first block's mixer).
         """
         self.check_images(x)
         if self._embed_fused(x, fused):

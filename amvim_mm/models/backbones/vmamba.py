@@ -34,9 +34,11 @@ from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
 from ..layout.scan_context import ScanContext
 from ..reduction import ReducibleBackbone, ReductionSession, restore_grid
-from .args import check_image_batch, is_int, positive_int, rate, resolve_out_indices
-from .checkpoint_guard import CheckpointGuard
+from .args import is_int, positive_int, rate, resolve_out_indices
+from .checkpoint_guard import CheckpointGuard, pretrained_init_cfg
 from .drop import DropPath
+from .input_check import ImageInputCheck
+from .layer_decay import teach_upstream_layer_decay
 from .ss2d import FORWARD_TYPES, SS2D
 
 _FINAL = dict(d_state=1, mlp_ratio=4.0, forward_type='v05_noz', patch_embed='v2',
@@ -238,7 +240,7 @@ class VSSLayer(nn.Module):
 # the backbone
 # ---------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class VMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
+class VMamba(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule):
     """VMamba (SS2D, hierarchical) for classification, segmentation and detection.
 
     Args:
@@ -281,10 +283,20 @@ class VMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
             loaded only for ``out_type='avg_featmap'``; output norms absent from the file keep
             their default (weight 1, bias 0) and are named in the log. A missing or empty
             checkpoint path is an error, never a silent random start.
+        pretrained: mmseg's deprecated form of ``init_cfg=dict(type='Pretrained',
+            checkpoint=pretrained)`` (mmseg's ``EncoderDecoder`` passes its own on); not
+            together with ``init_cfg`` (see
+            :func:`~amvim_mm.models.backbones.checkpoint_guard.pretrained_init_cfg`).
     """
 
     arch_zoo = VMAMBA_ARCHS
     classifier_out_types = ('avg_featmap', )
+    #: the smallest image height and width the stride-4 stem takes
+    min_input_size = 4
+
+    def input_dtype(self) -> torch.dtype:
+        """The dtype of images outside autocast: the stem's first weight's."""
+        return self.patch_embed[0].weight.dtype
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -298,9 +310,11 @@ class VMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
                  scan_backend: Optional[str] = None,
                  token_reduction: Optional[dict] = None,
                  reduction_stage: int = 2,
-                 init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=copy.deepcopy(init_cfg))
+                 init_cfg: Optional[dict] = None,
+                 pretrained: Optional[str] = None) -> None:
         name = type(self).__name__
+        super().__init__(init_cfg=pretrained_init_cfg(name, pretrained, copy.deepcopy(init_cfg)))
+        teach_upstream_layer_decay()    # mmseg's / mmdet's decay constructors (see layer_decay)
         self.arch_settings = cfg = _arch_settings(arch)
         C = cfg['embed_dims']
         self.depths = depths = cfg['depths']
@@ -502,9 +516,6 @@ class VMamba(CheckpointGuard, ReducibleBackbone, BaseModule):
         return f'stage {self.reduction_stage} has {tokens} tokens, {blocks} blocks'
 
     # ----------------------------------------------------------------- forward
-    def check_images(self, x: torch.Tensor) -> None:
-        check_image_batch(type(self).__name__, x, self.in_channels, 4)
-
     def run_stage(self, i: int, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
         """Stage ``i``'s blocks on (B, H, W, C) -> (B, H, W, C) (full grid, restored after a
         token reduction)."""
