@@ -399,3 +399,8 @@ def test_every_backbone_still_runs_half_and_under_autocast(backbones, name):
         out = half(x.half())[-1]
         assert out.shape == ref.shape and torch.isfinite(out).all()
         torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)
+        # a 16-bit model under autocast to its own dtype takes float32 images too
+        bf16 = copy.deepcopy(m).bfloat16()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            out = bf16(x)[-1]
+        assert out.shape == ref.shape and torch.isfinite(out).all()

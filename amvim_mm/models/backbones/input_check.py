@@ -39,9 +39,9 @@ def check_image_shape(name: str, x, in_channels: int, min_size: int) -> None:
 
 
 def check_image_dtype(name: str, x: torch.Tensor, model_dtype: torch.dtype) -> None:
-    """Images of the model's floating-point dtype, or - a float32 model under autocast on the
-    images' device - of a dtype autocast casts (float32, float16, bfloat16); else a
-    ConfigError.
+    """Images of the model's floating-point dtype, or - under autocast on the images' device,
+    for a float32 model or one of the autocast dtype - of a dtype autocast casts (float32,
+    float16, bfloat16); else a ConfigError.
 
     What each backbone does otherwise (CPU, torch 2.x): a float32 model given float16,
     bfloat16 or float64 images without autocast, or integer images, stops in the stem with
@@ -49,7 +49,8 @@ def check_image_dtype(name: str, x: torch.Tensor, model_dtype: torch.dtype) -> N
     16-bit model under autocast to the other 16-bit type stops deeper ("mixed dtype",
     "Unexpected floating ScalarType"). Refused here by name, with the fix. Integer images
     (uint8 straight from a decoder) are refused whatever the model: they are not normalised.
-    A half model with half images (``model.half()``) and a float32 model under autocast run.
+    A half model with half images (``model.half()``), a float32 model under autocast and a
+    16-bit model under autocast to its own dtype run.
     """
     if not x.is_floating_point():
         raise ConfigError(f'{name}: the input images are {x.dtype}, not floating point; '
@@ -63,7 +64,8 @@ def check_image_dtype(name: str, x: torch.Tensor, model_dtype: torch.dtype) -> N
                           'autocast')
     if x.dtype == model_dtype:
         return
-    if cast is not None and model_dtype == torch.float32 and x.dtype in AUTOCAST_INPUT_DTYPES:
+    if cast is not None and model_dtype in (torch.float32, cast) and \
+            x.dtype in AUTOCAST_INPUT_DTYPES:
         return
     raise ConfigError(f'{name}: the input images are {x.dtype} but the model is '
                       f'{model_dtype}; cast the images to {model_dtype}, convert the model, '
