@@ -157,13 +157,19 @@ def test_merge_from_dict_swaps_the_backbone():
     _check_model(cfg)
 
 
-def test_without_pretrained_none_the_error_names_the_argument(tmp_path):
-    """Why the override sets ``pretrained=None``: mmseg passes it on to the backbone."""
+def test_without_pretrained_none_the_base_file_is_loaded_strictly(tmp_path):
+    """Why the override sets ``pretrained=None``: mmseg passes the base's ``pretrained`` on to
+    the backbone, which takes it as mmseg's backbones do (``init_cfg=Pretrained`` with mmseg's
+    deprecation warning) and then loads that file strictly: here a ViT file that is not there."""
     path = tmp_path / 'cfg.py'
     path.write_text(USER_CONFIG.replace('        pretrained=None,', '', 1).replace(
         "    pretrained=None,  # the base sets a ViT file, which mmseg hands to the backbone\n",
         ''))
     cfg = Config.fromfile(str(path))
     assert cfg.model.pretrained == 'pretrain/vit_base_patch16_224.pth'
-    with pytest.raises(TypeError, match='pretrained'):
-        _build(cfg)
+    with pytest.warns(UserWarning, match='pretrained is deprecated'):
+        model = _build(cfg)
+    assert model.backbone.init_cfg == dict(type='Pretrained',
+                                           checkpoint='pretrain/vit_base_patch16_224.pth')
+    with pytest.raises(FileNotFoundError, match='pretrain/vit_base_patch16_224.pth'):
+        model.init_weights()
