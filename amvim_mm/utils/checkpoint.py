@@ -19,7 +19,7 @@ import torch.nn as nn
 from mmengine.logging import MMLogger
 
 from amvim_mm.errors import CheckpointMismatchError, ConfigError
-from .safe_load import load_checkpoint_file
+from .remote_checkpoint import load_checkpoint
 
 OFFICIAL_HEAD_KEYS = ('head.weight', 'head.bias')
 # Keys some official/derived files carry that are buffers of other code, not weights.
@@ -182,13 +182,15 @@ def load_backbone_checkpoint(model: nn.Module, filename: str, strict: bool = Tru
                              map_location: str = 'cpu') -> Tuple[list, list]:
     """Load a Vim-family backbone strictly from an official file or one of ours.
 
-    Every missing or unexpected key is reported by name; with ``strict`` (default) any mismatch
+    ``filename`` is a path, a URL or a prefixed name (``torchvision://``...), read through the
+    allow-list loader (:func:`~amvim_mm.utils.remote_checkpoint.load_checkpoint`). Every
+    missing or unexpected key is reported by name; with ``strict`` (default) any mismatch
     raises :class:`CheckpointMismatchError`. A position embedding for another grid is resized by
     the model's load hook. Returns (missing, unexpected).
     """
     logger = MMLogger.get_current_instance()
     filename = os.fspath(filename)
-    sd, dropped = backbone_state_dict(extract_state_dict(load_checkpoint_file(
+    sd, dropped = backbone_state_dict(extract_state_dict(load_checkpoint(
         filename, map_location=map_location)), prefix)
     if dropped:
         head = [k for k in dropped if k.startswith('head')]

@@ -2,7 +2,7 @@
 
 Each shim names the upstream problem and the version that fixes it. Nothing here edits installed
 packages or monkeypatches other libraries' classes; the hooks into another library are
-registering our own checkpoint loader through mmengine's public ``CheckpointLoader`` API and
+registering our own checkpoint loaders through mmengine's public ``CheckpointLoader`` API and
 (3) two lookup functions of mmengine's config parser swapped for cached ones while our
 ``load_config`` parses a file.
 
@@ -13,7 +13,11 @@ registering our own checkpoint loader through mmengine's public ``CheckpointLoad
    0.10.7 (unreleased as of 2026-11). Our fix: mmengine's loader for local paths is replaced by
    :func:`amvim_mm.utils.safe_load.load_checkpoint_file` (weights-only with an allow-list of the
    types those files hold; see that module), registered through mmengine's public
-   ``CheckpointLoader.register_scheme``.
+   ``CheckpointLoader.register_scheme``. So is every other prefix mmengine registers: its
+   ``load_from_http`` and the ``torchvision://``/``open-mmlab://``/``mmcls://``/``pavi://``/
+   ``s3://`` loaders unpickle fully (``torch.hub.load_state_dict_from_url`` defaults to
+   ``weights_only`` off); ours (:mod:`amvim_mm.utils.remote_checkpoint`) read the same cached
+   file through the allow-list. Not fixed upstream as of mmengine 0.10.7.
 2. **Official Vim files through the libraries' own tools.** ``tools/test.py`` of mmpretrain
    (``load_from``) hands an official file (weights under ``"model"``, keys without
    ``backbone.``) to the whole classifier, where no key matches: mmengine only warns and the
@@ -30,10 +34,12 @@ registering our own checkpoint loader through mmengine's public ``CheckpointLoad
 """
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any
+from typing import Any, Callable, Dict
 
 from .checkpoint import as_model_checkpoint
+from .remote_checkpoint import SCHEMES
 from .safe_load import load_checkpoint_file
 
 
@@ -44,11 +50,27 @@ def _mmengine_local_loader(filename: str, map_location: Any = None) -> Any:
     return as_model_checkpoint(load_checkpoint_file(filename, map_location=map_location))
 
 
+def _for_mmengine(loader: Callable[..., Any]) -> Callable[..., Any]:
+    """A remote loader that returns official files in the layout mmengine loads (as the local
+    one does), under the loader's name (mmengine logs ``Loads checkpoint by <name> backend``)."""
+    @functools.wraps(loader)
+    def load(filename: str, map_location: Any = None) -> Any:
+        return as_model_checkpoint(loader(filename, map_location))
+    return load
+
+
+#: what mmengine's ``CheckpointLoader`` gets for each prefix
+MMENGINE_LOADERS: Dict[str, Callable[..., Any]] = {
+    '': _mmengine_local_loader, **{p: _for_mmengine(f) for p, f in SCHEMES.items()}}
+
+
 def register_checkpoint_loader() -> None:
-    """Register our safe loader as mmengine's loader for local paths.
+    """Register our safe loaders as mmengine's loaders for local paths and every prefix.
 
     Uses mmengine's public ``CheckpointLoader.register_scheme`` (``force=True`` replaces its
-    ``load_from_local``, whose bare ``torch.load`` fails on torch >= 2.6).
+    ``load_from_local``, whose bare ``torch.load`` fails on torch >= 2.6, and its remote loaders,
+    which unpickle fully).
     """
     from mmengine.runner.checkpoint import CheckpointLoader
-    CheckpointLoader.register_scheme(prefixes='', loader=_mmengine_local_loader, force=True)
+    for prefix, loader in MMENGINE_LOADERS.items():
+        CheckpointLoader.register_scheme(prefixes=prefix, loader=loader, force=True)

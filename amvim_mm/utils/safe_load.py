@@ -5,7 +5,12 @@ through ``torch.load(weights_only=True)`` with an **allow-list of types** (:data
 the types that official Vim files and mmengine's training checkpoints (segmentation, detection,
 classification; with optimizer, parameter schedulers and message hub) contain. Where a file lies
 does not matter: a training checkpoint loads safely from any folder, and a file that needs any
-other type is refused, wherever it is.
+other type is refused, wherever it is; a URL or a prefixed name (``torchvision://``...) is read
+from its download cache by the same function (:mod:`amvim_mm.utils.remote_checkpoint`). Before
+``torch.load`` runs, the file's pickles are replayed without building anything
+(:mod:`amvim_mm.utils.pickle_scan`): a numpy dtype or array that holds Python objects (or whose
+pickled flags claim so) is refused there, and the globals the file names are listed for the
+one-line refusal.
 
 The one way to read a file with full unpickling is to name it: ``AMVIM_UNSAFE_LOAD`` holds a list
 of file paths (separated by ``os.pathsep``); a checkpoint whose real path equals one of them is
@@ -35,6 +40,7 @@ from mmengine.logging import HistoryBuffer
 
 from amvim_mm import runtime
 from amvim_mm.errors import CheckpointError, ConfigError, UnsafeCheckpointError
+from .pickle_scan import ObjectDtypeError, scan_checkpoint
 
 logger = logging.getLogger('amvim_mm')
 
@@ -102,48 +108,75 @@ def unsafe_load_allowed(filename: Union[str, os.PathLike]) -> bool:
     return False
 
 
-def _unsafe_globals(filename: str) -> List[str]:
-    """The globals of a zip checkpoint that the allow-list does not cover."""
+def _allowed_names() -> set:
+    """Global names a weights-only load accepts: ours and torch's own (tensors, storages,
+    ``OrderedDict``...; the set torch's ``get_unsafe_globals_in_checkpoint`` reads)."""
+    ours = {f'{g.__module__}.{g.__qualname__}' if not isinstance(g, tuple) else g[1]
+            for g in SAFE_GLOBALS}
+    return ours | set(torch._weights_only_unpickler._get_allowed_globals())
+
+
+# what torch's weights-only errors say besides the cause: its advice to unpickle fully, which
+# is wrong for a file that was refused for a reason
+_TORCH_BOILERPLATE = ('Weights only load failed', 'Please file an issue', 'Check the documentation')
+# what the weights-only unpickler (and our restricted getattr) say when the allow-list refuses
+_REFUSALS = ('Unsupported global', 'unrecognized function', 'not allowed in a checkpoint',
+             'allowlisted')
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if not ln.startswith(_TORCH_BOILERPLATE)]
+    return ((useful or lines or [type(err).__name__])[0])[:200]
+
+
+def _refusal(shown: str, filename: str, what: str, temporary: bool) -> UnsafeCheckpointError:
+    """The one-line refusal: what the file holds and how to opt in."""
+    how = (f'if you trust it, save it as a local file and name that file in {UNSAFE_ENV}'
+           if temporary else f'if you trust this file, name it: {UNSAFE_ENV}={filename}')
+    return UnsafeCheckpointError(f'{shown} cannot be loaded safely: it {what}; {how}')
+
+
+def _full_load(filename: str, map_location: Any, shown: str, what: str) -> Any:
+    """The opt-in: unpickle a file named in ``AMVIM_UNSAFE_LOAD`` fully, with a warning."""
+    logger.warning('amvim_mm: %s is named in %s: loading it with FULL unpickling (it can run '
+                   'code; it %s)', shown, UNSAFE_ENV, what)
     try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            names = torch.serialization.get_unsafe_globals_in_checkpoint(filename)
-    except Exception:   # not a zip checkpoint: torch.load's own error says more
-        return []
-    allowed = {f'{g.__module__}.{g.__qualname__}' if not isinstance(g, tuple) else g[1]
-               for g in SAFE_GLOBALS}
-    return sorted(n for n in names if n not in allowed)
+        return torch.load(filename, map_location=map_location, weights_only=False)
+    except Exception as err:
+        raise CheckpointError(f'{shown} is not a readable checkpoint, even fully unpickled '
+                              f'({_first_line(err)})') from None
 
 
-def _read(filename: str, map_location: Any) -> Any:
+def _read(filename: str, map_location: Any, shown: str, temporary: bool) -> Any:
     if os.path.getsize(filename) == 0:
-        raise CheckpointError(f'{filename} is empty (0 bytes): not a checkpoint')
+        raise CheckpointError(f'{shown} is empty (0 bytes): not a checkpoint')
+    try:
+        names = scan_checkpoint(filename)
+    except ObjectDtypeError as err:
+        what = f'holds {err}, which numpy cannot use safely'
+        if unsafe_load_allowed(filename):
+            return _full_load(filename, map_location, shown, what)
+        raise _refusal(shown, filename, what, temporary) from None
+    except Exception as err:   # EOFError, zip/pickle errors ...
+        raise CheckpointError(f'{shown} is not a readable checkpoint (truncated, damaged or '
+                              f'not a torch file: {_first_line(err)})') from None
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(filename, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        unsafe = _unsafe_globals(filename)
-        text = str(err)
-        if not unsafe and not any(s in text for s in ('Unsupported global', 'unrecognized '
-                                                      'function', 'not allowed in a checkpoint')):
-            raise CheckpointError(f'{filename} is not a readable checkpoint '
+        unsafe = [n for n in names if n not in _allowed_names()]
+        if not unsafe and not any(s in str(err) for s in _REFUSALS):
+            raise CheckpointError(f'{shown} is not a readable checkpoint '
                                   f'({_first_line(err)})') from None
+        what = (f'pickles {", ".join(unsafe)}, which could run code' if unsafe else
+                f'needs more than the allow-list ({_first_line(err)})')
         if unsafe_load_allowed(filename):
-            logger.warning('amvim_mm: %s is named in %s: loading it with FULL unpickling '
-                           '(it can run code; it pickles %s)', filename, UNSAFE_ENV,
-                           ', '.join(unsafe) or 'unknown types')
-            return torch.load(filename, map_location=map_location, weights_only=False)
-        raise UnsafeCheckpointError(
-            f'{filename} cannot be loaded safely: it pickles '
-            f'{", ".join(unsafe) if unsafe else "types outside the allow-list"}, which could '
-            f'run code. If you trust this file, name it: {UNSAFE_ENV}={filename}') from None
-    except Exception as err:   # EOFError, zip/storage errors, a mangled pickle stack ...
-        raise CheckpointError(f'{filename} is not a readable checkpoint (truncated, damaged or '
+            return _full_load(filename, map_location, shown, what)
+        raise _refusal(shown, filename, what, temporary) from None
+    except Exception as err:   # zip/storage errors, a mangled pickle stack ...
+        raise CheckpointError(f'{shown} is not a readable checkpoint (truncated, damaged or '
                               f'not a torch file: {_first_line(err)})') from None
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return (text[0] if text else type(err).__name__)[:200]
 
 
 def weights_of(checkpoint: Any) -> Optional[Mapping]:
@@ -195,19 +228,26 @@ def check_weights(checkpoint: Any, filename: str) -> None:
 
 
 def load_checkpoint_file(filename: Union[str, os.PathLike], map_location: Any = 'cpu',
-                         check: bool = True) -> Any:
+                         check: bool = True, origin: Optional[str] = None,
+                         temporary: bool = False) -> Any:
     """Read a checkpoint safely (see the module docstring) and check its weights.
 
+    ``origin`` is where a downloaded file came from (a URL, ``s3://...``), shown in messages
+    next to the local path; ``temporary`` says the local file is a copy deleted after reading,
+    which ``AMVIM_UNSAFE_LOAD`` cannot name (the refusal then says to save it first).
+
     Raises ``FileNotFoundError`` for a missing file, :class:`UnsafeCheckpointError` for a file
-    that needs types outside the allow-list, :class:`CheckpointError` for an empty, truncated,
-    damaged or non-finite one.
+    that needs types outside the allow-list or holds numpy object dtypes,
+    :class:`CheckpointError` for an empty, truncated, damaged or non-finite one.
     """
     filename = os.fspath(filename)
     if not os.path.isfile(filename):
         raise FileNotFoundError(f'checkpoint file not found: {filename}')
-    checkpoint = _read(filename, map_location)
+    shown = filename if origin is None else origin if temporary else \
+        f'{origin} (cached as {filename})'
+    checkpoint = _read(filename, map_location, shown, temporary)
     if check:
-        check_weights(checkpoint, filename)
+        check_weights(checkpoint, shown)
     return checkpoint
 
 

@@ -1,20 +1,26 @@
 """Safe checkpoint reading (amvim_mm.utils.safe_load) and its registration in mmengine.
 
 The hostile files here would run code if they were unpickled fully: they create a marker file.
-Every test checks that the marker never appears.
+Every test checks that the marker never appears. Others carry numpy dtypes whose pickled state
+claims Python objects, which numpy fails on ("Internal error") wherever such an array is used or
+freed.
 """
 import argparse
 import logging
 import os
+import pickle
 
+import numpy as np
 import pytest
 import torch
+from mmengine.config import ConfigDict
 from mmengine.logging import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader, _load_checkpoint
 
 import amvim_mm  # noqa: F401  (registers the loader)
 from amvim_mm.errors import CheckpointError, ConfigError, UnsafeCheckpointError
 from amvim_mm.utils import compat, safe_load
+from amvim_mm.utils.pickle_scan import ObjectDtypeError, check_dtype
 from amvim_mm.utils.safe_load import HASH_KEY, load_checkpoint_file, state_dict_sha256
 
 
@@ -37,6 +43,43 @@ class GetattrEscape:
 
 class Payload:
     """A harmless custom type (needs full unpickling, runs no code)."""
+
+
+class System:
+    """Unpickling this runs ``os.system('touch <marker>')``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f'touch {self.marker}', ))
+
+
+class CraftedDtype:
+    """Pickles as ``numpy.dtype('f8')`` whose state (the last item: the flags) claims objects."""
+
+    def __init__(self, flags):
+        self.flags = flags
+
+    def __reduce__(self):
+        return (np.dtype, ('f8', False, True), (3, '<', None, None, None, -1, -1, self.flags))
+
+
+class CraftedArray:
+    """Pickles as a float64 ``ndarray`` whose dtype is a :class:`CraftedDtype`."""
+
+    def __init__(self, flags):
+        self.flags = flags
+
+    def __reduce__(self):
+        rebuild, args, state = np.zeros(2).__reduce__()
+        return rebuild, args, (state[0], state[1], CraftedDtype(self.flags), *state[3:])
+
+
+def history_buffer_holding(array):
+    buf = HistoryBuffer()
+    buf._log_history = array
+    return buf
 
 
 @pytest.fixture(autouse=True)
@@ -224,3 +267,75 @@ def test_retired_variables_are_reported(monkeypatch):
     monkeypatch.setenv('AMVIM_TRUSTED_DIRS', '/tmp')
     (msg, ) = safe_load.retired_env_problems()
     assert 'AMVIM_TRUSTED_DIRS' in msg and 'AMVIM_UNSAFE_LOAD' in msg
+
+
+@pytest.mark.filterwarnings('ignore:Detected pickle protocol')   # torch, on the plain pickle
+@pytest.mark.parametrize('fmt', ['zip', 'legacy', 'raw'])
+def test_refusal_names_what_the_file_pickles_in_every_format(tmp_path, fmt):
+    """torch's own text advises turning ``weights_only`` off; ours names the globals and the
+    opt-in."""
+    marker = tmp_path / 'pwned'
+    p = tmp_path / f'evil.{fmt}'
+    obj = {'state_dict': {'w': torch.ones(1)}, 'x': System(marker)}
+    if fmt == 'raw':
+        p.write_bytes(pickle.dumps(obj))
+    else:
+        torch.save(obj, p, _use_new_zipfile_serialization=fmt == 'zip')
+    with pytest.raises(UnsafeCheckpointError) as e:
+        load_checkpoint_file(p)
+    # a plain pickle of a tensor goes through torch.storage._load_from_bytes (a full torch.load)
+    names = ('torch.storage._load_from_bytes, ' if fmt == 'raw' else '') + 'posix.system'
+    assert str(e.value) == (f'{p} cannot be loaded safely: it pickles {names}, which could run '
+                            f'code; if you trust this file, name it: AMVIM_UNSAFE_LOAD={p}')
+    assert not marker.exists()
+    harmless = tmp_path / 'plain.pkl'    # not a torch file, nothing unsafe: no advice either
+    harmless.write_bytes(pickle.dumps({'w': 1}))
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint_file(harmless)
+    assert 'not a readable checkpoint' in str(e.value) and 'weights_only' not in str(e.value)
+
+
+def test_reading_a_crafted_dtypes_flags_does_not_crash():
+    dtype = np.dtype('f8', False, True)
+    dtype.__setstate__((3, '<', None, None, None, -1, -1, 0x3F))
+    with pytest.raises(ObjectDtypeError, match=r"'<f8' \(flags 0x3f\)"):
+        check_dtype(dtype)
+    check_dtype(np.dtype('f8'))
+
+
+@pytest.mark.parametrize('name,obj,fmt,expect', [
+    ('dtype', {'x': CraftedDtype(0x3F)}, 'zip', "'<f8' (flags 0x3f)"),
+    ('array in a list', {'x': [CraftedArray(0x01)]}, 'zip', "'<f8' (flags 0x1)"),
+    ('array in a tuple, legacy format', {'x': (CraftedArray(0x01), )}, 'legacy',
+     "'<f8' (flags 0x1)"),
+    ('list-pickled array', {'x': CraftedArray(0x02)}, 'zip', "'<f8' (flags 0x2)"),
+    ('message hub history', {'hub': history_buffer_holding(CraftedArray(0x01))}, 'zip',
+     "'<f8' (flags 0x1)"),
+    ('object array in Namespace', {'args': argparse.Namespace(a=np.array([1, 'a'], object))},
+     'zip', "'|O' (flags 0x3f)"),
+    ('object dtype in ConfigDict', {'cfg': ConfigDict(a=dict(b=np.dtype(object)))}, 'zip',
+     "'|O' (flags 0x3f)"),
+])
+def test_numpy_object_dtypes_are_refused_before_numpy_sees_them(tmp_path, capfd, name, obj, fmt,
+                                                                 expect):
+    p = tmp_path / 'dtype.pth'
+    torch.save({'state_dict': {'w': torch.ones(1)}, **obj}, p,
+               _use_new_zipfile_serialization=fmt == 'zip')
+    with pytest.raises(UnsafeCheckpointError) as e:
+        load_checkpoint_file(p)
+    msg = str(e.value)
+    assert f'it holds a numpy dtype {expect} marked as holding Python objects' in msg, msg
+    assert f'AMVIM_UNSAFE_LOAD={p}' in msg and '\n' not in msg
+    assert 'Internal error' not in ''.join(capfd.readouterr())   # no array of it was freed
+
+
+def test_numpy_values_of_training_files_still_load(tmp_path):
+    buf = HistoryBuffer()
+    buf.update(2.5)
+    p = tmp_path / 'numpy.pth'
+    torch.save({'state_dict': {'w': torch.ones(1)}, 'hub': buf,
+                'args': argparse.Namespace(lr=np.float32(0.5), steps=np.arange(3, dtype=np.int64),
+                                           mask=np.array([True, False]))}, p)
+    ck = load_checkpoint_file(p)
+    assert ck['hub'].current() == 2.5 and ck['args'].lr == np.float32(0.5)
+    assert ck['args'].steps.tolist() == [0, 1, 2] and ck['args'].mask.tolist() == [True, False]
