@@ -2,9 +2,10 @@
 
 Each shim names the upstream problem and the version that fixes it. Nothing here edits installed
 packages or monkeypatches other libraries' classes; the hooks into another library are
-registering our own checkpoint loaders through mmengine's public ``CheckpointLoader`` API and
+registering our own checkpoint loaders through mmengine's public ``CheckpointLoader`` API,
 (3) two lookup functions of mmengine's config parser swapped for cached ones while our
-``load_config`` parses a file.
+``load_config`` parses a file, and (4) subclasses of mmseg's / mmdet's layer-decay constructors
+registered under their names in those libraries' registries.
 
 1. **torch >= 2.6 ``torch.load(weights_only=True)`` default vs mmengine 0.10.7.**
    mmengine 0.10.7 calls ``torch.load`` without an allow-list; under torch >= 2.6 its own
@@ -31,6 +32,16 @@ registering our own checkpoint loaders through mmengine's public ``CheckpointLoa
    one place in the package where another library's functions are replaced, and only inside
    that block; the tests' Triton-interpreter shortcut in ``amvim_mm.testing`` is the other).
    Not fixed as of mmengine 0.10.7, the pinned version.
+4. **mmseg 1.2.2's ``LayerDecayOptimizerConstructor`` / ``LearningRateDecayOptimizerConstructor``
+   and mmdet 3.3.0's ``LearningRateDecayOptimizerConstructor``** pick layers by the backbone's
+   class name (ConvNeXt, BEiT, MAE) and raise a bare ``NotImplementedError`` for any other
+   backbone. :func:`amvim_mm.models.backbones.layer_decay.teach_upstream_layer_decay`, called
+   when one of our backbones is built, registers under the same names in those libraries' own
+   registries (public ``Registry.register_module(force=True)``) a subclass that uses our
+   backbones' ``get_layer_depth`` and is the library's code, unchanged, for every other
+   backbone; it also turns mmseg's bare ``KeyError('layer_decay_rate')`` into a one-line
+   error. Only registries that already exist are touched; ``import amvim_mm`` imports neither
+   library. Not fixed as of mmseg 1.2.2 / mmdet 3.3.0.
 """
 from __future__ import annotations
 
