@@ -23,11 +23,13 @@ checkpoint and config per model name, and the ratio-0 baseline of the ``drop`` c
 a row with the same hashes. Ratio 0 (no reduction) is evaluated once per model and precision
 and reused for every method.
 
-Methods and their schedules: ``tome`` and ``random`` use the AMVim protocol (``ratio``);
-``evit`` and ``top`` prune after blocks (``locations``, default ToP-ViM's Tiny schedule scaled to
-the depth, :meth:`ReductionSchedule.importance_locations`) at the keep rate whose realised ratio
-is nearest to the requested one (:meth:`ReductionSchedule.keep_rate_for_ratio`); the keep rate
-and the realised ratio are stored with the row. ``random`` is evaluated for every ``seeds``
+Methods and their schedules (:mod:`amvim_mm.apis.reduction_methods`, shared with ``tools/test.py
+--reduce``, which thus measures what a cell does): ``tome`` and ``random`` use the AMVim
+protocol (``ratio``); ``evit`` and ``top`` prune after blocks (``locations``, default ToP-ViM's
+Tiny schedule scaled to the depth, :meth:`ReductionSchedule.importance_locations`) at the keep
+rate whose realised ratio is nearest to the requested one
+(:meth:`ReductionSchedule.keep_rate_for_ratio`); the keep rate and the realised ratio are stored
+with the row. ``random`` is evaluated for every ``seeds``
 entry: the row's metric is their mean, with ``metric_seeds`` and ``seed_std``.
 
 ``learned`` evaluates the learned reducer the model's own config carries (e.g. a
@@ -58,18 +60,14 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+# the method table and its mapping to reducers are shared with tools/test.py; the names stay
+# importable from here
+from amvim_mm.apis.reduction_methods import (IMPORTANCE_METHODS, LEARNED, METHODS,  # noqa: F401
+                                             SEEDED_METHODS, cell_reducer, check_method,
+                                             check_ratio, config_has_learned_reducer,
+                                             learned_reducer, reduction_config)
 from amvim_mm.errors import CheckpointError, ConfigError, LookupConfigError
-from amvim_mm.models.reduction.schedule import ReductionSchedule
 
-METHODS = {'tome': 'ToMe', 'random': 'RandomPrune', 'evit': 'EViT', 'top': 'ToP',
-           'learned': 'learned'}
-#: the learned reducer the model's config carries (fine-tuned with it): one row per model at
-#: its own realised ratio, whatever ``ratios`` says
-LEARNED = 'learned'
-#: methods ranked by importance: keep-rate schedules after ``locations``
-IMPORTANCE_METHODS = ('evit', 'top')
-#: methods with a random choice: evaluated once per seed
-SEEDED_METHODS = ('random', )
 PRECISIONS = ('fp32', 'bf16', 'fp16')
 PRIMARY_METRICS = {'mmseg': 'mIoU', 'mmdet': 'coco/bbox_mAP', 'mmpretrain': 'accuracy/top1'}
 
@@ -247,22 +245,6 @@ def protocol(method: str, seeds: Sequence[int], locations: Optional[Sequence[int
     return ';'.join(parts)
 
 
-def reduction_config(method: str, ratio: float, num_patches: int, depth: int,
-                     locations: Optional[Sequence[int]] = None, seed: int = 0
-                     ) -> Optional[dict]:
-    """The reducer config of one cell (None at ratio 0); see the module docstring."""
-    if ratio == 0:
-        return None
-    if method in IMPORTANCE_METHODS:
-        locs = list(locations or ReductionSchedule.importance_locations(depth))
-        keep = ReductionSchedule.keep_rate_for_ratio(ratio, num_patches, depth, locs)
-        return dict(type=METHODS[method], keep_rate=keep, locations=locs)
-    cfg = dict(type=METHODS[method], ratio=ratio)
-    if method in SEEDED_METHODS:
-        cfg['seed'] = int(seed)
-    return cfg
-
-
 def fine_tuning_label(meta: dict) -> str:
     """``'fine-tuned N epochs'`` / ``'fine-tuned N iterations'`` from a checkpoint's ``meta``
     (mmengine's ``epoch`` / ``iter``; an exported student keeps them), else ``'fine-tuned'``."""
@@ -272,18 +254,6 @@ def fine_tuning_label(meta: dict) -> str:
     if isinstance(it, int) and it > 0:
         return f'fine-tuned {it} iterations'
     return 'fine-tuned'
-
-
-def _config_has_learned_reducer(cfg) -> bool:
-    """Whether the model config's backbone (also inside a ``ReducerFineTuner``) has a learned
-    token reducer."""
-    from amvim_mm.models.reduction import TOKEN_REDUCERS
-    model = cfg.get('model') or {}
-    backbone = (model.get('model') or {}).get('backbone') or model.get('backbone') or {}
-    red = backbone.get('token_reduction') if isinstance(backbone, dict) else None
-    cls = TOKEN_REDUCERS.get(red.get('type')) if isinstance(red, dict) and \
-        isinstance(red.get('type'), str) else None
-    return bool(getattr(cls, 'learned', False))
 
 
 def validate(models: Sequence[Tuple[str, str]], methods: Sequence[str],
@@ -298,11 +268,9 @@ def validate(models: Sequence[Tuple[str, str]], methods: Sequence[str],
         if not osp.isfile(ckpt):
             raise FileNotFoundError(f'checkpoint not found: {ckpt}')
     for m in methods:
-        if m not in METHODS:
-            raise ConfigError(f'unknown method {m!r}; choose from {", ".join(METHODS)}')
+        check_method(m)
     for r in ratios:
-        if not 0 <= r < 1:
-            raise ConfigError(f'ratio {r} is outside [0, 1)')
+        check_ratio(r)
     if precision not in PRECISIONS:
         raise ConfigError(f'unknown precision {precision!r}; choose from {", ".join(PRECISIONS)}')
     if not seeds or len(set(seeds)) != len(seeds):
@@ -361,7 +329,8 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
 
     from amvim_mm.analysis import stats as S
     from amvim_mm.analysis.flops import CONVENTIONS
-    from amvim_mm.apis.runner import load_config, load_model_weights, make_runner
+    from amvim_mm.apis.runner import (drop_token_reduction_hooks, load_config,
+                                      load_model_weights, make_runner)
     from amvim_mm.engine.hooks import find_reducible_backbone
     names = validate(models, methods, ratios, names, precision, seeds)
     if jobs > 1 and measure_speed:
@@ -380,10 +349,14 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
         # the sweep loads CHECKPOINT itself; a config's own load_from (e.g. a fine-tuning
         # config's start) would be loaded over it by runner.test()
         cfg.load_from, cfg.resume = None, False
+        # every cell sets its own reducer; a config's TokenReductionHook would replace it
+        if drop_token_reduction_hooks(cfg) and final:
+            print(f'prune_eval: {config}: its TokenReductionHook is not used (each cell sets '
+                  'its own token reduction)', file=sys.stderr, flush=True)
         # after the hash: rows of several precisions share one fingerprint
         cfg.test_cfg = dict(type='AmpTestLoop', precision=precision)
         cfgs.append(cfg)
-    learned_models = {n for n, c in zip(names, cfgs) if _config_has_learned_reducer(c)}
+    learned_models = {n for n, c in zip(names, cfgs) if config_has_learned_reducer(c)}
     if LEARNED in methods and not learned_models:
         raise ConfigError('method learned needs a model whose config carries a learned reducer '
                           '(e.g. a *_dynamicvit.py fine-tuning config); none of the configs has')
@@ -460,8 +433,7 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
             raise ConfigError(f'{config}: expected one test metric of {", ".join(S.KINDS)}, '
                               f'found {len(recorders)}')
         backbone = find_reducible_backbone(runner.model)
-        learned = backbone.token_reducer if getattr(backbone.token_reducer, 'learned',
-                                                    False) else None
+        learned = learned_reducer(backbone)
         if learned is not None:
             learned.fine_tuned = fine_tuning_label(ckpt_meta)
         cell = _Cell(runner=runner, backbone=backbone, learned=learned,
@@ -588,8 +560,7 @@ class _Cell:
         metrics, per_seed, red = [], [], None
         t0 = time.perf_counter()
         for seed in seeds:
-            red = self.learned if method == LEARNED else \
-                reduction_config(method, ratio, M, depth, self.locations, seed)
+            red = cell_reducer(bb, method, ratio, self.locations, seed, learned=self.learned)
             bb.set_token_reduction(red)
             try:
                 out = self.runner.test()

@@ -7,7 +7,7 @@ all three tasks.
 from __future__ import annotations
 
 import os.path as osp
-from typing import Optional, Sequence
+from typing import List, Optional
 
 from mmengine.config import Config
 
@@ -113,9 +113,21 @@ def load_model_weights(model, filename: str, strict: bool = True) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def add_token_reduction_hook(cfg: Config, reduction: dict,
-                             phases: Sequence[str] = ('val', 'test')) -> None:
+def drop_token_reduction_hooks(cfg: Config) -> List[dict]:
+    """Remove the config's ``TokenReductionHook`` entries from ``custom_hooks`` and return them.
+
+    ``tools/test.py --reduce`` and ``prune_eval`` set the reducer on the built backbone; a
+    config's hook would replace it at the start of the test phase (the ``*_tokenreduce.py``
+    configs carry one), so that the printed metric would be the hook's reduction, not the asked
+    one.
+    """
+    def is_reduction_hook(h) -> bool:
+        t = h.get('type') if isinstance(h, dict) else None
+        name = t if isinstance(t, str) else getattr(t, '__name__', '')
+        return name.split('.')[-1] == 'TokenReductionHook'
+
     hooks = list(cfg.get('custom_hooks', []) or [])
-    hooks = [h for h in hooks if h.get('type') != 'TokenReductionHook']
-    hooks.append(dict(type='TokenReductionHook', reduction=reduction, phases=tuple(phases)))
-    cfg.custom_hooks = hooks
+    dropped = [h for h in hooks if is_reduction_hook(h)]
+    if dropped:
+        cfg.custom_hooks = [h for h in hooks if not is_reduction_hook(h)]
+    return dropped
