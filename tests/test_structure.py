@@ -1,4 +1,5 @@
-"""Structure rules of the package: no import cycles (function-level imports included)."""
+"""Structure rules of the package and its tests: no import cycles (function-level imports
+included), no loose ``zip`` in the tests."""
 import ast
 import pathlib
 
@@ -70,3 +71,19 @@ def test_the_class_token_slot_rule():
     assert cls_index_for(196, False) == -1 and cls_index_for(196, True) == 98
     pos = grid_positions(4, cls_slot(4))
     assert pos.tolist() == [0, 1, -1, 2, 3]
+
+
+def test_tests_compare_whole_sequences():
+    """Every ``zip`` in the tests says how it treats sequences of different lengths
+    (``strict=True`` where outputs are compared): a plain ``zip`` stops at the shorter one, so a
+    missing output would pass a comparison silently."""
+    tests = pathlib.Path(__file__).parent
+    loose = []
+    for path in sorted(tests.rglob('*.py')):
+        if 'reference' in path.relative_to(tests).parts:   # re-statements of official code
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                    node.func.id == 'zip' and not any(k.arg == 'strict' for k in node.keywords):
+                loose.append(f'{path.relative_to(tests)}:{node.lineno}')
+    assert not loose, f'zip without strict= (use strict=True to compare outputs): {loose}'

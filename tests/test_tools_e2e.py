@@ -239,7 +239,7 @@ def _table_rows(out):
     header = [c.strip() for c in lines[0].strip('|').split('|')]
     assert set(lines[1].replace('|', '').replace('-', '').strip()) == set()
     rows = [[c.strip() for c in ln.strip('|').split('|')] for ln in lines[2:]]
-    return header, [dict(zip(header, r)) for r in rows]
+    return header, [dict(zip(header, r, strict=True)) for r in rows]
 
 
 def test_prune_eval_sweep_resumes(seg_run, prune_models, tmp_path):

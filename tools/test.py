@@ -4,7 +4,8 @@
         [--reduce tome|random|evit|top --ratio R [--seed S] [--locations B ...]
          | --reduce learned] [--launcher ...]
 
-CHECKPOINT is loaded strictly (missing/unexpected keys are reported); official Vim ImageNet
+CHECKPOINT (a path, a URL or a ``torchvision://``-style name, read from torch.hub's cache
+through the allow-list loader) is loaded strictly (missing/unexpected keys are reported); official Vim ImageNet
 files are converted on the fly for classification configs. A bad config value, checkpoint or
 data path, or a bad combination of the options below, ends with a one-line error (exit 2).
 
@@ -36,6 +37,7 @@ from amvim_mm.apis.runner import (drop_token_reduction_hooks, load_config, load_
                                   make_runner)
 from amvim_mm.engine.hooks import find_reducible_backbone
 from amvim_mm.errors import ConfigError
+from amvim_mm.utils.remote_checkpoint import scheme_of
 
 
 def parse_args(argv=None):
@@ -83,7 +85,7 @@ def check_reduction_args(args) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     check_reduction_args(args)
-    if not os.path.isfile(args.checkpoint):
+    if scheme_of(args.checkpoint) is None and not os.path.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
     cfg = load_config(args.config, args.cfg_options, args.work_dir, args.launcher)
     cfg.load_from = None

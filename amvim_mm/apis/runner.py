@@ -70,7 +70,8 @@ def load_model_weights(model, filename: str, strict: bool = True) -> dict:
     """Load a trained model's weights strictly (every missing/unexpected key is reported).
 
     Accepts our/mmengine checkpoints (``state_dict``) and, for classifiers, official Vim and
-    VMamba files (converted on the fly: ``backbone.*`` and ``head.fc.*``). Returns the file's
+    VMamba files (converted on the fly: ``backbone.*`` and ``head.fc.*``), by local path, URL or
+    prefixed name (all through the allow-list loader). Returns the file's
     ``meta`` dict (mmengine's ``epoch`` / ``iter`` ...; empty when it has none).
     """
     import torch.nn as nn
@@ -78,10 +79,10 @@ def load_model_weights(model, filename: str, strict: bool = True) -> dict:
 
     from amvim_mm.utils.checkpoint import (CheckpointMismatchError, convert_official,
                                            extract_state_dict, official_family)
-    from amvim_mm.utils.safe_load import load_checkpoint_file
+    from amvim_mm.utils.remote_checkpoint import load_checkpoint
     if is_model_wrapper(model):
         model = model.module
-    ckpt = load_checkpoint_file(filename)
+    ckpt = load_checkpoint(filename)
     meta = ckpt.get('meta') if isinstance(ckpt, dict) else None
     sd = extract_state_dict(ckpt)
     own = set(model.state_dict())

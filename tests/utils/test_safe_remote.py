@@ -140,6 +140,22 @@ def test_a_good_file_by_url_loads_the_saved_weights(hub, no_download, tmp_path):
     assert (hub / 'inner.pth').is_file() and torch.equal(sd['weight'], saved.weight)
 
 
+def test_our_tools_take_a_checkpoint_by_url(hub, no_download, tmp_path):
+    """``tools/test.py`` / ``prune_eval`` load weights with ``load_model_weights``: a URL goes
+    through the same cache and allow-list (a good file loads, a hostile one is refused)."""
+    from amvim_mm.apis.runner import load_model_weights
+    saved = nn.Linear(3, 2)
+    torch.save({'state_dict': saved.state_dict()}, hub / 'good.pth')
+    model = nn.Linear(3, 2)
+    load_model_weights(model, 'https://example.invalid/good.pth')
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.state_dict().items())
+    marker = tmp_path / 'ran'
+    torch.save({'state_dict': saved.state_dict(), 'x': Touch(marker)}, hub / 'bad.pth')
+    with pytest.raises(UnsafeCheckpointError, match='cannot be loaded safely'):
+        load_model_weights(model, 'https://example.invalid/bad.pth')
+    assert not marker.exists()
+
+
 def test_a_missing_file_is_downloaded_once_to_torch_hubs_path(hub, tmp_path):
     served = tmp_path / 'served' / 'good.pth'
     served.parent.mkdir()
