@@ -205,30 +205,68 @@ def _cls_row(tmp_path, model, ratio, correct):
                 config_sha256='c')
 
 
-def test_group_intervals_over_images_and_models(tmp_path):
-    """Two architectures x two training seeds: the group's value is the mean over its models;
-    a group of identical models has the single model's interval (drawing models changes
-    nothing); the group difference is paired over images."""
+def test_group_verdicts_over_training_seeds_and_images(tmp_path):
+    """Two architectures x two training seeds: the group's value is the mean over its models
+    with a t interval over seeds plus the image bootstrap variance (identical seeds: the image
+    term alone, with t(1)); drops, relative drops, the robustness AUC and a Holm-adjusted
+    verdict for the difference, which is paired over images."""
+    from scipy import stats as sps
+
+    from amvim_mm.analysis import stats as S
     from amvim_mm.apis import prune_eval as pe
     rng = np.random.default_rng(0)
-    base = rng.random(80) < 0.8
-    drop_a = base & (rng.random(80) < 0.9)          # A loses ~10 % of its correct images
-    drop_b = base & (rng.random(80) < 0.6)          # B loses ~40 %
+    n = 200
+    base = rng.random(n) < 0.8
+    drop_a = base & (rng.random(n) < 0.9)           # A loses ~10 % of its correct images
+    drop_b = base & (rng.random(n) < 0.6)           # B loses ~40 %
     rows = [_cls_row(tmp_path, m, r, c) for m, r, c in (
         ('a0', 0.0, base), ('a0', 0.5, drop_a), ('a1', 0.0, base), ('a1', 0.5, drop_a),
-        ('b0', 0.0, base), ('b0', 0.5, drop_b), ('b1', 0.0, base), ('b1', 0.5, base & drop_b))]
+        ('b0', 0.0, base), ('b0', 0.5, drop_b), ('b1', 0.0, base), ('b1', 0.5, drop_b))]
     meta = dict(models=['a0', 'a1', 'b0', 'b1'], groups=dict(a0='A', a1='A', b0='B', b1='B'))
     data = pe.merge_results(str(tmp_path / 'results.json'), rows, meta, out_dir=str(tmp_path),
                             replicates=400)
     single = next(r for r in data['results'] if r['model'] == 'a0' and r['ratio'] == 0.5)
     ga = next(g for g in data['group_results'] if g['group'] == 'A' and g['ratio'] == 0.5)
-    assert (ga['ci_low'], ga['ci_high']) == (single['ci_low'], single['ci_high'])
     assert ga['metric'] == pytest.approx(single['metric'], abs=1e-3)
     assert ga['drop'] == pytest.approx(single['drop'], abs=1e-3)
+    boot = S.mean_over_seeds([dict(kind=np.array('cls'), correct=drop_a.astype(float))],
+                             S.bootstrap_weights(n, 400, 0))
+    half = sps.t.ppf(0.975, 1) * np.std(boot, ddof=1)
+    assert ga['ci_high'] - ga['metric'] == pytest.approx(half, abs=2e-4)
+    assert '2 training seeds' in ga['basis']
+    assert ga['relative_drop'] == pytest.approx(100 * single['drop'] / (100 * base.mean()),
+                                                abs=1e-3)
+    assert ga['relative_drop_ci_low'] < ga['relative_drop'] < ga['relative_drop_ci_high']
     d = data['group_paired_differences']
     assert len(d) == 1 and (d[0]['group_a'], d[0]['group_b']) == ('A', 'B')
-    assert d[0]['difference_ci_low'] > 0 and d[0]['reading'] == 'A keeps more'
-    assert '| A | B | tome | 0.50 |' in pe.group_table(data)
+    assert d[0]['difference_ci_low'] > 0 and d[0]['verdict'] == 'A loses less'
+    assert d[0]['reading'] == 'A loses less than B' and d[0]['family_size'] == 1
+    assert d[0]['margin'] == 1.0 and d[0]['detectable'] > 0 and d[0]['df'] == 2
+    auc = {e['group']: e for e in data['group_auc']}
+    assert auc['A']['kept'] == [1.0, 0.5]
+    assert auc['A']['auc_drop'] == pytest.approx(ga['drop'] / 2, abs=1e-3)
+    (ad, ) = data['group_auc_differences']
+    assert ad['verdict'] == 'A loses less' and ad['auc_difference'] > 0
+    table = pe.verdict_table(data)
+    assert 'Robustness AUC' in table and '| A | B | tome | 0.50 |' in table
+    assert 'A loses less than B' in table and '2 training seeds' in table
+    assert '| A | 2 | tome | 0.50 |' in pe.group_table(data)
+
+
+def test_without_groups_every_model_is_an_architecture_of_one_seed(tmp_path):
+    """No groups: verdicts still come, over the images only, and say so."""
+    from amvim_mm.apis import prune_eval as pe
+    rng = np.random.default_rng(1)
+    base = rng.random(100) < 0.8
+    rows = [_cls_row(tmp_path, m, r, c) for m, r, c in (
+        ('a', 0.0, base), ('a', 0.5, base & (rng.random(100) < 0.9)),
+        ('b', 0.0, base), ('b', 0.5, base & (rng.random(100) < 0.9)))]
+    data = pe.merge_results(str(tmp_path / 'results.json'), rows, dict(models=['a', 'b']),
+                            out_dir=str(tmp_path), replicates=200)
+    (d, ) = data['group_paired_differences']
+    assert 'one training seed' in d['basis'] and d['df'] is None
+    assert d['verdict'] in ('inconclusive', 'equivalent', 'A loses less', 'A loses more')
+    assert pe.group_table(data) == '' and 'one training seed' in pe.verdict_table(data)
 
 
 def test_speed_flops_convention_and_precision_rows_side_by_side(toy, tmp_path):

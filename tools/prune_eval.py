@@ -42,7 +42,7 @@ from mmengine.config import DictAction
 from amvim_mm.apis.cli import run_cli
 from amvim_mm.analysis.flops import CONVENTIONS
 from amvim_mm.apis.prune_eval import (METHODS, PRECISIONS, group_table, markdown_table, plot,
-                                      plot_groups, run_sweep)
+                                      plot_groups, run_sweep, verdict_table)
 
 
 def _positive_int(text: str) -> int:
@@ -80,6 +80,9 @@ def parse_args(argv=None):
                    help='one group name per model (e.g. vim vim vim amvim amvim amvim for '
                         'three training seeds each): adds the groups\' table with intervals '
                         'over images and models')
+    p.add_argument('--margin', type=float, default=None,
+                   help='equivalence margin of the verdicts, in the metric\'s unit (default: '
+                        '1 point of mIoU / top-1, 0.01 of box AP; docs/statistics.md)')
     p.add_argument('--replicates', type=_positive_int, default=1000,
                    help='bootstrap replicates for the intervals')
     p.add_argument('--verbose', action='store_true', help='keep the runners\' logs')
@@ -109,13 +112,15 @@ def _sweep(argv=None) -> int:
                      names=args.names, cfg_options=args.cfg_options, verbose=args.verbose,
                      precision=args.precision, seeds=args.seeds, locations=args.locations,
                      flops_convention=args.flops_convention, measure_speed=args.measure_speed,
-                     replicates=args.replicates, groups=args.groups, jobs=args.jobs)
+                     replicates=args.replicates, groups=args.groups, jobs=args.jobs,
+                     margin=args.margin)
     print(markdown_table(data))
-    if data.get('group_results'):
-        print('\n' + group_table(data))
+    for table in (group_table(data), verdict_table(data)):
+        if table:
+            print('\n' + table)
     png = plot(data, osp.join(args.out_dir, 'prune_eval.png'))
     print(f'\nresults: {osp.join(args.out_dir, "results.json")}\nplot:    {png}')
-    if data.get('group_results'):
+    if group_table(data):
         print(f"groups:  {plot_groups(data, osp.join(args.out_dir, 'prune_eval_groups.png'))}")
     print(f"FLOPs convention: {data['meta']['convention']}")
     return 0

@@ -33,8 +33,8 @@ from amvim_mm.apis.cli import run_cli
 from amvim_mm.apis.reduction_methods import (IMPORTANCE_METHODS, LEARNED, METHODS,
                                              SEEDED_METHODS, cell_reducer, check_ratio,
                                              config_has_learned_reducer, learned_reducer)
-from amvim_mm.apis.runner import (drop_token_reduction_hooks, load_config, load_model_weights,
-                                  make_runner)
+from amvim_mm.apis.runner import (drop_token_reduction_hooks, identify_images, load_config,
+                                  load_model_weights, make_runner)
 from amvim_mm.engine.hooks import find_reducible_backbone
 from amvim_mm.errors import ConfigError
 from amvim_mm.utils.remote_checkpoint import scheme_of
@@ -94,6 +94,7 @@ def main(argv=None) -> int:
                           f'reducer, e.g. configs/demo/*_dynamicvit.py with its fine-tuned '
                           f'checkpoint; {args.config} has none')
     dropped = drop_token_reduction_hooks(cfg) if args.reduce else []
+    identify_images(cfg)     # random pruning draws per image, whatever the batch size
     runner = make_runner(cfg)
     load_model_weights(runner.model, args.checkpoint, strict=True)
     if args.reduce:

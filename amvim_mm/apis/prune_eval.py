@@ -70,6 +70,20 @@ from amvim_mm.errors import CheckpointError, ConfigError, LookupConfigError
 
 PRECISIONS = ('fp32', 'bf16', 'fp16')
 PRIMARY_METRICS = {'mmseg': 'mIoU', 'mmdet': 'coco/bbox_mAP', 'mmpretrain': 'accuracy/top1'}
+#: what results.json's intervals and verdicts rest on (``meta.statistics``)
+STATISTICS = dict(
+    rows='percentile bootstrap over the validation images (one draw per data set, shared by '
+         'every row: paired); random pruning: the mean over pruning seeds per image, its masks '
+         'drawn per image',
+    architectures='mean over the training seeds (the checkpoints of a group); interval '
+                  't(df) * sqrt(seed variance / k + image bootstrap variance), df = k - 1; '
+                  'one checkpoint: over the images only',
+    differences='architecture A minus B, paired over images; Welch-Satterthwaite df; '
+                'verdicts with Holm adjustment over the family shown (all cells; the AUCs '
+                'separately) and TOST equivalence within the margin',
+    auc='robustness AUC: the mean drop over the kept-token range (trapezoids from no '
+        'reduction to the largest ratio), per method',
+    docs='docs/statistics.md')
 
 
 def model_name(config: str) -> str:
@@ -234,9 +248,11 @@ def _zero_row(done: Dict[tuple, dict], name: str, precision: str) -> Optional[di
 def protocol(method: str, seeds: Sequence[int], locations: Optional[Sequence[int]],
              convention: str, measure_speed: bool) -> str:
     """What besides model, method, ratio and precision defines a row (reuse needs equality)."""
-    parts = [f'flops={convention}']
+    # metric=exact: the point value recomputed from the per-image statistics (earlier rows
+    # held the library's rounded value); masks=per-image: random choices drawn per image
+    parts = [f'flops={convention}', 'metric=exact']
     if method in SEEDED_METHODS:
-        parts.append('seeds=' + ','.join(str(s) for s in seeds))
+        parts.append('seeds=' + ','.join(str(s) for s in seeds) + ';masks=per-image')
     if method in IMPORTANCE_METHODS:
         parts.append('locations=' + (','.join(str(x) for x in locations) if locations
                                      else 'default'))
@@ -307,7 +323,7 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
               locations: Optional[Sequence[int]] = None, flops_convention: str = 'mamba',
               measure_speed: bool = False, replicates: int = 1000,
               groups: Optional[Sequence[str]] = None, jobs: int = 1,
-              final: bool = True) -> Dict[str, object]:
+              final: bool = True, margin: Optional[float] = None) -> Dict[str, object]:
     """Run (or resume) a sweep; returns the merged results also written to ``results.json``.
 
     Rows of ``results.json`` are reused only when their model name, method, ratio, precision,
@@ -329,10 +345,12 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
 
     from amvim_mm.analysis import stats as S
     from amvim_mm.analysis.flops import CONVENTIONS
-    from amvim_mm.apis.runner import (drop_token_reduction_hooks, load_config,
+    from amvim_mm.apis.runner import (drop_token_reduction_hooks, identify_images, load_config,
                                       load_model_weights, make_runner)
     from amvim_mm.engine.hooks import find_reducible_backbone
     names = validate(models, methods, ratios, names, precision, seeds)
+    if margin is not None and not (isinstance(margin, (int, float)) and 0 < margin < float('inf')):
+        raise ConfigError(f'--margin must be a finite number > 0, got {margin!r}')
     if jobs > 1 and measure_speed:
         raise ConfigError('--measure-speed times every cell on this machine: run it with '
                           '--jobs 1 (workers running side by side would slow each other down)')
@@ -353,6 +371,7 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
         if drop_token_reduction_hooks(cfg) and final:
             print(f'prune_eval: {config}: its TokenReductionHook is not used (each cell sets '
                   'its own token reduction)', file=sys.stderr, flush=True)
+        identify_images(cfg)     # random pruning draws per image, whatever the batch size
         # after the hash: rows of several precisions share one fingerprint
         cfg.test_cfg = dict(type='AmpTestLoop', precision=precision)
         cfgs.append(cfg)
@@ -373,6 +392,7 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
                 'start of the even blocks); EViT/ToP: keep rate after locations',
                 device='cuda' if torch.cuda.is_available() else 'cpu', torch=torch.__version__,
                 bootstrap=dict(replicates=replicates, level=0.95, seed=0, over='images'),
+                statistics=STATISTICS, margin=margin,
                 models=list(names),
                 groups=dict(zip(names, groups)) if groups is not None else None)
     cells = [(i, m, r) for i in range(len(models)) for m in methods if m != LEARNED
@@ -402,7 +422,7 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
         kwargs = dict(cfg_options=cfg_options, verbose=verbose, progress=False,
                       precision=precision, seeds=seeds, locations=locations,
                       flops_convention=flops_convention, measure_speed=measure_speed,
-                      replicates=replicates, final=False)
+                      replicates=replicates, final=False, margin=margin)
         tasks = [dict(kwargs, models=[models[i]], names=[names[i]], ratios=ratios,
                       out_dir=out_dir,
                       methods=[m for m in methods if m != LEARNED or names[i] in learned_models])
@@ -557,7 +577,7 @@ class _Cell:
         elif method == LEARNED:
             ratio = round(self.learned.token_plan(M, depth)[2], 6)
         seeds = self.seeds if method in SEEDED_METHODS and ratio > 0 else [0]
-        metrics, per_seed, red = [], [], None
+        metrics, exact, per_seed, red = [], [], [], None
         t0 = time.perf_counter()
         for seed in seeds:
             red = cell_reducer(bb, method, ratio, self.locations, seed, learned=self.learned)
@@ -577,8 +597,10 @@ class _Cell:
             if self.metric_key not in out:
                 raise LookupConfigError(f'{self.config}: the test metrics {sorted(out)} have no '
                                         f'{self.metric_key!r}')
-            S.check_against(st, float(out[self.metric_key]),
-                            f'{self.name} {method} {ratio} seed {seed}')
+            # the point value: the metric recomputed from the per-image statistics (the same
+            # numbers the intervals use), checked against the library's rounded value
+            exact.append(S.check_against(st, float(out[self.metric_key]),
+                                         f'{self.name} {method} {ratio} seed {seed}'))
             metrics.append(float(out[self.metric_key]))
             per_seed.append(st)
         dt = time.perf_counter() - t0
@@ -601,13 +623,14 @@ class _Cell:
                    ratio=ratio, precision=self.precision, protocol=proto, reduction=red,
                    realised_ratio=round(flops['realised_ratio'], 4),
                    gflops=round(flops['gflops'], 4), gflops_convention=self.flops_convention,
-                   metric_name=self.metric_key, metric=round(float(np.mean(metrics)), 4),
+                   metric_name=self.metric_key, metric=round(float(np.mean(exact)), 4),
+                   metric_library=round(float(np.mean(metrics)), 4),
                    final_tokens=flops['tokens'][-1], seconds=round(dt, 2), images=len(keys),
                    stats_file=stats_file, checkpoint_sha256=self.fingerprint[0],
                    config_sha256=self.fingerprint[1])
-        if len(metrics) > 1:
-            row.update(seeds=seeds, metric_seeds=metrics,
-                       seed_std=round(float(np.std(metrics, ddof=1)), 4))
+        if len(exact) > 1:
+            row.update(seeds=seeds, metric_seeds=[round(m, 4) for m in exact],
+                       seed_std=round(float(np.std(exact, ddof=1)), 4))
         if method == LEARNED:
             row['fine_tuned'] = getattr(self.learned, 'fine_tuned', None) or True
         if self.measure_speed:
@@ -652,16 +675,22 @@ def _speed(backbone, size, precision: str, red: Optional[dict]) -> dict:
 
 def add_intervals(data: Dict[str, object], out_dir: str, replicates: int = 1000,
                   level: float = 0.95, seed: int = 0) -> None:
-    """Fill the bootstrap intervals of every row with per-image statistics and the
-    ``paired_differences`` between models (see the module docstring)."""
+    """Fill every row's intervals over images (metric, drop, relative drop), the models'
+    ``paired_differences`` (over images) and, per architecture (``meta.groups``; every model
+    is its own group without them), the verdicts of :func:`_group_verdicts` (see the module
+    docstring)."""
     import numpy as np
 
     from amvim_mm.analysis import stats as S
     rows = data['results']
     weights: Dict[tuple, np.ndarray] = {}
-    values: Dict[tuple, Tuple[np.ndarray, tuple]] = {}
+    values: Dict[tuple, Optional[Tuple[np.ndarray, tuple, float]]] = {}
 
     def vals(r):
+        """(bootstrap replicates over images (R,), image keys, point value) of a row: the
+        metric recomputed from its per-image statistics (mean over pruning seeds)."""
+        if r is None:
+            return None
         k = _key(r)
         if k not in values:
             f = r.get('stats_file')
@@ -671,19 +700,26 @@ def add_intervals(data: Dict[str, object], out_dir: str, replicates: int = 1000,
                 keys = tuple(keys)
                 if keys not in weights:
                     weights[keys] = S.bootstrap_weights(len(keys), replicates, seed)
-                values[k] = (S.mean_over_seeds(per_seed, weights[keys]), keys)
+                point = float(S.mean_over_seeds(per_seed, np.ones((1, len(keys))))[0])
+                values[k] = (S.mean_over_seeds(per_seed, weights[keys]), keys, point)
         return values[k]
 
     for r in rows:
-        r['ci_low'] = r['ci_high'] = r['drop_ci_low'] = r['drop_ci_high'] = None
+        for f in ('ci_low', 'ci_high', 'drop_ci_low', 'drop_ci_high', 'relative_drop',
+                  'relative_drop_ci_low', 'relative_drop_ci_high'):
+            r[f] = None
         v = vals(r)
         if v is None:
             continue
         r['ci_low'], r['ci_high'] = S.interval(v[0], level)
         z = _zero_of(rows, r)
-        v0 = vals(z) if z is not None else None
-        if v0 is not None and v0[1] == v[1]:
+        v0 = vals(z)
+        if v0 is not None and v0[1] == v[1] and v0[2] != 0:
             r['drop_ci_low'], r['drop_ci_high'] = S.interval(v[0] - v0[0], level)
+            r['relative_drop'] = round(100 * (v[2] - v0[2]) / v0[2], 4)
+            with np.errstate(invalid='ignore', divide='ignore'):
+                rel = 100 * (v[0] - v0[0]) / v0[0]
+            r['relative_drop_ci_low'], r['relative_drop_ci_high'] = S.interval(rel, level)
     order = list((data.get('meta') or {}).get('models') or [])
     models = list(dict.fromkeys(order + [r['model'] for r in rows]))
     models = [m for m in models if any(r['model'] == m for r in rows)]
@@ -698,8 +734,7 @@ def add_intervals(data: Dict[str, object], out_dir: str, replicates: int = 1000,
                 if rb is None or rb.get('drop') is None:
                     continue
                 va, vb = vals(ra), vals(rb)
-                za, zb = _zero_of(rows, ra), _zero_of(rows, rb)
-                v0a, v0b = vals(za), vals(zb)
+                v0a, v0b = vals(_zero_of(rows, ra)), vals(_zero_of(rows, rb))
                 if None in (va, vb, v0a, v0b) or len({va[1], vb[1], v0a[1], v0b[1]}) != 1:
                     continue      # not the same images: no paired difference
                 diff = (va[0] - v0a[0]) - (vb[0] - v0b[0])
@@ -710,42 +745,41 @@ def add_intervals(data: Dict[str, object], out_dir: str, replicates: int = 1000,
                     precision=ra.get('precision', 'fp32'), metric_name=ra['metric_name'],
                     drop_a=ra['drop'], drop_b=rb['drop'], paired_difference=d,
                     difference_ci_low=lo, difference_ci_high=hi,
-                    reading=_reading(a, b, lo, hi)))
+                    relative_drop_a=ra.get('relative_drop'),
+                    relative_drop_b=rb.get('relative_drop'),
+                    reading=_reading(a, b, lo, hi), basis='images (one checkpoint each)'))
     data['paired_differences'] = pairs
-    groups = (data.get('meta') or {}).get('groups')
-    if groups:
-        _group_intervals(data, groups, vals, replicates, level, seed)
+    meta = data.get('meta') or {}
+    groups = meta.get('groups') or {m: m for m in models}
+    _group_verdicts(data, groups, vals, level, meta.get('margin'))
 
 
-def _group_intervals(data, groups: Dict[str, str], vals, replicates: int, level: float,
-                     seed: int) -> None:
-    """``group_results``: per group of models (e.g. one architecture trained with several
-    seeds), method, ratio and precision, the mean metric and mean drop over the group's models,
-    with intervals from a two-level bootstrap: each replicate draws the group's models with
-    replacement *and* the images (the same image draw for every group, so differences stay
-    paired over images); ``group_paired_differences``: the difference of two groups' mean
-    drops with its interval."""
+def _group_verdicts(data, groups: Dict[str, str], vals, level: float,
+                    margin: Optional[float]) -> None:
+    """Per architecture (a group of checkpoints, e.g. one per training seed) and cell: the
+    mean metric, drop and relative drop over its checkpoints with intervals over training seeds
+    and images (``group_results``, :func:`amvim_mm.analysis.verdicts.estimate`); per pair of
+    architectures and cell the difference of their drops with its verdict
+    (``group_paired_differences``, :func:`~amvim_mm.analysis.verdicts.compare`, Holm over all
+    cells shown); per architecture and method the robustness AUC, the mean drop over the
+    kept-token range (``group_auc``), and per pair its difference with a verdict
+    (``group_auc_differences``, Holm over those). ``margin`` (None: the metric's default)
+    is the equivalence margin of the drops and AUCs."""
     import numpy as np
 
-    from amvim_mm.analysis import stats as S
+    from amvim_mm.analysis import verdicts as V
     rows = data['results']
-    order = list(dict.fromkeys(groups[m] for m in (data['meta'].get('models') or groups)
-                               if m in groups))
-    members = {g: [m for m in (data['meta'].get('models') or groups) if groups.get(m) == g]
-               for g in order}
-    rng = np.random.default_rng(seed + 1)
-    draws = {g: rng.integers(0, len(ms), size=(replicates, len(ms))) for g, ms in members.items()}
+    models = data['meta'].get('models') or list(groups)
+    order = list(dict.fromkeys(groups[m] for m in models if m in groups))
+    members = {g: [m for m in models if groups.get(m) == g] for g in order}
     cells = sorted({_key(r)[1:] for r in rows if r['model'] in groups})
-    out, boot = [], {}
+    out, per = [], {}
     for g in order:
         for cell in cells:
             rs = [next((r for r in rows if r['model'] == m and _key(r)[1:] == cell), None)
                   for m in members[g]]
             if any(r is None for r in rs):
                 continue
-            zs = [_zero_of(rows, r) for r in rs]
-            vs = [vals(r) for r in rs]
-            v0s = [vals(z) if z is not None else None for z in zs]
             entry = dict(group=g, models=members[g], method=cell[0], ratio=cell[1],
                          precision=cell[2], metric_name=rs[0]['metric_name'],
                          realised_ratio=rs[0]['realised_ratio'], gflops=rs[0]['gflops'],
@@ -753,40 +787,148 @@ def _group_intervals(data, groups: Dict[str, str], vals, replicates: int, level:
                          metric_models=[r['metric'] for r in rs],
                          drop=(None if any(r.get('drop') is None for r in rs) else
                                round(float(np.mean([r['drop'] for r in rs])), 4)),
-                         ci_low=None, ci_high=None, drop_ci_low=None, drop_ci_high=None)
+                         ci_low=None, ci_high=None, drop_ci_low=None, drop_ci_high=None,
+                         relative_drop=None, relative_drop_ci_low=None,
+                         relative_drop_ci_high=None, basis=None)
+            vs = [vals(r) for r in rs]
+            v0s = [vals(_zero_of(rows, r)) for r in rs]
             keys = {v[1] for v in vs + v0s if v is not None}
             if None not in vs and len(keys) == 1:
-                d = draws[g]
-                V = np.stack([v[0] for v in vs])                        # (S, R)
-                cols = np.arange(V.shape[1])
-                pick = lambda A: np.mean(A[d.T, cols], axis=0)          # noqa: E731
-                entry['ci_low'], entry['ci_high'] = S.interval(pick(V), level)
+                X, B = np.array([v[2] for v in vs]), np.stack([v[0] for v in vs])
+                est = V.estimate(X, B, level)
+                entry.update(metric=round(est['value'], 4), ci_low=round(est['ci_low'], 4),
+                             ci_high=round(est['ci_high'], 4), basis=est['basis'])
                 if None not in v0s:
-                    D = V - np.stack([v[0] for v in v0s])
-                    entry['drop_ci_low'], entry['drop_ci_high'] = S.interval(pick(D), level)
-                    boot[(g, cell)] = (pick(D), next(iter(keys)))
+                    X0, B0 = np.array([v[2] for v in v0s]), np.stack([v[0] for v in v0s])
+                    quantities = dict(drop=(X - X0, B - B0))
+                    with np.errstate(invalid='ignore', divide='ignore'):
+                        quantities['relative_drop'] = (100 * (X - X0) / X0,
+                                                       100 * (B - B0) / B0)
+                    for name, (x, b) in quantities.items():
+                        e = V.estimate(x, b, level)
+                        entry.update({name: round(e['value'], 4),
+                                      f'{name}_ci_low': round(e['ci_low'], 4),
+                                      f'{name}_ci_high': round(e['ci_high'], 4)})
+                    per[(g, cell)] = dict(quantities, metric0=(X0, B0), keys=next(iter(keys)),
+                                          kept=1.0 - float(rs[0]['realised_ratio']))
             out.append(entry)
     data['group_results'] = out
+    margin_of = (lambda name: margin) if margin else V.default_margin    # noqa: E731
     diffs = []
     for i, a in enumerate(order):
         for b in order[i + 1:]:
             for cell in cells:
-                ea = next((e for e in out if e['group'] == a and
-                           (e['method'], e['ratio'], e['precision']) == cell), None)
-                eb = next((e for e in out if e['group'] == b and
-                           (e['method'], e['ratio'], e['precision']) == cell), None)
-                if ea is None or eb is None or float(cell[1]) == 0.0 or \
-                        (a, cell) not in boot or (b, cell) not in boot or \
-                        boot[(a, cell)][1] != boot[(b, cell)][1]:
+                pa, pb = per.get((a, cell)), per.get((b, cell))
+                if float(cell[1]) == 0.0 or pa is None or pb is None or \
+                        pa['keys'] != pb['keys']:
                     continue
-                lo, hi = S.interval(boot[(a, cell)][0] - boot[(b, cell)][0], level)
-                d = round(ea['drop'] - eb['drop'], 4)
+                name = next(e['metric_name'] for e in out if e['group'] == a)
+                c = V.compare(*pa['drop'], *pb['drop'], margin=margin_of(name), level=level)
+                rel = V.compare(*pa['relative_drop'], *pb['relative_drop'], margin=1.0,
+                                level=level)
+                ea = next(e for e in out if e['group'] == a and
+                          (e['method'], e['ratio'], e['precision']) == cell)
+                eb = next(e for e in out if e['group'] == b and
+                          (e['method'], e['ratio'], e['precision']) == cell)
                 diffs.append(dict(
                     group_a=a, group_b=b, method=cell[0], ratio=cell[1], precision=cell[2],
-                    metric_name=ea['metric_name'], drop_a=ea['drop'], drop_b=eb['drop'],
-                    paired_difference=d, difference_ci_low=lo, difference_ci_high=hi,
-                    reading=_reading(a, b, lo, hi)))
+                    metric_name=name, drop_a=ea['drop'], drop_b=eb['drop'],
+                    relative_drop_a=ea['relative_drop'], relative_drop_b=eb['relative_drop'],
+                    relative_difference=round(rel['difference'], 4),
+                    relative_difference_ci_low=round(rel['ci_low'], 4),
+                    relative_difference_ci_high=round(rel['ci_high'], 4),
+                    **_rounded(c, 'paired_difference')))
+    V.decide(diffs, alpha=1 - level, key='paired_difference')
+    for d in diffs:
+        d['reading'] = _verdict_text(d)
     data['group_paired_differences'] = diffs
+    _group_auc(data, order, per, level, margin_of)
+
+
+def _rounded(c: dict, name: str) -> dict:
+    """A :func:`~amvim_mm.analysis.verdicts.compare` result as row fields (``name`` for the
+    difference)."""
+    return {name: round(c['difference'], 4), 'difference_ci_low': round(c['ci_low'], 4),
+            'difference_ci_high': round(c['ci_high'], 4), 'se': round(c['se'], 4),
+            'df': None if c['df'] is None else round(c['df'], 2), 'p': c['p'],
+            'p_equivalence': c['p_equivalence'], 'margin': c['margin'],
+            'detectable': round(c['detectable'], 4), 'basis': c['basis']}
+
+
+def _verdict_text(d: dict) -> str:
+    """One line for a verdict of :func:`~amvim_mm.analysis.verdicts.decide`."""
+    a, b = d.get('group_a'), d.get('group_b')
+    v = d['verdict']
+    if v == 'A loses less':
+        return f'{a} loses less than {b}'
+    if v == 'A loses more':
+        return f'{a} loses more than {b}'
+    if v == 'equivalent':
+        return f'equivalent within +-{d["margin"]:g}'
+    return f'inconclusive (detectable: {d["detectable"]:.3g})'
+
+
+def _group_auc(data, order: Sequence[str], per: dict, level: float, margin_of) -> None:
+    """``group_auc`` and ``group_auc_differences`` (see :func:`_group_verdicts`)."""
+    import numpy as np
+
+    from amvim_mm.analysis import verdicts as V
+    entries, curves = [], {}
+    for g in order:
+        for method, precision in sorted({(c[0], c[2]) for (gg, c) in per if gg == g}):
+            pts = sorted(((c[1], p) for (gg, c), p in per.items()
+                          if gg == g and c[0] == method and c[2] == precision
+                          and float(c[1]) > 0), key=lambda t: t[0])
+            zero = next((p for (gg, c), p in per.items() if gg == g and c[2] == precision
+                         and float(c[1]) == 0.0), None)
+            if not pts or zero is None or len({p['keys'] for _, p in pts} | {zero['keys']}) != 1:
+                continue
+            kept = [1.0] + [p['kept'] for _, p in pts]
+            X0, B0 = zero['metric0']
+            curve = dict(
+                drop=([np.zeros_like(X0)] + [p['drop'][0] for _, p in pts],
+                      [np.zeros_like(B0)] + [p['drop'][1] for _, p in pts]),
+                relative_drop=([np.zeros_like(X0)] + [p['relative_drop'][0] for _, p in pts],
+                               [np.zeros_like(B0)] + [p['relative_drop'][1] for _, p in pts]))
+            aucs = {k: (V.robustness_auc(kept, np.stack(x)), V.robustness_auc(kept, np.stack(b)))
+                    for k, (x, b) in curve.items()}
+            curves[(g, method, precision)] = (aucs, zero['keys'])
+            e_drop = V.estimate(*aucs['drop'], level)
+            e_rel = V.estimate(*aucs['relative_drop'], level)
+            entries.append(dict(
+                group=g, method=method, precision=precision,
+                metric_name=next(e['metric_name'] for e in data['group_results']
+                                 if e['group'] == g),
+                ratios=[r for r, _ in pts], kept=[round(k, 4) for k in kept],
+                auc_drop=round(e_drop['value'], 4), auc_drop_ci_low=round(e_drop['ci_low'], 4),
+                auc_drop_ci_high=round(e_drop['ci_high'], 4),
+                auc_relative_drop=round(e_rel['value'], 4),
+                auc_relative_drop_ci_low=round(e_rel['ci_low'], 4),
+                auc_relative_drop_ci_high=round(e_rel['ci_high'], 4), basis=e_drop['basis']))
+    diffs = []
+    for i, a in enumerate(order):
+        for b in order[i + 1:]:
+            for (g, method, precision), (aucs, keys) in curves.items():
+                other = curves.get((b, method, precision))
+                if g != a or other is None or other[1] != keys:
+                    continue
+                ea = next(e for e in entries if (e['group'], e['method'], e['precision']) ==
+                          (a, method, precision))
+                eb = next(e for e in entries if (e['group'], e['method'], e['precision']) ==
+                          (b, method, precision))
+                if ea['ratios'] != eb['ratios']:
+                    continue      # other ratios: the areas cover other ranges
+                c = V.compare(*aucs['drop'], *other[0]['drop'],
+                              margin=margin_of(ea['metric_name']), level=level)
+                diffs.append(dict(group_a=a, group_b=b, method=method, precision=precision,
+                                  metric_name=ea['metric_name'], auc_drop_a=ea['auc_drop'],
+                                  auc_drop_b=eb['auc_drop'],
+                                  **_rounded(c, 'auc_difference')))
+    V.decide(diffs, alpha=1 - level, key='auc_difference')
+    for d in diffs:
+        d['reading'] = _verdict_text(d)
+    data['group_auc'] = entries
+    data['group_auc_differences'] = diffs
 
 
 def _reading(a: str, b: str, lo: Optional[float], hi: Optional[float]) -> str:
@@ -874,13 +1016,14 @@ def markdown_table(data: Dict[str, object]) -> str:
 
 
 def group_table(data: Dict[str, object]) -> str:
-    """The groups' table (mean over each group's models, intervals over images and models)
-    and their paired differences; empty without groups."""
+    """The architectures' table (mean over each group's checkpoints, intervals over training
+    seeds and images; absolute and relative drops); empty without groups."""
     entries = data.get('group_results') or []
-    if not entries:
+    if not entries or not (data.get('meta') or {}).get('groups'):
         return ''
     lines = ['| group | models | method | ratio | realised | metric | mean | 95% CI | '
-             'mean drop | drop 95% CI | per model |', '|' + '---|' * 11]
+             'mean drop | drop 95% CI | relative drop % | 95% CI | per model |',
+             '|' + '---|' * 13]
     zeros = set()
     for e in entries:
         dg = _digits(e['metric_name'])
@@ -890,17 +1033,81 @@ def group_table(data: Dict[str, object]) -> str:
                 continue
             zeros.add((e['group'], e['precision']))
             method = 'none'
+        rel = e.get('relative_drop')
         lines.append(
             f"| {e['group']} | {len(e['models'])} | {method} | {e['ratio']:.2f} | "
             f"{e['realised_ratio']:.3f} | {e['metric_name']} | {e['metric']:.{dg}f} | "
             f"{_fmt_ci(e['ci_low'], e['ci_high'], dg)} | "
             f"{'' if e['drop'] is None else format(e['drop'], f'+.{dg}f')} | "
             f"{_fmt_ci(e['drop_ci_low'], e['drop_ci_high'], dg)} | "
+            f"{'' if rel is None else format(rel, '+.1f')} | "
+            f"{_fmt_ci(e.get('relative_drop_ci_low'), e.get('relative_drop_ci_high'), 1)} | "
             f"{' / '.join(format(m, f'.{dg}f') for m in e['metric_models'])} |")
-    lines += _differences_table(
-        data.get('group_paired_differences') or [], 'group_a', 'group_b',
-        'Group differences of the mean drops (A - B; > 0: A keeps more; intervals over images '
-        'and models):', precision=False)
+    return '\n'.join(lines)
+
+
+def _p(p: float) -> str:
+    return '<0.001' if p < 0.001 else f'{p:.3f}'
+
+
+def verdict_table(data: Dict[str, object]) -> str:
+    """The verdicts: the robustness AUC per architecture and method, the AUC differences of
+    every pair of architectures, then the drop differences per cell (Holm-adjusted within each
+    family; > 0: A loses less). Architectures are the groups, or the models without groups."""
+    aucs = data.get('group_auc') or []
+    auc_diffs = data.get('group_auc_differences') or []
+    diffs = data.get('group_paired_differences') or []
+    if not (aucs or diffs):
+        return ''
+    lines = []
+    if aucs:
+        name = aucs[0]['metric_name']
+        dg = _digits(name)
+        lines += [f'Robustness AUC: the mean drop of {name} over the kept-token range (no '
+                  'reduction to the largest ratio); 95 % intervals over training seeds and '
+                  'images:', '',
+                  '| architecture | method | ratios | AUC drop | 95% CI | AUC relative drop % '
+                  '| 95% CI |', '|' + '---|' * 7]
+        for e in aucs:
+            lines.append(
+                f"| {e['group']} | {e['method']} | {', '.join(f'{r:g}' for r in e['ratios'])} | "
+                f"{e['auc_drop']:+.{dg}f} | "
+                f"{_fmt_ci(e['auc_drop_ci_low'], e['auc_drop_ci_high'], dg)} | "
+                f"{e['auc_relative_drop']:+.1f} | "
+                f"{_fmt_ci(e['auc_relative_drop_ci_low'], e['auc_relative_drop_ci_high'], 1)} |")
+    if auc_diffs:
+        n, m = auc_diffs[0]['family_size'], auc_diffs[0]['margin']
+        dg = _digits(auc_diffs[0]['metric_name'])
+        lines += ['', f'AUC differences (A - B; > 0: A loses less; Holm over {n}; equivalence '
+                  f'margin +-{m:g}):', '',
+                  '| A | B | method | A - B | 95% CI | p (Holm) | detectable | verdict |',
+                  '|' + '---|' * 8]
+        for d in auc_diffs:
+            lines.append(
+                f"| {d['group_a']} | {d['group_b']} | {d['method']} | "
+                f"{d['auc_difference']:+.{dg}f} | "
+                f"{_fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg)} | "
+                f"{_p(d['p_holm'])} | {d['detectable']:.{dg}f} | {d['reading']} |")
+    if diffs:
+        n, m = diffs[0]['family_size'], diffs[0]['margin']
+        dg = _digits(diffs[0]['metric_name'])
+        lines += ['', f'Drop differences per cell (A - B; > 0: A loses less; Holm over {n}; '
+                  f'equivalence margin +-{m:g}; relative drops in % of each model\'s own '
+                  'unreduced metric):', '',
+                  '| A | B | method | ratio | drop A | drop B | A - B | 95% CI | rel. A % | '
+                  'rel. B % | p (Holm) | verdict |', '|' + '---|' * 12]
+        for d in diffs:
+            ra, rb = d.get('relative_drop_a'), d.get('relative_drop_b')
+            lines.append(
+                f"| {d['group_a']} | {d['group_b']} | {d['method']} | {d['ratio']:.2f} | "
+                f"{d['drop_a']:+.{dg}f} | {d['drop_b']:+.{dg}f} | "
+                f"{d['paired_difference']:+.{dg}f} | "
+                f"{_fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg)} | "
+                f"{'' if ra is None else format(ra, '+.1f')} | "
+                f"{'' if rb is None else format(rb, '+.1f')} | {_p(d['p_holm'])} | "
+                f"{d['reading']} |")
+    basis = (aucs or diffs)[0]['basis']
+    lines += ['', f'Intervals over {basis}.']
     return '\n'.join(lines)
 
 

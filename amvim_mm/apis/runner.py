@@ -132,3 +132,14 @@ def drop_token_reduction_hooks(cfg: Config) -> List[dict]:
     if dropped:
         cfg.custom_hooks = [h for h in hooks if not is_reduction_hook(h)]
     return dropped
+
+
+def identify_images(cfg: Config) -> None:
+    """Add ``ImageIdentityHook`` to the config's ``custom_hooks`` (once): a reducer with a
+    random choice then draws it per image, whatever the batch size (see
+    :class:`~amvim_mm.engine.hooks.ImageIdentityHook`)."""
+    hooks = list(cfg.get('custom_hooks', []) or [])
+    if not any(isinstance(h, dict) and str(h.get('type', '')).split('.')[-1] in
+               ('ImageIdentityHook', 'TokenReductionHook') for h in hooks):
+        hooks.append(dict(type='ImageIdentityHook'))
+    cfg.custom_hooks = hooks

@@ -1,7 +1,8 @@
 """mmengine hooks of amvim_mm."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import os.path as osp
+from typing import List, Optional, Sequence
 
 import torch
 from mmengine.hooks import Hook
@@ -27,8 +28,70 @@ def find_reducible_backbone(model):
                       'AMVim, LocalVim, VMamba or PlainMamba')
 
 
+def image_keys(data_batch) -> Optional[List[str]]:
+    """The identities of a test / validation batch's images (their file names; COCO's
+    ``img_id`` or the data set index where a sample has no file), or None when the batch does
+    not say (e.g. test-time augmentation's nested batches)."""
+    samples = data_batch.get('data_samples') if isinstance(data_batch, dict) else None
+    if not isinstance(samples, (list, tuple)) or not samples:
+        return None
+    keys = []
+    for sample in samples:
+        meta = getattr(sample, 'metainfo', None)
+        if not isinstance(meta, dict):
+            return None
+        if meta.get('img_path'):
+            keys.append(osp.basename(str(meta['img_path'])))
+        elif meta.get('img_id') is not None:
+            keys.append(f'img_id:{meta["img_id"]}')
+        elif meta.get('sample_idx') is not None:
+            keys.append(f'sample_idx:{meta["sample_idx"]}')
+        else:
+            return None
+    return keys
+
+
 @HOOKS.register_module()
-class TokenReductionHook(Hook):
+class ImageIdentityHook(Hook):
+    """Tell the backbone's token reducer which images each validation / test batch holds.
+
+    A reducer with a random choice (:class:`~amvim_mm.models.reduction.reducers.RandomPrune`)
+    draws it per image from ``(seed, image, block)``, so the result of an image does not depend
+    on the batch size, the order or the position; it learns the images' identities from this
+    hook (:func:`image_keys`) before every batch and forgets them after it. ``TokenReductionHook``
+    does the same; ``tools/test.py`` and ``tools/prune_eval.py`` add this hook themselves. A
+    config that puts ``RandomPrune`` on the backbone and runs with the libraries' own tools
+    should add it::
+
+        custom_hooks = [dict(type='ImageIdentityHook')]
+    """
+
+    priority = 'NORMAL'
+
+    @staticmethod
+    def _announce(runner, keys) -> None:
+        try:
+            reducer = find_reducible_backbone(runner.model).token_reducer
+        except ConfigError:      # a model without a reducible backbone: nothing to tell
+            return
+        if hasattr(reducer, 'set_image_keys'):
+            reducer.set_image_keys(keys)
+
+    def before_val_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        self._announce(runner, image_keys(data_batch))
+
+    def after_val_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        self._announce(runner, None)
+
+    def before_test_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        self._announce(runner, image_keys(data_batch))
+
+    def after_test_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        self._announce(runner, None)
+
+
+@HOOKS.register_module()
+class TokenReductionHook(ImageIdentityHook):
     """Switch token reduction on for some phases without editing the model config.
 
     Example (in a config, or with ``--cfg-options``)::
@@ -41,6 +104,9 @@ class TokenReductionHook(Hook):
             reduction off in those phases.
         phases: any of ``'train'``, ``'val'``, ``'test'``. The backbone's own setting is
             restored when the phase ends.
+
+    Like :class:`ImageIdentityHook` it tells the reducer the images of every validation and
+    test batch (random pruning draws per image).
     """
 
     priority = 'NORMAL'

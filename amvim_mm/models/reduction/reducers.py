@@ -10,10 +10,12 @@ original order. Reducers are registered in ``TOKEN_REDUCERS`` under the names ``
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+from mmengine.logging import MMLogger
 from mmengine.registry import Registry
 
 from amvim_mm.errors import ConfigError, LookupConfigError
@@ -296,33 +298,63 @@ class ToMe(TokenReducer):
         return removed, dst, None
 
 
+def mask_seed(seed: int, image: str, block: int) -> int:
+    """The generator seed of one image's random choice before one block: a hash of the
+    reducer's seed, the image's identity and the block (so the choice does not depend on the
+    batch the image is in, on its position there, or on the order of the images)."""
+    digest = hashlib.sha256(f'{seed}\0{image}\0{block}'.encode()).digest()
+    return int.from_bytes(digest[:8], 'little')
+
+
 @TOKEN_REDUCERS.register_module(name='RandomPrune')
 class RandomPrune(TokenReducer):
-    """Drop random patch tokens (same schedule as ToMe); deterministic for a given ``seed``.
+    """Drop random patch tokens (same schedule as ToMe), drawn per image.
+
+    The tokens an image loses before a block are a function of ``(seed, image, block)`` only
+    (:func:`mask_seed`): the same in a batch of 1 and of 8, in any order and position, and
+    different from image to image, so a test set sees as many masks as it has images. The
+    images' identities (their file names) come from :meth:`set_image_keys`, which
+    :class:`~amvim_mm.engine.hooks.ImageIdentityHook` (and ``TokenReductionHook``,
+    ``tools/test.py``, ``tools/prune_eval.py``) calls before every test and validation batch.
+    A forward without them falls back to the position in the batch as the identity, and the
+    log says so once.
 
     Args:
-        seed: the generator's seed, an int in [0, 2**64 - 1] (the range of
-            ``torch.Generator.manual_seed``; a float would be truncated, so it is refused).
+        seed: an int in [0, 2**64 - 1] (a float would be truncated, so it is refused).
     """
 
     def __init__(self, *args, seed: int = 0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.seed = check_number('RandomPrune', 'seed', seed, low=0, high=2 ** 64 - 1,
                                  integer=True)
-        self._gen: Optional[torch.Generator] = None
+        self.image_keys: Optional[List[str]] = None
+        self._warned = False
 
-    def start(self) -> None:
-        """Called at the start of every forward: the same seed gives the same choices."""
-        self._gen = torch.Generator().manual_seed(self.seed)
+    def set_image_keys(self, keys: Optional[Sequence[str]]) -> None:
+        """The identities of the next forwards' images, one per sample (None: unknown)."""
+        self.image_keys = None if keys is None else [str(k) for k in keys]
+
+    def _keys(self, batch: int) -> List[str]:
+        keys = self.image_keys
+        if keys is not None and len(keys) == batch:
+            return keys
+        if not self._warned:
+            self._warned = True
+            MMLogger.get_current_instance().warning(
+                f'RandomPrune: the identities of the {batch} images of this forward are '
+                f'unknown ({"none given" if keys is None else f"{len(keys)} given"}); their '
+                'masks follow their position in the batch. Use TokenReductionHook, '
+                'ImageIdentityHook or set_image_keys for masks per image.')
+        return [f'#{b}' for b in range(batch)]
 
     def select(self, block, k, stream, ctx, layer):
         idx = _patch_indices(ctx)
         B, n = idx.shape
         if k >= n:
             raise ConfigError(f'RandomPrune: cannot drop {k} of {n} tokens before block {block}')
-        if self._gen is None:
-            self.start()
-        noise = torch.rand(B, n, generator=self._gen)   # CPU stream: same choices on any device
+        # CPU generators: the same choices on any device
+        noise = torch.stack([torch.rand(n, generator=torch.Generator().manual_seed(
+            mask_seed(self.seed, key, block))) for key in self._keys(B)])
         if idx.is_cuda:
             noise = noise.pin_memory().to(idx.device, non_blocking=True)
         else:

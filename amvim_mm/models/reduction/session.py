@@ -53,8 +53,6 @@ class ReductionSession:
             if steps:
                 self.removals, self.steps = removals, frozenset(steps)
                 ctx = init_reduction_state(ctx, hidden.shape[0], hidden.device)
-                if hasattr(reducer, 'start'):
-                    reducer.start()
         #: the context of the current sequence (after the last step)
         self.ctx = ctx
 
