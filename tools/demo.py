@@ -2,19 +2,21 @@
 
 Three tasks on the built-in toy shapes (segmentation: mIoU, detection: COCO box AP,
 classification: top-1), each with a Vim and an AMVim demo model (and, for segmentation, a
-PlainMamba one) trained with three seeds; no downloads.
+PlainMamba one) trained with five seeds; no downloads.
 Steps (each shown as it runs):
   1. check the environment;
   2. generate the three versions of the toy-shapes data (cached in data/);
-  3. take the 21 demo checkpoints that the project's own demo training produced
+  3. take the 35 demo checkpoints that the project's own demo training produced
      (checkpoints/demo, checked against checkpoints/demo/SHA256SUMS), or train the missing ones
      with tools/train.py (an interrupted training resumes; --train retrains all; about 6-9 min
      each on one core);
   4. run tools/prune_eval.py per task on its checkpoints with ToMe, random pruning (three
-     seeds), EViT and ToP at ratios 0 / 0.27 / 0.46, and print per task the table of the
-     architectures (mean over their three training seeds, 95 % intervals over images and
-     seeds) and each one's paired drop difference to Vim; JSON, per-checkpoint tables and
-     plots go to --out-dir (default outputs/demo), a summary to OUT/summary.md.
+     pruning seeds, masks drawn per image), EViT and ToP at ratios 0 / 0.27 / 0.46, and print
+     per task the robustness AUC of every architecture with each one's difference to Vim and
+     its verdict, then the table per cell (mean over the five training seeds, 95 % intervals
+     over seeds and images, absolute and relative drops, differences to Vim with Holm-adjusted
+     verdicts; docs/statistics.md); JSON, per-checkpoint tables and plots go to --out-dir
+     (default outputs/demo), a summary to OUT/summary.md.
 
     python tools/demo.py [--train] [--jobs N] [--out-dir DIR] [--quick]
 
@@ -40,7 +42,10 @@ import warnings
 
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-SEEDS = (0, 1, 2)
+#: training seeds per architecture
+SEEDS = (0, 1, 2, 3, 4)
+#: random pruning's seeds (an image's value is its mean over them)
+PRUNING_SEEDS = (0, 1, 2)
 # task -> (data root, generator name, its sizes, metric, models: (name, config))
 TASKS = {
     'segmentation': ('data/toy_shapes', 'make_toy_shapes', dict(num_train=400, num_val=100),
@@ -150,19 +155,57 @@ def ckpt_path(name: str, seed: int) -> str:
     return osp.join(CKPT_DIR, f'{name}-seed{seed}_toyshapes-64x64.pth')
 
 
-def comparison_table(data: dict, groups, metric: str) -> str:
-    """The task's table: every architecture's mean over its training seeds with the 95 %
-    interval over images and seeds, their drops, and each other architecture's drop minus the
-    first one's (Vim's) with its paired interval (> 0: that architecture keeps more)."""
+def _ci(lo, hi, dg: int) -> str:
+    return '' if lo is None else f'[{lo:.{dg}f}, {hi:.{dg}f}]'
+
+
+def _other_minus_first(d: dict, dg: int) -> str:
+    """A verdict row of prune_eval (first architecture A minus another B) as B - A."""
+    return (f"{-d[_value(d)]:+.{dg}f} {_ci(-d['difference_ci_high'], -d['difference_ci_low'], dg)}"
+            f" {d['reading']}")
+
+
+def _value(d: dict) -> str:
+    return 'auc_difference' if 'auc_difference' in d else 'paired_difference'
+
+
+def auc_table(data: dict, groups, metric: str) -> str:
+    """Per method: every architecture's robustness AUC (mean drop over the kept-token range,
+    interval over training seeds and images) and each other architecture's AUC minus the first
+    one's (Vim's) with its Holm-adjusted verdict."""
     a, others = groups[0], list(groups[1:])
-    det = metric == 'box AP'
-    dg = 3 if det else 2
-    ci = lambda lo, hi: '' if lo is None else f'[{lo:.{dg}f}, {hi:.{dg}f}]'  # noqa: E731
+    dg = 3 if metric == 'box AP' else 2
+    aucs = {(e['group'], e['method']): e for e in data.get('group_auc') or []}
+    diffs = {(d['group_b'], d['method']): d for d in data.get('group_auc_differences') or []
+             if d['group_a'] == a}
+    head = (['method'] + [f'{g} AUC drop [95% CI]' for g in groups]
+            + [f'{g} - {a} [95% CI] verdict' for g in others])
+    lines = ['| ' + ' | '.join(head) + ' |', '|---' * len(head) + '|']
+    for method in sorted({m for (_, m) in aucs}):
+        es = [aucs.get((g, method)) for g in groups]
+        if any(e is None for e in es):
+            continue
+        cells = [method] + [f"{e['auc_drop']:+.{dg}f} "
+                            f"{_ci(e['auc_drop_ci_low'], e['auc_drop_ci_high'], dg)}" for e in es]
+        cells += ['' if diffs.get((g, method)) is None else
+                  _other_minus_first(diffs[(g, method)], dg) for g in others]
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)
+
+
+def comparison_table(data: dict, groups, metric: str) -> str:
+    """The task's table per cell: every architecture's mean over its training seeds with the
+    95 % interval over seeds and images, its drop and relative drop (% of its own unreduced
+    metric), and each other architecture's drop minus the first one's (Vim's) with its
+    interval and Holm-adjusted verdict (> 0: that architecture loses less)."""
+    a, others = groups[0], list(groups[1:])
+    dg = 3 if metric == 'box AP' else 2
     entries = {(e['group'], e['method'], e['ratio']): e for e in data['group_results']}
     diffs = {(d['group_b'], d['method'], d['ratio']): d
              for d in data['group_paired_differences'] if d['group_a'] == a}
     head = (['method', 'ratio', 'realised'] + [f'{g} {metric} [95% CI]' for g in groups]
-            + [f'{g} drop' for g in groups] + [f'{g} - {a} drop [95% CI]' for g in others])
+            + [f'{g} drop (rel. %)' for g in groups]
+            + [f'{g} - {a} drop [95% CI] verdict' for g in others])
     lines = ['| ' + ' | '.join(head) + ' |', '|---' * len(head) + '|']
     keys = sorted({(m, r) for (_, m, r) in entries}, key=lambda k: (k[1] != 0, k[0], k[1]))
     shown_zero = False
@@ -175,13 +218,12 @@ def comparison_table(data: dict, groups, metric: str) -> str:
                 continue
             shown_zero, method = True, 'none'
         cells = [method, f'{ratio:.2f}', f"{es[0]['realised_ratio']:.3f}"]
-        cells += [f"{e['metric']:.{dg}f} {ci(e['ci_low'], e['ci_high'])}" for e in es]
-        cells += [f"{e['drop']:+.{dg}f}" for e in es]
-        for g in others:
-            d = diffs.get((g, method, ratio))
-            cells.append('' if d is None else
-                         f"{-d['paired_difference']:+.{dg}f} "
-                         f"{ci(-d['difference_ci_high'], -d['difference_ci_low'])}")
+        cells += [f"{e['metric']:.{dg}f} {_ci(e['ci_low'], e['ci_high'], dg)}" for e in es]
+        cells += [f"{e['drop']:+.{dg}f} ({e['relative_drop']:+.1f})"
+                  if e.get('relative_drop') is not None else f"{e['drop']:+.{dg}f}"
+                  for e in es]
+        cells += ['' if diffs.get((g, method, ratio)) is None else
+                  _other_minus_first(diffs[(g, method, ratio)], dg) for g in others]
         lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
 
@@ -291,7 +333,7 @@ def main(argv=None) -> int:
                 groups.append(name)
         out = osp.join(args.out_dir, task)
         pe_args += ['--methods', *methods, '--ratios', *ratios, '--out-dir', out,
-                    '--names', *names, '--groups', *groups, '--seeds', *map(str, SEEDS),
+                    '--names', *names, '--groups', *groups, '--seeds', *map(str, PRUNING_SEEDS),
                     # --quick's cells take a second or two: a worker's start-up costs more
                     '--threads', str(cores), '--jobs', '1' if args.quick else str(cores),
                     '--cfg-options', *opts[task][1:]]
@@ -313,10 +355,15 @@ def main(argv=None) -> int:
             return rc
         from amvim_mm.apis.prune_eval import group_table, load_results
         data = load_results(osp.join(out, 'results.json'))
-        table = comparison_table(data, [n for n, _ in models], metric)
-        print(table + f'\n   (all rows, per checkpoint and per group: {log})', flush=True)
-        summary += [f'## {task} ({metric})', '', table, '', '<details><summary>per group'
-                    '</summary>', '', group_table(data), '', '</details>', '']
+        groups = [n for n, _ in models]
+        aucs, table = auc_table(data, groups, metric), comparison_table(data, groups, metric)
+        print(aucs + '\n\n' + table + f'\n   (all rows, per checkpoint and per group: {log})',
+              flush=True)
+        summary += [f'## {task} ({metric})', '', 'Robustness AUC (mean drop over the kept-token '
+                    'range; verdicts Holm-adjusted over the AUC comparisons):', '', aucs, '',
+                    'Per cell (verdicts Holm-adjusted over all cells):', '', table, '',
+                    '<details><summary>per group</summary>', '', group_table(data), '',
+                    '</details>', '']
     from amvim_mm.engine.fileio import atomic_write_bytes
     atomic_write_bytes('\n'.join(summary).encode(), osp.join(args.out_dir, 'summary.md'))
     print(f'\ndemo finished in {time.time() - t0:.0f} s; outputs in {osp.abspath(args.out_dir)} '
