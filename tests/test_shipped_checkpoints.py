@@ -52,7 +52,13 @@ def flip_bit(src: str, dst: str, member: str = 'data/1') -> None:
 def test_shipped_checkpoints_carry_the_hash_of_their_weights():
     demo = _demo_tool()
     files = sorted(glob.glob(osp.join(CKPT_DIR, '*.pth')))
-    assert len(files) == 27
+    # every demo checkpoint the demo takes (each task's models x their training seeds) is
+    # shipped, plus the learned-reducer demo's (Vim and AMVim, seeds 0-2)
+    wanted = {osp.basename(demo.ckpt_path(name, seed)) for task, (*_, models) in
+              demo.TASKS.items() for name, _ in models for seed in demo.SEEDS[task]}
+    wanted |= {f'{a}-demo-dynamicvit-seed{s}_toyshapes-64x64.pth' for a in ('vim', 'amvim')
+               for s in (0, 1, 2)}
+    assert [osp.basename(f) for f in files] == sorted(wanted)
     sums = demo.read_sums()
     assert sorted(sums) == [osp.basename(f) for f in files]
     for path in files:
