@@ -99,7 +99,7 @@ def vim_family_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
     cls = int(model.with_cls_token)
     counted = [0] + list(removals[:-1]) if count_after_merge else removals
     tokens = ReductionSchedule.token_counts(counted, M, cls_token=bool(cls))
-    if getattr(reducer, 'dynamic', False):
+    if reducer is not None and reducer.dynamic:
         # counts that depend on the image (LTMP): the means over the images it evaluated
         tokens = list(reducer.mean_tokens())
         present = [t - cls for t in tokens]

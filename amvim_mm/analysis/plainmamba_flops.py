@@ -70,7 +70,7 @@ def plainmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
     removals, counts, realised = [0] * depth, [M] * depth, 0.0
     if reducer is not None:
         removals, counts, realised = reducer.token_plan(M, depth)
-    if getattr(reducer, 'dynamic', False):   # per-image counts (LTMP): the evaluated mean
+    if reducer is not None and reducer.dynamic:   # per-image counts (LTMP): the evaluated mean
         counts = list(reducer.mean_tokens())
         removals = [p0 - p1 for p0, p1 in zip([M] + counts[:-1], counts)]
         realised = sum(M - c for c in counts) / (depth * M)

@@ -93,7 +93,7 @@ def vmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
         counts = [M] * depth
         if i == s and reducer is not None:
             removals, counts, realised = reducer.token_plan(M, depth)
-            if getattr(reducer, 'dynamic', False):   # per-image counts: the evaluated mean
+            if reducer.dynamic:   # per-image counts: the evaluated mean
                 counts = list(reducer.mean_tokens())
                 removals = [p0 - p1 for p0, p1 in zip([M] + counts[:-1], counts)]
                 realised = sum(M - c for c in counts) / (depth * M)

@@ -570,7 +570,7 @@ class _Cell:
                     zero.get('gflops_convention') == self.flops_convention:
                 return dict(zero, method=method, protocol=proto)
         M, depth = bb.reduction_domain()
-        dynamic = method == LEARNED and getattr(self.learned, 'dynamic', False)
+        dynamic = method == LEARNED and self.learned is not None and self.learned.dynamic
         if dynamic:       # per-image counts (LTMP): the ratio is known after the evaluation
             self.learned.reset_observed()
             ratio = 0.5   # a placeholder > 0 for the seed rule; replaced below

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from amvim_mm.errors import ConfigError
+from amvim_mm.models.reduction.reducers import TokenReducer
 from amvim_mm.models.reduction.schedule import ReductionSchedule
 
 #: method name of the tools -> reducer type (``learned``: the config's own learned reducer)
@@ -88,7 +89,7 @@ def cell_reducer(backbone, method: str, ratio: Optional[float],
 def learned_reducer(backbone):
     """The backbone's current reducer if it is a learned one (the config's), else None."""
     reducer = getattr(backbone, 'token_reducer', None)
-    return reducer if getattr(reducer, 'learned', False) else None
+    return reducer if isinstance(reducer, TokenReducer) and reducer.learned else None
 
 
 def config_has_learned_reducer(cfg) -> bool:
@@ -100,4 +101,4 @@ def config_has_learned_reducer(cfg) -> bool:
     red = backbone.get('token_reduction') if isinstance(backbone, dict) else None
     cls = TOKEN_REDUCERS.get(red.get('type')) if isinstance(red, dict) and \
         isinstance(red.get('type'), str) else None
-    return bool(getattr(cls, 'learned', False))
+    return cls is not None and cls.learned

@@ -70,7 +70,7 @@ class ReducerFineTuner(BaseModel):
             raise ConfigError('ReducerFineTuner: the backbone needs token_reduction=dict(type='
                               "'DynamicViT', ...) (a learned reducer)")
         self.student = MODELS.build(copy.deepcopy(model))
-        if not getattr(self.backbone.token_reducer, 'learned', False):
+        if self.backbone.token_reducer is None or not self.backbone.token_reducer.learned:
             raise ConfigError(f'ReducerFineTuner: {red.get("type")!r} is not a learned reducer '
                               '(DynamicViT); training-free reducers need no fine-tuner')
         self.data_preprocessor = self.student.data_preprocessor

@@ -128,8 +128,7 @@ class InferenceGraphs:
         reducer = getattr(module, 'token_reducer', None)
         if reducer is not None:
             name = type(reducer).__name__
-            if name not in GRAPH_SAFE_REDUCERS or getattr(reducer, 'dynamic', False) or \
-                    getattr(reducer, 'learned', False):
+            if name not in GRAPH_SAFE_REDUCERS or reducer.dynamic or reducer.learned:
                 return f'token reducer {name} is not on the graph allow-list'
         hooked = (survey or _survey(module))[0]
         return None if hooked is None else f'forward hooks on {hooked}'

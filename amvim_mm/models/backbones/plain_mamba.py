@@ -786,7 +786,7 @@ class PlainMamba(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule
             pos = resize_pos_embed(pos, self.patch_resolution, grid, with_cls_token=False)
         x = self.drop_after_pos(x + pos)
         ctx = ScanContext(grid, cls_index=NO_CLS, device=x.device)
-        if self.training and getattr(red, 'learned', False):
+        if self.training and red is not None and red.learned:
             return self._forward_masked(x, ctx)
         session = ReductionSession(self.token_reducer, ctx, x, self.num_layers, self.training)
         outs, counts = [], []
@@ -798,7 +798,7 @@ class PlainMamba(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule
                 outs.append(self._output(i, x, session.ctx))
         self.token_counts = counts
         self.last_context = session.ctx if self.token_reducer is not None else None
-        if getattr(self.token_reducer, 'dynamic', False):
+        if self.token_reducer is not None and self.token_reducer.dynamic:
             self.token_reducer.observe(counts)
         return tuple(outs)
 

@@ -518,7 +518,7 @@ class VimFamilyBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, Bas
             return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        if self.training and getattr(self.token_reducer, 'learned', False):
+        if self.training and self.token_reducer is not None and self.token_reducer.learned:
             return self._forward_masked(x)
         if self.runs_per_image(x):
             return self.forward_per_image(x)
@@ -534,7 +534,7 @@ class VimFamilyBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, Bas
             if i in self.out_indices:
                 outs.append(self.block_output(i, hidden, residual, session.ctx))
         self.token_counts, self.last_context = counts, session.ctx
-        if getattr(self.token_reducer, 'dynamic', False):
+        if self.token_reducer is not None and self.token_reducer.dynamic:
             self.token_reducer.observe(counts)        # per-image counts (FLOPs are means)
         if self.record_final_stream:
             self.final_stream = residual + hidden

@@ -523,7 +523,7 @@ class VMamba(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule):
         tokens = x.reshape(B, H * W, C)
         ctx = ScanContext((H, W), cls_index=NO_CLS, device=x.device)
         reducer = self.token_reducer if i == self.reduction_stage else None
-        if self.training and getattr(reducer, 'learned', False):
+        if self.training and reducer is not None and reducer.learned:
             return self._run_stage_masked(i, tokens, ctx, counts).reshape(B, H, W, C)
         session = ReductionSession(reducer, ctx, tokens, self.depths[i], self.training)
         for j, blk in enumerate(self.layers[i].blocks):
@@ -588,7 +588,7 @@ class VMamba(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule):
                     outs.append(self.classifier.norm(x).mean((1, 2)))
             x = layer.downsample(x)
         self.token_counts = counts
-        if getattr(red, 'dynamic', False) and not self.training:
+        if red is not None and red.dynamic and not self.training:
             s = self.reduction_stage
             red.observe(counts[sum(self.depths[:s]):sum(self.depths[:s + 1])])
         return tuple(outs)

@@ -68,9 +68,8 @@ class LearnedReducer(nn.Module, TokenReducer):
     """
 
     learned = True
-    #: the number of tokens removed depends on the image (thresholds): inference then runs
-    #: image by image (see ``VimFamilyBackbone.forward``) and the session asks :meth:`step`
-    #: before every block of :meth:`decision_blocks`
+    #: dynamic reducers: the session asks :meth:`step` before every block of
+    #: :meth:`decision_blocks` (inference image by image, see ``VimFamilyBackbone.forward``)
     dynamic = False
 
     def __init__(self, **schedule) -> None:

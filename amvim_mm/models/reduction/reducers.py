@@ -100,6 +100,11 @@ class TokenReducer:
     :mod:`amvim_mm.models.reduction.schedule`.
     """
 
+    #: trained with the backbone (DynamicViT, LTMP): a masked training forward, a fine-tuner
+    learned: bool = False
+    #: the number of tokens removed depends on the image (thresholds): inference runs image by
+    #: image and the token counts are means over the evaluated images (FLOPs)
+    dynamic: bool = False
     #: reducers that rank tokens by the ToP importance of the previous block's mixer
     needs_importance = False
     #: hidden-state alignment mode for the later blocks (None: off)

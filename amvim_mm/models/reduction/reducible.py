@@ -36,7 +36,7 @@ class ReducibleBackbone:
         """Switch token reduction on (a config dict or reducer) or off (``None``); the
         schedule is validated for ``img_size`` now, not at the first forward."""
         reducer = build_reducer(cfg)
-        if getattr(reducer, 'learned', False) and not self.supports_learned_reduction:
+        if reducer is not None and reducer.learned and not self.supports_learned_reduction:
             raise ConfigError(
                 f'{type(self).__name__}: the learned reducer {type(reducer).__name__} needs a '
                 'masked training forward, which the Vim family (Vim, AMVim, LocalVim) and '
@@ -48,7 +48,7 @@ class ReducibleBackbone:
             except ConfigError as e:
                 raise type(e)(f'{e} [{type(self).__name__} img_size={self.img_size}: '
                               f'{self.reduction_domain_note(M, depth)}]') from None
-            if getattr(reducer, 'learned', False):
+            if reducer.learned:
                 reducer.bind(self)
         self.swap_token_reducer(reducer)
 

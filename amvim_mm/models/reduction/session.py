@@ -45,7 +45,7 @@ class ReductionSession:
             M = ctx.grid[0] * ctx.grid[1]
             removals = reducer.removals(M, depth)
             steps = {i for i, k in enumerate(removals) if k}
-            if getattr(reducer, 'dynamic', False):
+            if reducer.dynamic:
                 if hidden.shape[0] != 1:
                     raise ConfigError(f'{type(reducer).__name__} removes a number of tokens that '
                                       'depends on the image: run it one image at a time')
