@@ -5,8 +5,8 @@ of a ``@triton.jit`` helper from inside a kernel (``InterpretedFunction.__call__
 ``_patch_lang``, which walks every member of ``tl``, ``tl.core``, ``tl.tensor`` and ``tl.math``
 with ``inspect.getmembers``), although the kernel's own launch has patched the same modules for
 the whole grid already. Our kernels call small helpers (the exp2 polynomial, the scan's
-combine, ...) tens of thousands of times, so that walk was about a fifth of an interpreter
-test's time.
+combine, ...) tens of thousands of times, so that walk took a large share of an interpreter
+test's time (measured in ``benchmarks/README.md``).
 
 :func:`install` makes a helper's patch a no-op while a kernel launch (``GridExecutor``) that
 already patched every language module the helper sees is running; anything else (a helper

@@ -26,8 +26,8 @@ registered under their names in those libraries' registries.
    mmpretrain ``ImageClassifier`` (``backbone.*``, ``head.fc.*``), so it loads right; a
    segmentor or detector refuses it (see ``VimFamilyBackbone._check_loaded``).
 3. **mmengine 0.10.7 parses every metafile of mmseg / mmdet / mmpretrain for each
-   ``package::`` base of a config** (and reloads ``pkg_resources`` each time): about 0.45 s of a
-   0.5 s config load. :func:`amvim_mm.utils.config_lookup.cached_package_lookups`, used by
+   ``package::`` base of a config** (and reloads ``pkg_resources`` each time): most of a config
+   load's time. :func:`amvim_mm.utils.config_lookup.cached_package_lookups`, used by
    ``load_config``, swaps those two lookups for cached ones for the duration of one parse (the
    one place in the package where another library's functions are replaced, and only inside
    that block; the tests' Triton-interpreter shortcut in ``amvim_mm.testing`` is the other).

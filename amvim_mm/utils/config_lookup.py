@@ -3,11 +3,11 @@
 
 mmengine 0.10.7 resolves every ``mmseg::`` / ``mmdet::`` / ``mmpretrain::`` base of a config by
 parsing *all* the package's ``metafile.yml`` files with the pure-Python YAML loader
-(``mmengine.config.utils._get_cfg_metainfo``, about 76 files for mmseg, 0.2 s), and a base under
+(``mmengine.config.utils._get_cfg_metainfo``, every metafile of mmseg), and a base under
 ``_base_/`` is not even in them: the lookup fails and falls back to the plain path. It also
 reloads ``pkg_resources`` for every such base (``is_installed``). Our configs pull three or
-four bases from the libraries, so one ``load_config`` spent about 0.45 s of its 0.5 s there, in
-every tool start and every config test.
+four bases from the libraries, so one ``load_config`` spent most of its time there, in every
+tool start and every config test.
 
 :func:`cached_package_lookups` replaces those two functions for the duration of one parse with
 versions that read each package's index once per process (same results and the same
