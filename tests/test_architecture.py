@@ -1,0 +1,95 @@
+"""The architecture's acceptance check (issue 36): sizes a reader can hold in mind, one protocol
+for reducers, no run numbers in the library. Import cycles: ``test_structure.py``."""
+import ast
+import pathlib
+import re
+
+import amvim_mm
+
+PACKAGE = pathlib.Path(amvim_mm.__file__).parent
+REPO = PACKAGE.parent
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+MAX_README_LINES = 250
+
+
+def _sources(*roots):
+    for root in roots:
+        yield from sorted((REPO / root).rglob('*.py'))
+
+
+def _is_kernel_file(path: pathlib.Path) -> bool:
+    """Triton kernels (``ops/_*_kernels.py``, undecorated so that Triton's interpreter runs
+    them) are exempt from the function-length rule: a kernel is one launch."""
+    return path.parent.name == 'ops' and path.name.startswith('_') and \
+        path.name.endswith('_kernels.py')
+
+
+def test_readme_is_short():
+    n = len((REPO / 'README.md').read_text().splitlines())
+    assert n <= MAX_README_LINES, f'README.md has {n} lines (at most {MAX_README_LINES})'
+
+
+def test_no_module_over_the_limit():
+    long = {str(p.relative_to(REPO)): n for p in _sources('amvim_mm')
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f'modules over {MAX_MODULE_LINES} lines: {long}'
+
+
+def test_no_function_over_the_limit():
+    long = []
+    for path in _sources('amvim_mm', 'tools'):
+        if _is_kernel_file(path):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f'{path.relative_to(REPO)}:{node.lineno} {node.name} ({n})')
+    assert not long, f'functions over {MAX_FUNCTION_LINES} lines: {long}'
+
+
+def test_reducers_declare_their_protocol():
+    """``TokenReducer`` declares ``learned`` and ``dynamic``: nobody discovers them by
+    ``getattr(..., 'learned' | 'dynamic', default)``."""
+    found = []
+    for path in _sources('amvim_mm', 'tools'):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                    node.func.id in ('getattr', 'hasattr') and len(node.args) >= 2 and \
+                    isinstance(node.args[1], ast.Constant) and \
+                    node.args[1].value in ('learned', 'dynamic'):
+                found.append(f'{path.relative_to(REPO)}:{node.lineno}')
+    assert not found, f'protocol discovered by getattr: {found}'
+    from amvim_mm.models.reduction.reducers import TOKEN_REDUCERS, TokenReducer
+    for name, cls in TOKEN_REDUCERS.module_dict.items():
+        assert issubclass(cls, TokenReducer), name
+        assert isinstance(cls.learned, bool) and isinstance(cls.dynamic, bool), name
+
+
+#: measurements quoted in prose: "3.2x", "12 us", "0.4 ms", "0.45 s", "run 43", "runs 38 and
+#: 40", "a fifth of", "several times faster"; they belong to benchmarks/README.md and
+#: benchmarks/runs/, where the command that produced them is
+RUN_NUMBER = re.compile(
+    r'\b\d+(\.\d+)?x\b(?! ?\d)|\b\d+(\.\d+)? ?(us|µs|ms)\b|\b\d+\.\d+ s\b|\bruns? \d+\b'
+    r'|\ba (fifth|third|quarter) of\b|\btimes (faster|slower)\b|\bTFLOP/s\b|\bGB/s\b')
+
+
+def test_no_run_numbers_in_the_library():
+    found = []
+    for path in _sources('amvim_mm'):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            m = RUN_NUMBER.search(line)
+            if m:
+                found.append(f'{path.relative_to(REPO)}:{i}: {m.group(0)!r}')
+    assert not found, 'run numbers in library comments (move them to benchmarks/README.md):\n' \
+        + '\n'.join(found)
+
+
+def test_the_run_number_pattern():
+    hits = ['2.4x mamba-ssm', 'takes ~0.4 ms', '61.1 / 61.3 us', 'about 0.45 s of',
+            'in run 37', 'in runs 38 and 40', 'about a fifth of an', 'several times faster']
+    misses = ['a 2x2 grid', '(B, 2E, L)', 'a 1x1 conv', '64x64 images', 'benchmarks/runs/'
+              '2026-12-01_run37', 'rms(x) over D', 'at 512 px, batch 8', 'stride 16']
+    assert [h for h in hits if not RUN_NUMBER.search(h)] == []
+    assert [m for m in misses if RUN_NUMBER.search(m)] == []
