@@ -1,6 +1,6 @@
-"""The CPU benchmark suite (amvim_mm/analysis/cpu_benchmark.py): the ratios of one run, and a
+"""The CPU benchmark suite (amvim_mm/bench/cpu.py): the ratios of one run, and a
 tiny end-to-end run (small archs, one forward per round) with every column filled."""
-from amvim_mm.analysis import cpu_benchmark as CB
+from amvim_mm.bench import cpu as CB
 
 
 def test_summary_ratios():

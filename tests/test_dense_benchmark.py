@@ -1,6 +1,7 @@
 """The dense benchmark suite (``tools/benchmark.py --suite dense``) on the CPU: the smoke run end
 to end, the fused rows in Triton's interpreter, the time budget, the argument errors, and the
 recipes it pins against the configs they come from."""
+import dataclasses
 import importlib.util
 import json
 import os
@@ -11,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from amvim_mm.analysis import dense_benchmark as DB
+from amvim_mm.bench import dense as DB
 from amvim_mm.apis.cli import run_cli
 from amvim_mm.ops import cpu_ops
 
@@ -39,8 +41,8 @@ def case_key(r):
 
 
 def planned(workloads, sizes=DB.SMOKE):
-    cases = DB.plan_cases(sizes, workloads, DB._ours_depth(sizes))
-    return {(c.workload, DB._model_name(c.model, sizes), c.impl, c.reduction_name, c.res,
+    cases = DB.plan_cases(sizes, workloads, DB.ours_depth(sizes))
+    return {(c.workload, DB.model_name(c.model, sizes), c.impl, c.reduction_name, c.res,
              c.batch) for c in cases}
 
 
@@ -126,7 +128,7 @@ def test_forced_fused_rows_in_triton_interpreter(tmp_path):
     res = json.loads((tmp_path / 'benchmark_dense.json').read_text())
     rows = res['rows']
     assert not res['skipped']
-    assert {case_key(x) for x in rows} == planned(['ade-whole'], DB.dataclasses.replace(
+    assert {case_key(x) for x in rows} == planned(['ade-whole'], dataclasses.replace(
         DB.SMOKE, whole=((64, 1), )))
     forced = [x for x in rows if x['impl'] == 'forced']
     assert len(forced) == 6
@@ -145,7 +147,7 @@ def test_budget_skips_rows_with_a_note(tmp_path):
                           root=str(ROOT), command='test', budget_s=5, smoke=True,
                           log=lambda msg: None)
     suite.deadline = time.perf_counter()          # spent
-    res = suite.run(DB.plan_cases(sizes, workloads, DB._ours_depth(sizes)))
+    res = suite.run(DB.plan_cases(sizes, workloads, DB.ours_depth(sizes)))
     assert res['rows'] == [] and len(res['skipped']) == 9
     assert all(s['reason'].startswith('time budget') for s in res['skipped'])
     md = (tmp_path / 'benchmark_dense.md').read_text()
@@ -189,7 +191,7 @@ def test_dense_options_belong_to_the_dense_suite(capsys):
 
 
 def test_dense_without_cuda_needs_smoke(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(DB.torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     rc = run_cli(lambda: _main()(['--suite', 'dense', '--out-dir', str(tmp_path)]))
     err = capsys.readouterr().err.strip()
     assert rc == 2 and 'needs a CUDA device; --smoke runs it' in err
@@ -225,10 +227,10 @@ def test_pinned_recipes_match_the_configs():
     # the dense configs' out_indices, which the peer's are scaled from
     for model in ('vim', 'amvim'):
         cfg = Config.fromfile(str(ROOT / DB.ADE_CONFIGS[model]))
-        assert tuple(cfg.model.backbone.out_indices) == DB._quarter_indices(24)
+        assert tuple(cfg.model.backbone.out_indices) == DB.quarter_indices(24)
         assert cfg.model.test_cfg.mode == 'slide'
         assert tuple(cfg.model.test_cfg.stride) == (DB.FULL.ade_stride, ) * 2
-    assert DB._quarter_indices(12) == (2, 5, 8, 11)
+    assert DB.quarter_indices(12) == (2, 5, 8, 11)
 
 
 def test_path_probe_summary():
@@ -262,7 +264,7 @@ def test_graph_mode_rows_planned_per_mode_and_skipped_without_cuda(tmp_path):
     """``infer_modes``: every inference row once per mode, training rows eager only; on the
     CPU the graph rows are skipped with the reason, the eager twins measured."""
     sizes = DB.SMOKE
-    cases = DB.plan_cases(sizes, ['ade-backbone', 'ade-train'], DB._ours_depth(sizes),
+    cases = DB.plan_cases(sizes, ['ade-backbone', 'ade-train'], DB.ours_depth(sizes),
                           infer_modes=('eager', 'graph'))
     train = [c for c in cases if c.workload == 'ade-train']
     backbone = [c for c in cases if c.workload == 'ade-backbone']
