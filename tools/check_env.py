@@ -7,7 +7,7 @@ Exits non-zero, naming the fix, when the install is broken.
 import argparse
 import sys
 
-from amvim_mm.utils.env import collect_env
+from amvim_mm.bench.environment import collect_env
 
 
 def main() -> int:

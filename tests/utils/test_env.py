@@ -3,6 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from amvim_mm.bench import environment
 from amvim_mm.utils import env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,16 +31,16 @@ def test_check_env_names_a_broken_install(monkeypatch):
 
 def test_bad_backend_env_is_a_problem(monkeypatch):
     monkeypatch.setenv('AMVIM_SCAN_BACKEND', 'fast')
-    _, problems = env.collect_env()
+    _, problems = environment.collect_env()
     assert any("unknown scan backend 'fast'" in p for p in problems)
 
 
 def test_bad_fused_env_is_a_problem(monkeypatch):
     monkeypatch.setenv('AMVIM_FUSED_MIXER', 'maybe')
-    info, problems = env.collect_env()
+    info, problems = environment.collect_env()
     assert any("AMVIM_FUSED_MIXER='maybe'" in p for p in problems)
     monkeypatch.setenv('AMVIM_FUSED_MIXER', '0')
-    info, problems = env.collect_env()
+    info, problems = environment.collect_env()
     assert info['fused mixer (inference)'].startswith('off')
 
 
@@ -50,12 +51,12 @@ def test_forced_backends_this_machine_lacks_are_problems(monkeypatch):
     from amvim_mm.ops.backends import mamba_selective_scan
     from amvim_mm.ops.fused_mixer import fused_mixer_available
     monkeypatch.setenv('AMVIM_SCAN_BACKEND', 'cuda')
-    _, problems = env.collect_env()
+    _, problems = environment.collect_env()
     usable = torch.cuda.is_available() and mamba_selective_scan()[0] is not None
     assert any('AMVIM_SCAN_BACKEND=cuda' in p for p in problems) != usable
     monkeypatch.delenv('AMVIM_SCAN_BACKEND')
     monkeypatch.setenv('AMVIM_FUSED_MIXER', '1')
-    _, problems = env.collect_env()
+    _, problems = environment.collect_env()
     assert any('AMVIM_FUSED_MIXER=1' in p for p in problems) != fused_mixer_available('cuda')[0]
 
 

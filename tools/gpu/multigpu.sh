@@ -126,7 +126,7 @@ warnings.filterwarnings('ignore')
 import torch, mmengine, mmcv, mmseg
 import mmcv.ops  # noqa: F401  (compiled ops: mmseg imports them)
 import amvim_mm  # noqa: F401
-from amvim_mm.utils.env import collect_env
+from amvim_mm.bench.environment import collect_env
 info, _ = collect_env()
 info.update(mmcv_file=mmcv.__file__, mmseg_file=mmseg.__file__)
 print(json.dumps(info))

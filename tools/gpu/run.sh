@@ -106,7 +106,7 @@ if [ -n "$mmcv_pid" ]; then
   # after the builds' installs (pip --target on the same folder: never at once)
   seg_stack_install && seg_stack_distutils
 fi
-python3 -c 'from amvim_mm.utils.env import collect_env; i, _ = collect_env(); print(i)' | tee "$OUT/env.txt"
+python3 -c 'from amvim_mm.bench.environment import collect_env; i, _ = collect_env(); print(i)' | tee "$OUT/env.txt"
 
 rc=0
 if has tests; then
@@ -134,9 +134,9 @@ has bench-train && parts+=(train)
 has bench-train-profile && parts+=(train-profile)
 extra=()
 # the official Vim code, timed beside ours in the main part when its files were carried
-# (tools/gpu/prepare.sh with OFFICIAL_VIM_GIT; amvim_mm/analysis/official_vim.py)
+# (tools/gpu/prepare.sh with OFFICIAL_VIM_GIT; amvim_mm/bench/official_vim.py)
 official=(); [ -f .official/Vim/vim/models_mamba.py ] && official=(--official-vim .official/Vim)
-# the official VMamba code likewise (OFFICIAL_VMAMBA_GIT; amvim_mm/analysis/official_vmamba.py)
+# the official VMamba code likewise (OFFICIAL_VMAMBA_GIT; amvim_mm/bench/official_vmamba.py)
 [ -f .official/VMamba/vmamba.py ] && official+=(--official-vmamba .official/VMamba)
 has bench-reduction-compare && { parts+=(reduction); extra=(--reduction-variants default torch-match); }
 if [ ${#parts[@]} -gt 0 ]; then
