@@ -3,7 +3,8 @@ with the state of our kernels (mamba-ssm, causal-conv1d, the compiled CPU kernel
 mixer) and the path the switches and this machine give the scan and the mixer."""
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
 
 from amvim_mm.utils import env
 
@@ -78,7 +79,8 @@ def kernel_report(info: Dict[str, str]) -> List[str]:
     return problems + _fused_mixer(info, cpu_ok)
 
 
-def collect_env() -> Tuple[Dict[str, str], List[str]]:
+def collect_env(root: Optional[Path] = None) -> Tuple[Dict[str, str], List[str]]:
     """(report, problems) of :func:`amvim_mm.utils.env.collect_env` with the kernels'
-    section; ``problems`` is empty for a healthy install."""
-    return env.collect_env(kernels=kernel_report)
+    section; ``problems`` is empty for a healthy install; ``root``: the checkout whose
+    requirement files hold the pins (default: this one)."""
+    return env.collect_env(kernels=kernel_report, root=root)

@@ -6,21 +6,18 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
+import re
 import sys
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-# package -> version pinned in requirements.txt (checked when present)
-PINNED = {
-    'torch': '2.14.1',
-    'torchvision': '0.29.1',
-    'numpy': '2.3.5',
-    'mmengine': '0.10.7',
-    'mmcv': '2.1.0',
-    'mmsegmentation': '1.2.2',
-    'mmdet': '3.3.0',
-    'mmpretrain': '1.2.0',
-    'timm': '1.0.31',
-}
+#: the checkout (the pins are read from its requirement files when they are there)
+ROOT = Path(__file__).resolve().parents[2]
+#: the direct pins (``name==version`` lines) that ``tools/setup_env.sh`` installs
+REQUIREMENT_FILES = ('requirements.txt', 'requirements/gpu.txt')
+#: mmcv is built from its sdist by this script (no wheel for our torch), pinned in it
+MMCV_PIN = ('tools/setup_env.sh', re.compile(r'^MMCV_VERSION=["\']?([^\s"\']+)', re.M))
+_PIN = re.compile(r'^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*==\s*([^\s;#,]+)')
 #: the distributions whose installed version is reported and checked against its pin
 CHECKED = ('torchvision', 'numpy', 'mmengine', 'mmcv', 'mmsegmentation', 'mmdet', 'mmpretrain',
            'timm')
@@ -30,6 +27,32 @@ FIX = 'run `bash tools/setup_env.sh` (AMVIM_FORCE_SETUP=1 to redo every step)'
 #: one part of the report: adds its lines to ``info`` (it may read the lines before it) and
 #: returns its problems
 Section = Callable[[Dict[str, str]], List[str]]
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r'[-_.]+', '-', name).lower()
+
+
+def read_pins(root: Path = ROOT) -> Optional[Dict[str, str]]:
+    """Distribution (canonical name) -> pinned version, from ``root``'s requirement files
+    (:data:`REQUIREMENT_FILES`) and mmcv's from ``tools/setup_env.sh``; None when
+    ``requirements.txt`` is not there (an installed package without its source tree)."""
+    root = Path(root)
+    if not (root / REQUIREMENT_FILES[0]).is_file():
+        return None
+    pins: Dict[str, str] = {}
+    for name in REQUIREMENT_FILES:
+        path = root / name
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                m = _PIN.match(line)
+                if m:
+                    pins[_canonical(m.group(1))] = m.group(2)
+    script, pattern = MMCV_PIN
+    m = pattern.search((root / script).read_text()) if (root / script).is_file() else None
+    if m:
+        pins['mmcv'] = m.group(1)
+    return pins
 
 
 def _version(dist: str) -> str:
@@ -52,12 +75,17 @@ def _torch(info: Dict[str, str]) -> List[str]:
     return []
 
 
-def _versions(info: Dict[str, str]) -> List[str]:
+def _versions(info: Dict[str, str], root: Path) -> List[str]:
+    pins = read_pins(root)
+    info['version pins'] = (
+        f'{", ".join(REQUIREMENT_FILES)}, {MMCV_PIN[0]} (mmcv)' if pins is not None else
+        f'not checked: no {REQUIREMENT_FILES[0]} in {root} (an installed package without '
+        'its source tree)')
     problems = []
     for dist in CHECKED:
         v = _version(dist)
         info[dist] = v
-        want = PINNED.get(dist)
+        want = (pins or {}).get(_canonical(dist))
         if v == 'not installed':
             problems.append(f'{dist} is not installed; {FIX}')
         elif want and v.split('+')[0] != want:
@@ -97,13 +125,17 @@ def _imports(info: Dict[str, str]) -> List[str]:
     return problems
 
 
-def collect_env(kernels: Optional[Section] = None) -> Tuple[Dict[str, str], List[str]]:
+def collect_env(kernels: Optional[Section] = None, root: Optional[Path] = None
+                ) -> Tuple[Dict[str, str], List[str]]:
     """Return (report, problems). ``problems`` is empty for a healthy install. ``kernels``:
     the section on our kernels (:func:`amvim_mm.bench.environment.kernel_report`), placed
-    after the imports."""
+    after the imports; ``root``: the checkout whose requirement files hold the pins (default
+    :data:`ROOT`)."""
     info: Dict[str, str] = {'python': sys.version.split()[0]}
     problems: List[str] = []
-    for section in (_torch, _versions, _mmcv_ops, _imports) + ((kernels, ) if kernels else ()):
+    root = ROOT if root is None else Path(root)
+    sections = (_torch, lambda i: _versions(i, root), _mmcv_ops, _imports)
+    for section in sections + ((kernels, ) if kernels else ()):
         problems += section(info)
     from amvim_mm.utils.safe_load import retired_env_problems
     problems.extend(retired_env_problems())

@@ -64,3 +64,42 @@ def test_retired_trust_variables_are_problems(monkeypatch):
     monkeypatch.setenv('AMVIM_TRUSTED_DIRS', '.')
     _, problems = env.collect_env()
     assert any('AMVIM_TRUSTED_DIRS is set but no longer honoured' in p for p in problems)
+
+
+def _checkout(root, requirements, mmcv='2.1.0'):
+    """A source tree with only the files that hold the pins."""
+    (root / 'tools').mkdir(parents=True)
+    (root / 'requirements.txt').write_text(requirements)
+    (root / 'tools' / 'setup_env.sh').write_text(f'set -euo pipefail\nMMCV_VERSION={mmcv}\n')
+    return root
+
+
+def test_the_pins_are_read_from_the_requirement_files(tmp_path):
+    """A pin changed in the requirement files is what the check expects (no second copy)."""
+    installed = env._version('mmengine')
+    real = (ROOT / 'requirements.txt').read_text()
+    assert f'\nmmengine=={installed}\n' in real
+    pins = env.read_pins(ROOT)
+    assert pins['mmengine'] == installed and pins['mmcv'] == env._version('mmcv')
+    root = _checkout(tmp_path / 'a', real.replace(f'\nmmengine=={installed}\n',
+                                                  '\nmmengine==9.9.9\n'))
+    info, problems = env.collect_env(root=root)
+    assert env.read_pins(root)['mmengine'] == '9.9.9'
+    assert any(f'mmengine {installed} is installed but 9.9.9 is pinned' in p for p in problems)
+    assert info['version pins'].startswith('requirements.txt')
+    # mmcv is pinned where it is built: tools/setup_env.sh's MMCV_VERSION
+    root = _checkout(tmp_path / 'b', real, mmcv='9.8.7')
+    _, problems = env.collect_env(root=root)
+    assert [p for p in problems if 'is pinned' in p] == [
+        f'mmcv {env._version("mmcv")} is installed but 9.8.7 is pinned; {env.FIX}']
+
+
+def test_without_the_requirement_files_the_pins_are_not_checked(tmp_path, monkeypatch):
+    """An installed package without its source tree: one line says so, nothing crashes."""
+    real = env._version
+    monkeypatch.setattr(env, '_version', lambda d: '0.9.0' if d == 'mmengine' else real(d))
+    assert env.read_pins(tmp_path) is None
+    info, problems = env.collect_env(root=tmp_path)
+    assert info['version pins'] == (f'not checked: no requirements.txt in {tmp_path} (an '
+                                    'installed package without its source tree)')
+    assert info['mmengine'] == '0.9.0' and not any('is pinned' in p for p in problems)
