@@ -1,4 +1,4 @@
-"""Token connection survival rate (AMVim Fig. 1c), with the definitions of the spec.
+"""Token connection survival rate (AMVim Fig. 1c), with our definitions.
 
 The paper gives no formula. **Decision** (ours):
 

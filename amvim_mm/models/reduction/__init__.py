@@ -1,4 +1,4 @@
-"""Token reduction for Vim-family backbones (protocols and math: README, "Token reduction")."""
+"""Token reduction for Vim-family backbones (protocols and math: docs/token_reduction.md)."""
 from .reducers import (TOKEN_REDUCERS, EViT, RandomPrune, Selection, ToMe, ToP, TokenReducer,
                        build_reducer)
 from .learned import DynamicViTReducer, LearnedReducer
