@@ -39,3 +39,24 @@ def grid_positions(n_cells: int, cls_index: int, device=None) -> torch.Tensor:
     if cls_index >= 0:
         pos = torch.cat([pos[:cls_index], pos.new_full((1, ), CLS_POS), pos[cls_index:]])
     return pos
+
+
+def insert_cls(patches: torch.Tensor, cls: torch.Tensor, cls_index: int) -> torch.Tensor:
+    """(B, M, ...) patch tokens and a (B, 1, ...) class token -> (B, M + 1, ...) with the class
+    token at ``cls_index`` (:func:`cls_slot`); :data:`NO_CLS` returns the patches."""
+    if cls_index < 0:
+        return patches
+    return torch.cat([patches[:, :cls_index], cls, patches[:, cls_index:]], 1)
+
+
+def drop_cls(tokens: torch.Tensor, cls_index: int) -> torch.Tensor:
+    """(B, L, ...) sequence -> (B, L - 1, ...) its patch tokens (raster order); the sequence
+    itself for :data:`NO_CLS`."""
+    if cls_index < 0:
+        return tokens
+    return torch.cat([tokens[:, :cls_index], tokens[:, cls_index + 1:]], 1)
+
+
+def cls_row(tokens: torch.Tensor, cls_index: int) -> torch.Tensor:
+    """(B, L, ...) sequence -> (B, 1, ...) the class token's row (a view)."""
+    return tokens[:, cls_index:cls_index + 1]

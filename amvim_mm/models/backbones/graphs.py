@@ -2,7 +2,8 @@
 
 Why: at the shapes of the dense tasks (a 512 x 512 window at batch 1-8) an eager Vim-T
 forward on an H200 is bound by the host: Python, the mixers' decisions and about 120 kernel
-launches take 17-24 ms, while the GPU work of the fused path is 1.6 ms (run 43). A user's
+launches take many times the GPU work of the fused path (measured in ``benchmarks/runs/``,
+see ``benchmarks/README.md``). A user's
 mmseg / mmdet pipeline stays eager; this replays the backbone's forward from a CUDA graph
 instead, with the same kernels and the same numbers.
 
@@ -24,12 +25,15 @@ reducer that is not on the allow-list :data:`GRAPH_SAFE_REDUCERS` (reducers whos
 made on the GPU from the tensors alone with fixed token counts; RandomPrune draws on a CPU
 generator, learned and threshold reducers can change their counts with the data). A capture
 that fails (e.g. an operation that synchronizes with the host) logs one warning and keeps that
-key eager. Each replay restores what the eager forward leaves on the backbone
-(``token_counts``; ``last_context`` is the captured one, whose tensors the replays refresh).
+key eager. Each replay restores what the eager forward leaves on the backbone (its
+``last_record``: the token counts; the context is the captured one, whose tensors the replays
+refresh). A backbone whose forward cannot be captured names the reason in its
+``graph_misfit()`` (see :class:`~amvim_mm.models.backbones.base.MambaBackbone`).
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import warnings
 from typing import Callable, Dict, Optional, Tuple
 
@@ -54,11 +58,10 @@ def graphs_requested(setting: Optional[bool]) -> bool:
 class _Entry:
     """One captured forward: the graph, its static input and output, the side attributes."""
 
-    __slots__ = ('graph', 'x', 'out', 'counts', 'context')
+    __slots__ = ('graph', 'x', 'out', 'record')
 
-    def __init__(self, graph, x, out, counts, context) -> None:
-        self.graph, self.x, self.out = graph, x, out
-        self.counts, self.context = counts, context
+    def __init__(self, graph, x, out, record) -> None:
+        self.graph, self.x, self.out, self.record = graph, x, out, record
 
 
 def _survey(module: nn.Module) -> Tuple[Optional[str], tuple, tuple]:
@@ -125,6 +128,10 @@ class InferenceGraphs:
             return 'a CUDA graph capture is running'
         if getattr(module, 'record_final_stream', False):
             return 'the final stream is recorded'
+        misfit = getattr(module, 'graph_misfit', None)
+        reason = misfit() if misfit is not None else None
+        if reason is not None:
+            return reason
         reducer = getattr(module, 'token_reducer', None)
         if reducer is not None:
             name = type(reducer).__name__
@@ -176,10 +183,9 @@ class InferenceGraphs:
         entry.x.copy_(x)
         entry.graph.replay()
         self.stats['replay'] += 1
-        if entry.counts is not None:
-            module.token_counts = list(entry.counts)
-        if entry.context is not None:
-            module.last_context = entry.context
+        if entry.record is not None:
+            module.last_record = dataclasses.replace(
+                entry.record, token_counts=list(entry.record.token_counts))
         return _clone(entry.out)
 
     def _capture(self, module, x, key, eager) -> Optional[_Entry]:
@@ -205,8 +211,7 @@ class InferenceGraphs:
         self.seen.pop(key, None)
         for old in [k for k in self.graphs if k[-1] != key[-1]]:
             del self.graphs[old]              # made with weights that are gone
-        entry = _Entry(graph, static_x, out, getattr(module, 'token_counts', None),
-                       getattr(module, 'last_context', None))
+        entry = _Entry(graph, static_x, out, getattr(module, 'last_record', None))
         self.graphs[key] = entry
         while len(self.graphs) > self.max_graphs:
             self.graphs.popitem(last=False)

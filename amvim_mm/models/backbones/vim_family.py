@@ -20,21 +20,18 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 from mmengine.logging import MMLogger
-from mmengine.model import BaseModule
 
-from amvim_mm import runtime
 from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops.backends import check_backend_usable
+from amvim_mm.token_layout import cls_row, drop_cls
 from ..layout.scan_context import ScanContext
-from ..reduction import ReducibleBackbone, ReductionSession, restore_grid
-from ..reduction.learned import patch_tokens
+from ..reduction import restore_grid
 from .args import positive_int, rate, resolve_out_indices, size_pair
+from .base import MambaBackbone
 from .block import VimBlock
-from .checkpoint_guard import CheckpointGuard, pretrained_init_cfg
+from .checkpoint_guard import pretrained_init_cfg
 from .drop import DropPath
 from .embed import PatchEmbed, infer_square_grid, resize_pos_embed
-from .graphs import InferenceGraphs, graphs_requested
-from .input_check import ImageInputCheck
 from .layer_decay import teach_upstream_layer_decay
 from .mixer import BiMambaMixer
 from .vim_embed import VimEmbedding
@@ -80,8 +77,7 @@ REQUIRED_ARCH_KEYS = frozenset({'embed_dims', 'num_layers'})
 OPTIONAL_ARCH_KEYS = frozenset({'d_state', 'd_conv', 'expand', 'dt_rank'})
 
 
-class VimFamilyBackbone(VimEmbedding, ImageInputCheck, CheckpointGuard, ReducibleBackbone,
-                        BaseModule):
+class VimFamilyBackbone(VimEmbedding, MambaBackbone):
     """Base of Vim-family backbones: everything but the choice of scan paths per layer.
 
     Subclasses set ``arch_zoo`` and implement :meth:`layer_paths`.
@@ -163,7 +159,7 @@ class VimFamilyBackbone(VimEmbedding, ImageInputCheck, CheckpointGuard, Reducibl
         super().__init__(init_cfg=pretrained_init_cfg(name, pretrained, copy.deepcopy(init_cfg)))
         teach_upstream_layer_decay()    # mmseg's / mmdet's decay constructors (see layer_decay)
         self.arch_settings = _canonical_arch(self.arch_zoo, arch, name)
-        self.embed_dims = D = self.arch_settings['embed_dims']
+        self.embed_dims = self.arch_settings['embed_dims']
         self.num_layers = depth = self.arch_settings['num_layers']
         if out_type not in OUT_TYPES:
             raise ConfigError(f'{name}: out_type must be one of {OUT_TYPES}, got {out_type!r}')
@@ -172,23 +168,34 @@ class VimFamilyBackbone(VimEmbedding, ImageInputCheck, CheckpointGuard, Reducibl
         self.out_type = out_type
         self.with_cls_token = with_cls_token
         self.final_norm = final_norm
-        img_size = size_pair(name, 'img_size', img_size)
+        self.img_size = size_pair(name, 'img_size', img_size)
+        self.interpolate_mode = interpolate_mode
+        check_backend_usable(scan_backend, name)
+        self.init_forward(cuda_graph)
+        self._build_embedding(name, patch_size, stride, in_channels, drop_rate)
+        self.out_indices = resolve_out_indices(name, out_indices, depth, 'layers')
+        drop_path_rate = rate(name, 'drop_path_rate', drop_path_rate)
+        self._build_layers(drop_path_rate, fused_mixer, scan_backend, norm_eps)
+        # parameters this configuration never uses stay loadable (official keys) but get no
+        # gradient, so DDP does not wait for them (no find_unused_parameters needed)
+        if not with_cls_token:
+            self.cls_token.requires_grad_(False)
+        if not final_norm:
+            self.norm_f.weight.requires_grad_(False)
+        self.frozen_stages = frozen_stages
+        self._init_default_weights()
+        self._freeze_stages()
+        self.set_token_reduction(token_reduction)
+
+    def _build_embedding(self, name: str, patch_size: int, stride: int, in_channels: int,
+                         drop_rate: float) -> None:
+        """Patch embedding, class token, position embedding (and its resize on load)."""
+        D = self.embed_dims
         patch_size = positive_int(name, 'patch_size', patch_size)
         stride = positive_int(name, 'stride', stride)
-        in_channels = positive_int(name, 'in_channels', in_channels)
-        self.in_channels = in_channels
+        self.in_channels = positive_int(name, 'in_channels', in_channels)
         drop_rate = rate(name, 'drop_rate', drop_rate)
-        drop_path_rate = rate(name, 'drop_path_rate', drop_path_rate)
-        self.img_size = tuple(img_size)
-        self.interpolate_mode = interpolate_mode
-
-        check_backend_usable(scan_backend, name)
-        if cuda_graph is not None and not isinstance(cuda_graph, bool):
-            raise ConfigError(f'{name}: cuda_graph must be True, False or None, got '
-                              f'{cuda_graph!r}')
-        self.cuda_graph = cuda_graph
-        self._graphs = InferenceGraphs()
-        self.patch_embed = PatchEmbed(in_channels, D, patch_size, stride)
+        self.patch_embed = PatchEmbed(self.in_channels, D, patch_size, stride)
         self.patch_resolution = self.patch_embed.grid_size(*self.img_size)
         num_patches = self.patch_resolution[0] * self.patch_resolution[1]
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
@@ -197,8 +204,11 @@ class VimFamilyBackbone(VimEmbedding, ImageInputCheck, CheckpointGuard, Reducibl
         self._register_load_state_dict_pre_hook(self._prepare_pos_embed)
         self.guard_whole_model_loads()
 
-        self.out_indices = resolve_out_indices(name, out_indices, depth, 'layers')
-
+    def _build_layers(self, drop_path_rate: float, fused_mixer: Optional[bool],
+                      scan_backend: Optional[str], norm_eps: float) -> None:
+        """The blocks (drop path ``[0] + linspace(0, rate, depth)``), ``norm_f``, the final
+        drop path."""
+        D, depth = self.embed_dims, self.num_layers
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
         inter_dpr = [0.0] + dpr
         mixer_kwargs = {k: self.arch_settings[k] for k in ('d_state', 'd_conv', 'expand',
@@ -211,17 +221,6 @@ class VimFamilyBackbone(VimEmbedding, ImageInputCheck, CheckpointGuard, Reducibl
             self.layers.append(VimBlock(mixer, D, paths, inter_dpr[i], norm_eps))
         self.norm_f = RMSNorm(D, eps=norm_eps)
         self.drop_path = DropPath(drop_path_rate)
-        # parameters this configuration never uses stay loadable (official keys) but get no
-        # gradient, so DDP does not wait for them (no find_unused_parameters needed)
-        if not with_cls_token:
-            self.cls_token.requires_grad_(False)
-        if not final_norm:
-            self.norm_f.weight.requires_grad_(False)
-        self.frozen_stages = frozen_stages
-        self._init_default_weights()
-        self._freeze_stages()
-        self.token_counts: List[int] = []
-        self.set_token_reduction(token_reduction)
 
     # ----------------------------------------------------------------- hooks for subclasses
     def layer_paths(self, i: int) -> List[dict]:
@@ -344,10 +343,8 @@ class VimFamilyBackbone(VimEmbedding, ImageInputCheck, CheckpointGuard, Reducibl
         if self.out_type == 'featmap':
             if ctx.reduced:
                 feat = restore_grid(ctx, stream)
-            elif ctx.cls_index >= 0:
-                feat = patch_tokens(stream, ctx.cls_index)
             else:
-                feat = stream
+                feat = drop_cls(stream, ctx.cls_index)
             if last and self.final_norm:
                 feat = self.norm_f(feat)
             H, W = ctx.grid
@@ -359,13 +356,12 @@ class VimFamilyBackbone(VimEmbedding, ImageInputCheck, CheckpointGuard, Reducibl
         return self.norm_f(stream) if last and self.final_norm else stream
 
     def block_output(self, i: int, hidden: torch.Tensor, residual: torch.Tensor,
-                     ctx: ScanContext) -> torch.Tensor:
+                     ctx: ScanContext, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The output of block ``i``: the residual stream after it, formatted
         (:meth:`format_output`); for ``cls_token`` only the class token's row is formed."""
         last = i == self.num_layers - 1
         if self.out_type == 'cls_token':
-            c = ctx.cls_index
-            hidden, residual = hidden[:, c:c + 1], residual[:, c:c + 1]
+            hidden, residual = cls_row(hidden, ctx.cls_index), cls_row(residual, ctx.cls_index)
         stream = residual + (self.drop_path(hidden) if last else hidden)
         return self.format_output(stream, ctx, last)
 
@@ -382,68 +378,11 @@ class VimFamilyBackbone(VimEmbedding, ImageInputCheck, CheckpointGuard, Reducibl
     #: Vim-family mixers have the masked forward a learned reducer trains with, merges too
     supports_learned_reduction = True
     masked_training_merges = True
-    #: keep the last forward's final stream ``residual + hidden`` (B, L, D, before ``norm_f``)
-    #: in ``self.final_stream`` (for token distillation; see ``ReducerFineTuner``)
-    record_final_stream = False
+    #: :meth:`VimEmbedding.embed` checks the images (after the execution plan is taken)
+    embed_checks_images = True
 
-    def reset_cuda_graphs(self) -> None:
-        """Drop the captured inference graphs (``cuda_graph=True``) and their memory. Loads,
-        optimizer steps and in-place edits under ``torch.no_grad()`` are noticed by
-        themselves (parameter versions); an edit through ``.data`` is not: call this after
-        one."""
-        self._graphs.clear()
+    def call_block(self, block, hidden, residual, ctx, merge, plan):
+        return block(hidden, residual, ctx, merge=merge, fused=plan)
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        with runtime.pinned():      # the switches read once per forward, not at every call
-            if graphs_requested(self.cuda_graph):
-                return self._graphs.run(self, x, self._forward, check=self.check_images)
-            return self._forward(x)
-
-    def _forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        if self.training and self.token_reducer is not None and self.token_reducer.learned:
-            return self._forward_masked(x)
-        if self.runs_per_image(x):
-            return self.forward_per_image(x)
-        plan = self.execution_plan(x)
-        hidden, ctx = self.embed(x, plan)
-        session = ReductionSession(self.token_reducer, ctx, hidden, self.num_layers,
-                                   self.training)
-        residual, outs, counts = None, [], []
-        for i, layer in enumerate(self.layers):
-            hidden, residual, merge = session.before_block(i, layer, hidden, residual, plan)
-            counts.append(hidden.shape[1] if merge is None else merge.rows.shape[1])
-            hidden, residual = layer(hidden, residual, session.ctx, merge=merge, fused=plan)
-            if i in self.out_indices:
-                outs.append(self.block_output(i, hidden, residual, session.ctx))
-        self.token_counts, self.last_context = counts, session.ctx
-        if self.token_reducer is not None and self.token_reducer.dynamic:
-            self.token_reducer.observe(counts)        # per-image counts (FLOPs are means)
-        if self.record_final_stream:
-            self.final_stream = residual + hidden
-        return tuple(outs)
-
-    def _forward_masked(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """The training forward with a learned reducer: the full sequence throughout, a keep
-        mask from the reducer's decisions, every block after the first decision on its
-        mixer's masked forward (see :mod:`amvim_mm.models.reduction.learned`). Outputs as the
-        unreduced forward's: a dropped token's stream is its value when it was dropped (what
-        inference's dense restore gives it). ``self.keep_mask``: the last (B, L) mask."""
-        hidden, ctx = self.embed(x, False)
-        reducer = self.begin_masked_training(ctx, hidden, self.num_layers)
-        residual, keep, outs = None, None, []
-        for i, layer in enumerate(self.layers):
-            stream = hidden if residual is None else residual + hidden
-            new = reducer.decide(i, stream, ctx, layer)
-            if new is not None:
-                keep = new.keep
-                if new.mix is not None:      # in-place merges, both streams
-                    hidden = new.mix(hidden)
-                    residual = None if residual is None else new.mix(residual)
-            hidden, residual = layer(hidden, residual, ctx, keep=keep)
-            if i in self.out_indices:
-                outs.append(self.block_output(i, hidden, residual, ctx))
-        self.token_counts, self.last_context, self.keep_mask = \
-            [hidden.shape[1]] * self.num_layers, ctx, keep
-        if self.record_final_stream:
-            self.final_stream = residual + hidden
-        return tuple(outs)
+    def call_block_masked(self, block, hidden, residual, ctx, keep):
+        return block(hidden, residual, ctx, keep=keep)

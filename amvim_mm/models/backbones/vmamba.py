@@ -20,26 +20,29 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from mmengine.model import BaseModule
 
-from amvim_mm import runtime
 from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
 from ..layout.scan_context import ScanContext
-from ..reduction import ReducibleBackbone, ReductionSession, restore_grid
+from ..reduction import restore_grid
 from .args import is_int, positive_int, rate, resolve_out_indices
-from .checkpoint_guard import CheckpointGuard, pretrained_init_cfg
-from .drop import DropPath
-from .input_check import ImageInputCheck
+from .base import MambaBackbone
+from .checkpoint_guard import pretrained_init_cfg
 from .layer_decay import teach_upstream_layer_decay
 from .ss2d import FORWARD_TYPES, SS2D
+from .vmamba_blocks import (Mlp, PatchMerging2D, VSSBlock, VSSLayer, downsample_v3,
+                            patch_embed_v1, patch_embed_v2)
+
+__all__ = ['VMamba', 'VMAMBA_ARCHS',
+           # re-exported from vmamba_blocks (their old home)
+           'Mlp', 'PatchMerging2D', 'VSSBlock', 'VSSLayer', 'downsample_v3', 'patch_embed_v1',
+           'patch_embed_v2']
 
 _FINAL = dict(d_state=1, mlp_ratio=4.0, forward_type='v05_noz', patch_embed='v2',
               downsample='v3', conv_bias=False)
@@ -127,120 +130,10 @@ def _arch_settings(arch: Union[str, dict]) -> Dict[str, object]:
 
 
 # ---------------------------------------------------------------------------------------------
-# layers (channel-last)
-# ---------------------------------------------------------------------------------------------
-class _ToLast(nn.Module):
-    """NCHW -> NHWC (the official ``Permute(0, 2, 3, 1)``; holds no weights)."""
-
-    def forward(self, x):
-        return x.permute(0, 2, 3, 1)
-
-
-class _ToFirst(nn.Module):
-    """NHWC -> NCHW."""
-
-    def forward(self, x):
-        return x.permute(0, 3, 1, 2)
-
-
-def patch_embed_v2(in_channels: int, dims: int, patch_size: int = 4) -> nn.Sequential:
-    """conv k3 s2 -> LN -> GELU -> conv k3 s2 -> LN (indices as the official Sequential)."""
-    if patch_size != 4:
-        raise ConfigError(f'VMamba patch embed v2 has stride 4, got patch_size={patch_size}')
-    return nn.Sequential(
-        nn.Conv2d(in_channels, dims // 2, 3, 2, 1), _ToLast(), nn.LayerNorm(dims // 2),
-        _ToFirst(), nn.GELU(), nn.Conv2d(dims // 2, dims, 3, 2, 1), _ToLast(),
-        nn.LayerNorm(dims))
-
-
-def patch_embed_v1(in_channels: int, dims: int, patch_size: int = 4) -> nn.Sequential:
-    """conv k4 s4 -> LN (Vanilla VMamba)."""
-    return nn.Sequential(nn.Conv2d(in_channels, dims, patch_size, patch_size), _ToLast(),
-                         nn.LayerNorm(dims))
-
-
-def downsample_v3(dim: int, out_dim: int) -> nn.Sequential:
-    """conv k3 s2 p1 -> LN on NHWC input (odd sizes round up)."""
-    return nn.Sequential(_ToFirst(), nn.Conv2d(dim, out_dim, 3, 2, 1), _ToLast(),
-                         nn.LayerNorm(out_dim))
-
-
-class PatchMerging2D(nn.Module):
-    """Swin's patch merging on NHWC input (Vanilla VMamba's downsample): 2x2 neighbours
-    concatenated (odd sizes zero-padded), LN, linear 4C -> 2C."""
-
-    def __init__(self, dim: int, out_dim: int) -> None:
-        super().__init__()
-        self.reduction = nn.Linear(4 * dim, out_dim, bias=False)
-        self.norm = nn.LayerNorm(4 * dim)
-
-    def forward(self, x):
-        H, W = x.shape[1:3]
-        if H % 2 or W % 2:
-            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
-        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]],
-                      -1)
-        return self.reduction(self.norm(x))
-
-
-class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x):
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class VSSBlock(nn.Module):
-    """``x = x + drop_path(op(norm(x))); x = x + drop_path(mlp(norm2(x)))`` on (B, L, d)
-    tokens (the MLP half is absent when ``mlp_ratio == 0``, Vanilla VMamba)."""
-
-    def __init__(self, dim: int, drop_path: float, mlp_ratio: float, norm_eps: float,
-                 **ss2d_kwargs) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.op = SS2D(dim, **ss2d_kwargs)
-        self.drop_path = DropPath(drop_path)
-        self.mlp_branch = mlp_ratio > 0
-        if self.mlp_branch:
-            self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-            self.mlp = Mlp(dim, int(dim * mlp_ratio))
-
-    def merge_metric(self, x: torch.Tensor) -> torch.Tensor:
-        """ToMe's similarity features of this block's input: its normalised input."""
-        return self.norm(x)
-
-    def forward(self, x: torch.Tensor, ctx: ScanContext,
-                keep: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``keep``: a learned reducer's (B, L) keep mask (training): SS2D's masked
-        forward, and the MLP leaves the dropped tokens as they are (inference does not touch
-        a pruned token)."""
-        x = x + self.drop_path(self.op(self.norm(x), ctx, keep=keep))
-        if self.mlp_branch:
-            h = self.mlp(self.norm2(x))
-            if keep is not None:
-                h = h * keep.to(h.dtype).unsqueeze(-1)
-            x = x + self.drop_path(h)
-        return x
-
-
-class VSSLayer(nn.Module):
-    """One stage: ``blocks`` and its ``downsample`` (Identity in the last stage)."""
-
-    def __init__(self, blocks: List[VSSBlock], downsample: nn.Module) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
-        self.downsample = downsample
-
-
-# ---------------------------------------------------------------------------------------------
 # the backbone
 # ---------------------------------------------------------------------------------------------
 @MODELS.register_module()
-class VMamba(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule):
+class VMamba(MambaBackbone):
     """VMamba (SS2D, hierarchical) for classification, segmentation and detection.
 
     Args:
@@ -322,11 +215,28 @@ class VMamba(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule):
         self.dims = [C * 2 ** i for i in range(self.num_stages)]
         self.embed_dims = C
         self.num_layers = sum(depths)
+        self._check_args(name, out_type, out_indices, frozen_stages, reduction_stage, img_size)
+        in_channels = positive_int(name, 'in_channels', in_channels)
+        drop_path_rate = rate(name, 'drop_path_rate', drop_path_rate)
+        check_backend_usable(scan_backend, name)
+        self.in_channels = in_channels
+        self.init_forward(None)
+        embed = patch_embed_v2 if cfg['patch_embed'] == 'v2' else patch_embed_v1
+        self.patch_embed = embed(in_channels, C)
+        self._build_stages(drop_path_rate, norm_eps, scan_backend)
+        self.frozen_stages = frozen_stages
+        self._register_load_state_dict_pre_hook(self._official_keys)
+        self.guard_whole_model_loads()
+        self.reset_weights()
+        self._freeze_stages()
+        self.set_token_reduction(token_reduction)
+
+    def _check_args(self, name: str, out_type, out_indices, frozen_stages, reduction_stage,
+                    img_size) -> None:
+        """Validate and set ``out_type``, ``out_indices``, ``reduction_stage``, ``img_size``."""
         if out_type not in OUT_TYPES:
             raise ConfigError(f'{name}: out_type must be one of {OUT_TYPES}, got {out_type!r}')
         self.out_type = out_type
-        in_channels = positive_int(name, 'in_channels', in_channels)
-        drop_path_rate = rate(name, 'drop_path_rate', drop_path_rate)
         if not is_int(frozen_stages) or frozen_stages < -1:
             raise ConfigError(f'{name}: frozen_stages must be an int >= -1, got '
                               f'{frozen_stages!r}')
@@ -339,8 +249,6 @@ class VMamba(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule):
             raise ConfigError(f'{name}: reduction_stage must be a stage index 0..'
                               f'{self.num_stages - 1}, got {reduction_stage!r}')
         self.reduction_stage = int(reduction_stage)
-        check_backend_usable(scan_backend, name)
-        self.in_channels = in_channels
         if is_int(img_size):
             img_size = (img_size, img_size)
         if not isinstance(img_size, (tuple, list)) or len(img_size) != 2 or \
@@ -349,8 +257,11 @@ class VMamba(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule):
                               f'got {img_size!r}')
         self.img_size = (int(img_size[0]), int(img_size[1]))
 
-        embed = patch_embed_v2 if cfg['patch_embed'] == 'v2' else patch_embed_v1
-        self.patch_embed = embed(in_channels, C)
+    def _build_stages(self, drop_path_rate: float, norm_eps: float,
+                      scan_backend: Optional[str]) -> None:
+        """The stages (blocks and downsample; drop path ``linspace(0, rate, sum(depths))``)
+        and the output norms (``outnorm{i}``) or the classifier's norm."""
+        cfg, depths = self.arch_settings, self.depths
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, self.num_layers)]
         self.layers = nn.ModuleList()
         for i, depth in enumerate(depths):
@@ -370,19 +281,12 @@ class VMamba(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule):
             else:
                 down = PatchMerging2D(d, self.dims[i + 1])
             self.layers.append(VSSLayer(blocks, down))
-        if out_type == 'featmap':
+        if self.out_type == 'featmap':
             for i in self.out_indices:
                 self.add_module(f'outnorm{i}', nn.LayerNorm(self.dims[i], eps=norm_eps))
         else:
             self.classifier = nn.Module()
             self.classifier.norm = nn.LayerNorm(self.dims[-1], eps=norm_eps)
-        self.frozen_stages = frozen_stages
-        self._register_load_state_dict_pre_hook(self._official_keys)
-        self.guard_whole_model_loads()
-        self.reset_weights()
-        self._freeze_stages()
-        self.token_counts: List[int] = []
-        self.set_token_reduction(token_reduction)
 
     # ----------------------------------------------------------------- init and loading
     def reset_weights(self) -> None:
@@ -516,79 +420,52 @@ class VMamba(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule):
         return f'stage {self.reduction_stage} has {tokens} tokens, {blocks} blocks'
 
     # ----------------------------------------------------------------- forward
-    def run_stage(self, i: int, x: torch.Tensor, counts: List[int]) -> torch.Tensor:
-        """Stage ``i``'s blocks on (B, H, W, C) -> (B, H, W, C) (full grid, restored after a
-        token reduction)."""
-        B, H, W, C = x.shape
-        tokens = x.reshape(B, H * W, C)
-        ctx = ScanContext((H, W), cls_index=NO_CLS, device=x.device)
-        reducer = self.token_reducer if i == self.reduction_stage else None
-        if self.training and reducer is not None and reducer.learned:
-            return self._run_stage_masked(i, tokens, ctx, counts).reshape(B, H, W, C)
-        session = ReductionSession(reducer, ctx, tokens, self.depths[i], self.training)
-        for j, blk in enumerate(self.layers[i].blocks):
-            tokens, _, _ = session.before_block(j, blk, tokens, None, fused=False)
-            counts.append(tokens.shape[1])
-            tokens = blk(tokens, session.ctx)
-        if session.ctx.reduced:
-            tokens = restore_grid(session.ctx, tokens)
-        self.last_context = session.ctx if reducer is not None else None
-        return tokens.reshape(B, H, W, C)
-
     #: SS2D has the masked forward a learned (pruning) reducer trains with
     supports_learned_reduction = True
+    #: without a reducer in the last stage, no context is recorded
+    context_without_reducer = False
 
     def reduction_width(self) -> int:
         return self.dims[self.reduction_stage]
 
-    def _run_stage_masked(self, i: int, tokens: torch.Tensor, ctx: ScanContext,
-                          counts: List[int]) -> torch.Tensor:
-        """Stage ``i`` in a learned reducer's training forward: the whole grid throughout,
-        the blocks after a decision on SS2D's masked forward; a dropped token keeps its value
-        (what the restore before the downsampling gives it)."""
-        red = self.begin_masked_training(ctx, tokens, self.depths[i])
-        keep = None
-        for j, blk in enumerate(self.layers[i].blocks):
-            new = red.decide(j, tokens, ctx, blk)
-            if new is not None:
-                keep = new.keep
-            counts.append(tokens.shape[1])
-            tokens = blk(tokens, ctx, keep=keep)
-        self.last_context, self.keep_mask = ctx, keep
-        return tokens
+    def embed(self, x: torch.Tensor, plan) -> Tuple[torch.Tensor, None]:
+        """Images -> the (B, H/4, W/4, C) map of the stem."""
+        return self.patch_embed(x), None
+
+    def stages(self):
+        return [layer.blocks for layer in self.layers]
+
+    def reduction_stage_index(self) -> int:
+        return self.reduction_stage
+
+    def enter_stage(self, s: int, x: torch.Tensor, ctx) -> Tuple[torch.Tensor, ScanContext]:
+        """(B, H, W, C) map -> its (B, H * W, C) tokens on the stage's grid."""
+        B, H, W, C = x.shape
+        return x.reshape(B, H * W, C), ScanContext((H, W), cls_index=NO_CLS, device=x.device)
+
+    def leave_stage(self, s: int, tokens: torch.Tensor, residual, ctx: ScanContext,
+                    outs: list) -> torch.Tensor:
+        """The full grid back (after a token reduction), stage ``s``'s output (through
+        ``outnorm{s}`` or the classifier's norm and pool), the downsample."""
+        if ctx.reduced:
+            tokens = restore_grid(ctx, tokens)
+        H, W = ctx.grid
+        x = tokens.reshape(tokens.shape[0], H, W, tokens.shape[-1])
+        if s in self.out_indices:
+            if self.out_type == 'featmap':
+                outs.append(getattr(self, f'outnorm{s}')(x).permute(0, 3, 1, 2).contiguous())
+            else:
+                outs.append(self.classifier.norm(x).mean((1, 2)))
+        return self.layers[s].downsample(x)
+
+    def is_output_block(self, i: int) -> bool:
+        return False        # outputs per stage (leave_stage)
+
+    def graph_misfit(self):
+        return 'VMamba has no CUDA-graph forward yet'
 
     def last_featmap(self, x: torch.Tensor) -> torch.Tensor:
         """The last stage's output as a (B, 8C, h, w) map, before any output norm (for
         analyses such as the effective receptive field)."""
         self.check_images(x)
-        x = self.patch_embed(x)
-        counts: List[int] = []
-        for i, layer in enumerate(self.layers):
-            x = layer.downsample(self.run_stage(i, x, counts))
-        return x.permute(0, 3, 1, 2)
-
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        with runtime.pinned():      # the switches read once per forward, not at every call
-            return self._forward(x)
-
-    def _forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        red = self.token_reducer
-        if self.runs_per_image(x):
-            return self.forward_per_image(x)
-        self.check_images(x)
-        x = self.patch_embed(x)                              # (B, H/4, W/4, C)
-        outs, counts = [], []
-        for i, layer in enumerate(self.layers):
-            x = self.run_stage(i, x, counts)
-            if i in self.out_indices:
-                if self.out_type == 'featmap':
-                    outs.append(getattr(self, f'outnorm{i}')(x).permute(0, 3, 1, 2)
-                                .contiguous())
-                else:
-                    outs.append(self.classifier.norm(x).mean((1, 2)))
-            x = layer.downsample(x)
-        self.token_counts = counts
-        if red is not None and red.dynamic and not self.training:
-            s = self.reduction_stage
-            red.observe(counts[sum(self.depths[:s]):sum(self.depths[:s + 1])])
-        return tuple(outs)
+        return self.run_stages(x, masked=False)[2].permute(0, 3, 1, 2)

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from amvim_mm.errors import ConfigError
+from amvim_mm.token_layout import drop_cls, insert_cls
 from .keep_predictor import KeepPredictor, gumbel_keep
 from .learned_losses import keep_ratio_loss
 from .reducers import TOKEN_REDUCERS, TokenReducer, _patch_indices
@@ -37,17 +38,12 @@ from .settings import check_number
 def with_class_token(patch_keep: torch.Tensor, cls_index: int) -> torch.Tensor:
     """(B, M) keep mask of the patch tokens -> (B, L) of the sequence (the class token, when
     ``cls_index >= 0``, inserted at its index with 1)."""
-    if cls_index < 0:
-        return patch_keep
-    one = patch_keep.new_ones(patch_keep.shape[0], 1)
-    return torch.cat([patch_keep[:, :cls_index], one, patch_keep[:, cls_index:]], 1)
+    return insert_cls(patch_keep, patch_keep.new_ones(patch_keep.shape[0], 1), cls_index)
 
 
 def patch_tokens(stream: torch.Tensor, cls_index: int) -> torch.Tensor:
     """(B, L, D) full sequence -> (B, M, D) its patch tokens (raster order)."""
-    if cls_index < 0:
-        return stream
-    return torch.cat([stream[:, :cls_index], stream[:, cls_index + 1:]], 1)
+    return drop_cls(stream, cls_index)
 
 
 class Decision(NamedTuple):

@@ -1,6 +1,7 @@
 """The token-reduction switch every reducible backbone shares."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Tuple
 
 import torch
@@ -91,8 +92,9 @@ class ReducibleBackbone:
 
     def forward_per_image(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """Inference one image at a time (**decision**: grouping, not padding; exact, and
-        every image's survivors stay in order), outputs stacked in the batch's order;
-        ``self.token_counts``: the per-block mean over the images."""
+        every image's survivors stay in order), outputs stacked in the batch's order; the
+        record (``self.last_record``) is the last image's with ``token_counts`` the per-block
+        mean over the images."""
         if getattr(self, 'out_type', None) == 'raw':
             raise ConfigError(f'{type(self).__name__}: out_type="raw" returns the reduced '
                               f'sequence, whose length differs per image with '
@@ -102,5 +104,6 @@ class ReducibleBackbone:
         for b in range(x.shape[0]):
             outs.append(self(x[b:b + 1]))
             counts.append(self.token_counts)
-        self.token_counts = [sum(c) / len(c) for c in zip(*counts)]
+        self.last_record = dataclasses.replace(
+            self.last_record, token_counts=[sum(c) / len(c) for c in zip(*counts)])
         return tuple(torch.cat(o, 0) for o in zip(*outs))

@@ -1,0 +1,276 @@
+"""The skeleton every backbone of this project runs its forward on (Vim family, VMamba,
+PlainMamba, and the next family).
+
+One forward::
+
+    forward(x)      switches pinned; a CUDA-graph replay when asked for and safe (graphs.py)
+    _forward(x)     dynamic reducer and a batch: one image at a time (ReducibleBackbone);
+                    the input check (shape, dtype, finite values; input_check.py);
+                    a learned reducer in training: the masked forward, else the reduced one
+    run_stages      embed, then per stage: enter_stage -> the block loop -> leave_stage
+    run_blocks      ReductionSession.before_block -> call_block, per block (the stage that
+                    holds the reducer runs its schedule, the others run plain)
+
+and one :class:`ForwardRecord` of what the forward leaves behind, the same for every family.
+
+A family implements the hooks: :meth:`embed` (images -> first stage's input and context),
+:meth:`stages` (blocks per stage; default one stage of ``self.layers``),
+:meth:`reduction_stage_index`, :meth:`enter_stage` / :meth:`leave_stage` (a hierarchical
+family reshapes and downsamples there), :meth:`call_block` / :meth:`call_block_masked` and
+:meth:`block_output` (the requested output of a block). A family that cannot be captured in a
+CUDA graph says why in :meth:`graph_misfit`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+from mmengine.model import BaseModule
+
+from amvim_mm import runtime
+from amvim_mm.errors import ConfigError
+from ..layout.scan_context import ScanContext
+from ..reduction import ReducibleBackbone, ReductionSession
+from .checkpoint_guard import CheckpointGuard
+from .graphs import InferenceGraphs, graphs_requested
+from .input_check import ImageInputCheck
+
+__all__ = ['ForwardRecord', 'MambaBackbone']
+
+#: ``emit(i, hidden, residual, ctx, keep)`` after block ``i`` (numbered over all stages)
+Emit = Callable[[int, torch.Tensor, Optional[torch.Tensor], ScanContext,
+                 Optional[torch.Tensor]], None]
+
+
+@dataclasses.dataclass
+class ForwardRecord:
+    """What the last forward leaves on the backbone (``backbone.last_record``).
+
+    Attributes:
+        token_counts: the sequence length each block saw (all stages; a batch run one image
+            at a time: the per-block mean over the images).
+        context: the :class:`ScanContext` after the last block of the stage a reducer acts in
+            (survivors, sources, grid), or None.
+        keep_mask: a learned reducer's last (B, L) keep mask (masked training forward), or None.
+        final_stream: the stream after the last block (B, L, D; Vim family: ``residual +
+            hidden`` before ``norm_f``), kept only when ``record_final_stream`` is set.
+    """
+
+    token_counts: List[float] = dataclasses.field(default_factory=list)
+    context: Optional[ScanContext] = None
+    keep_mask: Optional[torch.Tensor] = None
+    final_stream: Optional[torch.Tensor] = None
+
+
+class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseModule):
+    """Base of the backbones: the forward skeleton (see the module docstring).
+
+    A subclass calls :meth:`init_forward` in its ``__init__`` (the ``cuda_graph`` argument)
+    and implements the hooks; everything else (graphs, the input check, the reduction
+    session, the masked training forward, per-image runs, the record) is here.
+    """
+
+    #: keep the last forward's final stream in ``last_record.final_stream`` (for token
+    #: distillation; see ``ReducerFineTuner``)
+    record_final_stream = False
+    #: the family's :meth:`embed` checks the images itself (the skeleton then does not)
+    embed_checks_images = False
+    #: record the reduction stage's context also without a reducer (False: only when the last
+    #: stage holds the reducer)
+    context_without_reducer = True
+
+    # ----------------------------------------------------------------- set-up
+    def init_forward(self, cuda_graph: Optional[bool]) -> None:
+        """Validate ``cuda_graph`` (True, False or None: the ``AMVIM_CUDA_GRAPH`` switch) and
+        start the graphs and the record."""
+        if cuda_graph is not None and not isinstance(cuda_graph, bool):
+            raise ConfigError(f'{type(self).__name__}: cuda_graph must be True, False or None, '
+                              f'got {cuda_graph!r}')
+        self.cuda_graph = cuda_graph
+        self._graphs = InferenceGraphs()
+        self.last_record = ForwardRecord()
+
+    # ----------------------------------------------------------------- the record
+    @property
+    def token_counts(self) -> List[float]:
+        """The sequence length each block of the last forward saw."""
+        return self.last_record.token_counts
+
+    @property
+    def last_context(self) -> Optional[ScanContext]:
+        """The last forward's context of the reduction stage (see :class:`ForwardRecord`)."""
+        return self.last_record.context
+
+    @property
+    def keep_mask(self) -> Optional[torch.Tensor]:
+        """The last masked training forward's (B, L) keep mask."""
+        return self.last_record.keep_mask
+
+    @property
+    def final_stream(self) -> Optional[torch.Tensor]:
+        """The last forward's final stream (with ``record_final_stream``)."""
+        return self.last_record.final_stream
+
+    # ----------------------------------------------------------------- hooks
+    def execution_plan(self, x: torch.Tensor):
+        """Which code runs in this forward, decided once (opaque to the skeleton; passed to
+        :meth:`embed`, the reduction session and every block). Default: the unfused path."""
+        return False
+
+    def embed(self, x: torch.Tensor, plan) -> Tuple[torch.Tensor, Optional[ScanContext]]:
+        """Images -> the first stage's input and its context."""
+        raise NotImplementedError
+
+    def stages(self) -> Sequence[Sequence[nn.Module]]:
+        """The blocks of each stage (default: one stage, ``self.layers``)."""
+        return (self.layers, )
+
+    def reduction_stage_index(self) -> int:
+        """The stage a token reducer acts in."""
+        return 0
+
+    def enter_stage(self, s: int, state, ctx: Optional[ScanContext]
+                    ) -> Tuple[torch.Tensor, ScanContext]:
+        """Stage ``s``'s (B, L, D) tokens and context from the previous stage's output."""
+        return state, ctx
+
+    def leave_stage(self, s: int, hidden: torch.Tensor, residual: Optional[torch.Tensor],
+                    ctx: ScanContext, outs: list):
+        """Stage ``s``'s output for the next stage (a hierarchical family restores its grid,
+        appends the stage's output to ``outs`` and downsamples here)."""
+        return hidden
+
+    def call_block(self, block: nn.Module, hidden: torch.Tensor,
+                   residual: Optional[torch.Tensor], ctx: ScanContext, merge, plan
+                   ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One block of the (reduced) forward -> (hidden, residual)."""
+        return block(hidden, ctx), None
+
+    def call_block_masked(self, block: nn.Module, hidden: torch.Tensor,
+                          residual: Optional[torch.Tensor], ctx: ScanContext,
+                          keep: Optional[torch.Tensor]
+                          ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One block of a learned reducer's masked training forward -> (hidden, residual)."""
+        return block(hidden, ctx, keep=keep), None
+
+    def is_output_block(self, i: int) -> bool:
+        """Whether block ``i`` (numbered over all stages) gives an output."""
+        return i in self.out_indices
+
+    def block_output(self, i: int, hidden: torch.Tensor, residual: Optional[torch.Tensor],
+                     ctx: ScanContext, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Block ``i``'s requested output (``keep``: the masked forward's mask)."""
+        raise NotImplementedError
+
+    def graph_misfit(self) -> Optional[str]:
+        """Why this backbone's forward cannot be captured in a CUDA graph, or None
+        (:meth:`InferenceGraphs.why_eager` asks)."""
+        return None
+
+    # ----------------------------------------------------------------- forward
+    def reset_cuda_graphs(self) -> None:
+        """Drop the captured inference graphs (``cuda_graph=True``) and their memory. Loads,
+        optimizer steps and in-place edits under ``torch.no_grad()`` are noticed by
+        themselves (parameter versions); an edit through ``.data`` is not: call this after
+        one."""
+        self._graphs.clear()
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        with runtime.pinned():      # the switches read once per forward, not at every call
+            if graphs_requested(self.cuda_graph):
+                return self._graphs.run(self, x, self._forward, check=self.check_images)
+            return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        if self.runs_per_image(x):
+            return self.forward_per_image(x)
+        if not self.embed_checks_images:
+            self.check_images(x)
+        red = self.token_reducer
+        masked = self.training and red is not None and red.learned
+        outs, record, _ = self.run_stages(x, masked)
+        self.last_record = record
+        return tuple(outs)
+
+    def run_stages(self, x: torch.Tensor, masked: bool
+                   ) -> Tuple[list, ForwardRecord, torch.Tensor]:
+        """Embed and run every stage -> (outputs, record, the last stage's output)."""
+        plan = False if masked else self.execution_plan(x)
+        state, ctx = self.embed(x, plan)
+        outs: list = []
+        counts: List[int] = []
+        record = ForwardRecord(token_counts=counts)
+        red_stage = self.reduction_stage_index()
+        stages = self.stages()
+        start = 0
+
+        def emit(i, hidden, residual, ctx, keep):
+            if self.is_output_block(i):
+                outs.append(self.block_output(i, hidden, residual, ctx, keep))
+
+        for s, blocks in enumerate(stages):
+            hidden, ctx = self.enter_stage(s, state, ctx)
+            reducer = self.token_reducer if s == red_stage else None
+            at = _offset(emit, start)
+            if masked and reducer is not None:
+                hidden, residual, record.keep_mask = self.run_blocks_masked(blocks, hidden, ctx,
+                                                                            at)
+                stage_counts = [hidden.shape[1]] * len(blocks)
+            else:
+                hidden, residual, ctx, stage_counts = self.run_blocks(blocks, hidden, ctx,
+                                                                      reducer, plan, at)
+                if reducer is not None and reducer.dynamic and not self.training:
+                    reducer.observe(stage_counts)     # per-image counts (FLOPs are means)
+            counts.extend(stage_counts)
+            if self.context_without_reducer and s == red_stage:
+                record.context = ctx
+            elif not self.context_without_reducer and s == len(stages) - 1:
+                record.context = ctx if reducer is not None else None
+            if self.record_final_stream and s == len(stages) - 1:
+                record.final_stream = hidden if residual is None else residual + hidden
+            state = self.leave_stage(s, hidden, residual, ctx, outs)
+            start += len(blocks)
+        return outs, record, state
+
+    def run_blocks(self, blocks: Sequence[nn.Module], hidden: torch.Tensor, ctx: ScanContext,
+                   reducer, plan, emit: Emit):
+        """The block loop of one stage with its :class:`ReductionSession` -> (hidden,
+        residual, the context after the last step, the tokens each block saw)."""
+        session = ReductionSession(reducer, ctx, hidden, len(blocks), self.training)
+        residual, counts = None, []
+        for i, layer in enumerate(blocks):
+            hidden, residual, merge = session.before_block(i, layer, hidden, residual, plan)
+            counts.append(hidden.shape[1] if merge is None else merge.rows.shape[1])
+            hidden, residual = self.call_block(layer, hidden, residual, session.ctx, merge, plan)
+            emit(i, hidden, residual, session.ctx, None)
+        return hidden, residual, session.ctx, counts
+
+    def run_blocks_masked(self, blocks: Sequence[nn.Module], hidden: torch.Tensor,
+                          ctx: ScanContext, emit: Emit):
+        """A learned reducer's training forward over one stage: the full sequence throughout,
+        a keep mask from the reducer's decisions, every block after the first decision on its
+        masked forward (see :mod:`amvim_mm.models.reduction.learned`); a dropped token's
+        stream is its value when it was dropped (what inference's dense restore gives it).
+        Returns (hidden, residual, the last keep mask)."""
+        red = self.begin_masked_training(ctx, hidden, len(blocks))
+        residual, keep = None, None
+        for i, layer in enumerate(blocks):
+            stream = hidden if residual is None else residual + hidden
+            new = red.decide(i, stream, ctx, layer)
+            if new is not None:
+                keep = new.keep
+                if new.mix is not None:      # in-place merges, both streams
+                    hidden = new.mix(hidden)
+                    residual = None if residual is None else new.mix(residual)
+            hidden, residual = self.call_block_masked(layer, hidden, residual, ctx, keep)
+            emit(i, hidden, residual, ctx, keep)
+        return hidden, residual, keep
+
+
+def _offset(emit: Emit, start: int) -> Emit:
+    """``emit`` with the stage's block index turned into the index over all stages."""
+    if start == 0:
+        return emit
+    return lambda i, *rest: emit(start + i, *rest)
