@@ -5,7 +5,9 @@ import pytest
 import torch
 
 import amvim_mm  # noqa: F401
+from amvim_mm.models.backbones.base import MambaBackbone
 from amvim_mm.models.backbones.vim_family import VimFamilyBackbone
+from amvim_mm.models.layout import ScanContext
 from amvim_mm.models.reduction import TOKEN_REDUCERS
 from amvim_mm.registry import MODELS
 
@@ -160,3 +162,27 @@ def test_plain_backbone_x_reducer(typ, reducer):
         out = reduced(x)
         assert [o.shape for o in out] == [(2, 32, 4, 3)] * 2
         assert reduced.keep_mask.sum(1).max() < reduced.token_counts[0]
+
+
+#: every backbone on the skeleton (backbones/base.py): one record, the same for every family
+FAMILIES = sorted(n for n, c in MODELS.module_dict.items()
+                  if isinstance(c, type) and issubclass(c, MambaBackbone))
+
+
+@pytest.mark.parametrize('typ', FAMILIES)
+@pytest.mark.parametrize('reduce', [False, True], ids=['plain', 'tome'])
+def test_every_family_records_its_forward_the_same_way(typ, reduce):
+    """After an eval forward, with or without a reducer: ``last_context`` is the context of
+    the stage the reducer acts in (the full grid of ``reduction_domain``), ``token_counts``
+    one count per block, no keep mask; ``final_stream`` (when asked for) the last stream."""
+    red = dict(type='ToMe', ratio=0.27) if reduce else None
+    m = MODELS.build(dict(type=typ, arch='test', img_size=64, token_reduction=red)).eval()
+    m.record_final_stream = True
+    with torch.no_grad():
+        m(torch.randn(2, 3, 64, 64))
+    M, blocks = m.reduction_domain()
+    ctx = m.last_context
+    assert isinstance(ctx, ScanContext) and ctx.grid[0] * ctx.grid[1] == M
+    assert ctx.reduced == reduce
+    assert len(m.token_counts) == m.num_layers and m.keep_mask is None
+    assert m.final_stream.dim() == 3 and m.final_stream.shape[0] == 2

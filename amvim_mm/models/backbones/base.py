@@ -52,7 +52,8 @@ class ForwardRecord:
         token_counts: the sequence length each block saw (all stages; a batch run one image
             at a time: the per-block mean over the images).
         context: the :class:`ScanContext` after the last block of the stage a reducer acts in
-            (survivors, sources, grid), or None.
+            (survivors, sources, grid), with or without a reducer (the unreduced sequence's
+            context then).
         keep_mask: a learned reducer's last (B, L) keep mask (masked training forward), or None.
         final_stream: the stream after the last block (B, L, D; Vim family: ``residual +
             hidden`` before ``norm_f``), kept only when ``record_final_stream`` is set.
@@ -77,9 +78,6 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
     record_final_stream = False
     #: the family's :meth:`embed` checks the images itself (the skeleton then does not)
     embed_checks_images = False
-    #: record the reduction stage's context also without a reducer (False: only when the last
-    #: stage holds the reducer)
-    context_without_reducer = True
 
     # ----------------------------------------------------------------- set-up
     def init_forward(self, cuda_graph: Optional[bool]) -> None:
@@ -224,10 +222,8 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
                 if reducer is not None and reducer.dynamic and not self.training:
                     reducer.observe(stage_counts)     # per-image counts (FLOPs are means)
             counts.extend(stage_counts)
-            if self.context_without_reducer and s == red_stage:
+            if s == red_stage:
                 record.context = ctx
-            elif not self.context_without_reducer and s == len(stages) - 1:
-                record.context = ctx if reducer is not None else None
             if self.record_final_stream and s == len(stages) - 1:
                 record.final_stream = hidden if residual is None else residual + hidden
             state = self.leave_stage(s, hidden, residual, ctx, outs)

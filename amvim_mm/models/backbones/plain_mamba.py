@@ -373,8 +373,6 @@ class PlainMamba(MambaBackbone):
 
     #: PlainMamba's mixer has the masked forward a learned (pruning) reducer trains with
     supports_learned_reduction = True
-    #: without a reducer, no context is recorded
-    context_without_reducer = False
 
     def graph_misfit(self):
         return 'PlainMamba has no CUDA-graph forward yet'

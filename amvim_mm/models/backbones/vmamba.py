@@ -422,8 +422,6 @@ class VMamba(MambaBackbone):
     # ----------------------------------------------------------------- forward
     #: SS2D has the masked forward a learned (pruning) reducer trains with
     supports_learned_reduction = True
-    #: without a reducer in the last stage, no context is recorded
-    context_without_reducer = False
 
     def reduction_width(self) -> int:
         return self.dims[self.reduction_stage]
