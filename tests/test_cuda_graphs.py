@@ -1,5 +1,5 @@
-"""CUDA-graph inference (``cuda_graph=True``) on the CPU: the switch and the argument, when a
-forward must stay eager, the key that a weight change or another input moves, copies of a
+"""CUDA-graph inference (``cuda_graph=True``) on the CPU: the switch and the argument (every
+family), when a forward must stay eager, the key that a weight change or another input moves, copies of a
 module. The captures and replays themselves are GPU tests (tests/models/test_gpu.py)."""
 import copy
 import pickle
@@ -9,6 +9,7 @@ import torch
 
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
+from amvim_mm.models.backbones.base import MambaBackbone
 from amvim_mm.models.backbones.graphs import InferenceGraphs, graphs_requested
 from amvim_mm.registry import MODELS
 
@@ -92,3 +93,33 @@ def test_copies_start_without_graphs():
     assert not m._graphs.seen and not m._graphs.graphs
     with pytest.raises(ValueError, match='max_graphs'):
         InferenceGraphs(0)
+
+
+#: every backbone on the skeleton (backbones/base.py) takes cuda_graph
+FAMILIES = sorted(n for n, c in MODELS.module_dict.items()
+                  if isinstance(c, type) and issubclass(c, MambaBackbone))
+
+
+@pytest.mark.parametrize('typ', FAMILIES)
+def test_every_family_takes_cuda_graph_and_stays_eager_on_the_cpu(typ):
+    """VMamba and PlainMamba as the Vim family: the argument is checked, a CPU forward runs
+    eagerly and equals the plain model's (the captures and replays: tests/models/test_gpu.py);
+    a family's own ``graph_misfit`` reason keeps it eager."""
+    with pytest.raises(ConfigError, match='cuda_graph must be True, False or None'):
+        MODELS.build(dict(type=typ, arch='test', img_size=64, cuda_graph='yes'))
+    torch.manual_seed(0)
+    red = dict(type='ToMe', ratio=0.27)
+    plain = MODELS.build(dict(type=typ, arch='test', img_size=64, token_reduction=red)).eval()
+    graphed = MODELS.build(dict(type=typ, arch='test', img_size=64, token_reduction=red,
+                                cuda_graph=True)).eval()
+    graphed.load_state_dict(plain.state_dict())
+    assert graphed.graph_misfit() is None
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        for p, q in zip(plain(x), graphed(x), strict=True):
+            assert torch.equal(p, q)
+    assert graphed._graphs.stats == {'eager': 1} and not graphed._graphs.graphs
+    assert graphed.token_counts == plain.token_counts
+    assert InferenceGraphs.why_eager(graphed, x) == 'not a CUDA tensor'
+    graphed.graph_misfit = lambda: f'{typ} cannot be captured'
+    assert InferenceGraphs.why_eager(graphed, x) == f'{typ} cannot be captured'

@@ -118,6 +118,10 @@ class InferenceGraphs:
         (``survey``: :func:`_survey` of ``module`` when the caller has it)."""
         if tracing():
             return 'a trace or compile is recording'    # it would record a replay, not the work
+        misfit = getattr(module, 'graph_misfit', None)      # the family's own reason, if any
+        reason = misfit() if misfit is not None else None
+        if reason is not None:
+            return reason
         if not isinstance(x, torch.Tensor) or not x.is_cuda:
             return 'not a CUDA tensor'
         if module.training:
@@ -128,10 +132,6 @@ class InferenceGraphs:
             return 'a CUDA graph capture is running'
         if getattr(module, 'record_final_stream', False):
             return 'the final stream is recorded'
-        misfit = getattr(module, 'graph_misfit', None)
-        reason = misfit() if misfit is not None else None
-        if reason is not None:
-            return reason
         reducer = getattr(module, 'token_reducer', None)
         if reducer is not None:
             name = type(reducer).__name__

@@ -148,6 +148,9 @@ class PlainMamba(MambaBackbone):
             first ``k`` layers.
         norm_eps: the layers' LayerNorm epsilon (1e-5 as the official code).
         scan_backend: selective-scan backend (``None``: automatic).
+        cuda_graph: replay CUDA inference forwards from captured CUDA graphs (``None``: the
+            ``AMVIM_CUDA_GRAPH`` switch), as the Vim family (see
+            :mod:`amvim_mm.models.backbones.graphs`).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads a released file (mmcls
             layout: ``state_dict`` with ``backbone.*``, ``head.*``) or a bare backbone state
             dict strictly; ``head.*`` and EMA buffers (``ema_*``) are dropped; output norms
@@ -184,6 +187,7 @@ class PlainMamba(MambaBackbone):
                  scan_backend: Optional[str] = None,
                  token_reduction: Optional[dict] = None,
                  reduced_direction_codes: str = 'positional',
+                 cuda_graph: Optional[bool] = None,
                  init_cfg: Optional[dict] = None,
                  pretrained: Optional[str] = None) -> None:
         name = type(self).__name__
@@ -197,7 +201,7 @@ class PlainMamba(MambaBackbone):
         drop_rate = rate(name, 'drop_rate', drop_rate)
         drop_path_rate = rate(name, 'drop_path_rate', drop_path_rate)
         check_backend_usable(scan_backend, name)
-        self.init_forward(None)
+        self.init_forward(cuda_graph)
 
         self.patch_size = P = cfg['patch_size']
         self.patch_embed = ConvPatchEmbed(self.in_channels, C, cfg['num_convs_patch_embed'], P)
@@ -373,6 +377,3 @@ class PlainMamba(MambaBackbone):
 
     #: PlainMamba's mixer has the masked forward a learned (pruning) reducer trains with
     supports_learned_reduction = True
-
-    def graph_misfit(self):
-        return 'PlainMamba has no CUDA-graph forward yet'

@@ -170,6 +170,10 @@ class VMamba(MambaBackbone):
             each block of the last forward saw.
         reduction_stage: the stage that token reduction acts in (default 2, the third stage:
             ToP-ViM and the Swin pruning works; 57 % (T) to 71 % (S, B) of the block FLOPs).
+        cuda_graph: replay CUDA inference forwards from captured CUDA graphs (``None``: the
+            ``AMVIM_CUDA_GRAPH`` switch), as the Vim family (see
+            :mod:`amvim_mm.models.backbones.graphs`: training, gradients, hooks and reducers
+            off the allow-list stay eager).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads an official VMamba file
             (``{'model': ...}``, keys of the official classification ``VSSM``) or one of ours
             strictly; ``classifier.head`` is never a backbone weight, ``classifier.norm`` is
@@ -203,6 +207,7 @@ class VMamba(MambaBackbone):
                  scan_backend: Optional[str] = None,
                  token_reduction: Optional[dict] = None,
                  reduction_stage: int = 2,
+                 cuda_graph: Optional[bool] = None,
                  init_cfg: Optional[dict] = None,
                  pretrained: Optional[str] = None) -> None:
         name = type(self).__name__
@@ -220,7 +225,7 @@ class VMamba(MambaBackbone):
         drop_path_rate = rate(name, 'drop_path_rate', drop_path_rate)
         check_backend_usable(scan_backend, name)
         self.in_channels = in_channels
-        self.init_forward(None)
+        self.init_forward(cuda_graph)
         embed = patch_embed_v2 if cfg['patch_embed'] == 'v2' else patch_embed_v1
         self.patch_embed = embed(in_channels, C)
         self._build_stages(drop_path_rate, norm_eps, scan_backend)
@@ -458,9 +463,6 @@ class VMamba(MambaBackbone):
 
     def is_output_block(self, i: int) -> bool:
         return False        # outputs per stage (leave_stage)
-
-    def graph_misfit(self):
-        return 'VMamba has no CUDA-graph forward yet'
 
     def last_featmap(self, x: torch.Tensor) -> torch.Tensor:
         """The last stage's output as a (B, 8C, h, w) map, before any output norm (for
