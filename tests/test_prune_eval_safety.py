@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from amvim_mm.apis import prune_eval as pe
+from amvim_mm.apis.sweep import store as pe
 from amvim_mm.testing import make_ade20k
 from tests.test_tools_e2e import SEG_BASE, SEG_CONFIG, TOOLS, _env, write_config
 

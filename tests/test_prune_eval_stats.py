@@ -213,7 +213,7 @@ def test_group_verdicts_over_training_seeds_and_images(tmp_path):
     from scipy import stats as sps
 
     from amvim_mm.analysis import stats as S
-    from amvim_mm.apis import prune_eval as pe
+    from amvim_mm.apis import sweep as pe
     rng = np.random.default_rng(0)
     n = 200
     base = rng.random(n) < 0.8
@@ -255,7 +255,7 @@ def test_group_verdicts_over_training_seeds_and_images(tmp_path):
 
 def test_without_groups_every_model_is_an_architecture_of_one_seed(tmp_path):
     """No groups: verdicts still come, over the images only, and say so."""
-    from amvim_mm.apis import prune_eval as pe
+    from amvim_mm.apis import sweep as pe
     rng = np.random.default_rng(1)
     base = rng.random(100) < 0.8
     rows = [_cls_row(tmp_path, m, r, c) for m, r, c in (

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from amvim_mm.apis.cli import run_cli
-from amvim_mm.apis.prune_eval import METHODS, run_sweep
+from amvim_mm.apis.sweep import METHODS, run_sweep
 from amvim_mm.errors import ConfigError
 from tests import test_tools_e2e as e2e
 

@@ -41,8 +41,8 @@ from mmengine.config import DictAction
 
 from amvim_mm.apis.cli import run_cli
 from amvim_mm.analysis.flops import CONVENTIONS
-from amvim_mm.apis.prune_eval import (METHODS, PRECISIONS, group_table, markdown_table, plot,
-                                      plot_groups, run_sweep, verdict_table)
+from amvim_mm.apis.sweep import (METHODS, PRECISIONS, group_table, markdown_table, plot,
+                                 plot_groups, run_sweep, verdict_table)
 
 
 def _positive_int(text: str) -> int:

@@ -10,7 +10,7 @@ files are converted on the fly for classification configs. A bad config value, c
 data path, or a bad combination of the options below, ends with a one-line error (exit 2).
 
 ``--reduce M`` switches training-free token reduction on for the test with the methods of
-``tools/prune_eval.py --methods`` and the same mapping (``amvim_mm.apis.reduction_methods``),
+``tools/prune_eval.py --methods`` and the same mapping (``amvim_mm.apis.sweep.methods``),
 set on the built backbone as the sweep sets it, so the printed metric is that of the sweep's
 (M, R) cell: ``tome`` / ``random`` at the ratio (AMVim protocol; ``random`` draws with
 ``--seed``, default 0, the sweep's default ``--seeds``), ``evit`` / ``top`` at the keep rate
@@ -30,9 +30,9 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmen
 from mmengine.config import DictAction
 
 from amvim_mm.apis.cli import run_cli
-from amvim_mm.apis.reduction_methods import (IMPORTANCE_METHODS, LEARNED, METHODS,
-                                             SEEDED_METHODS, cell_reducer, check_ratio,
-                                             config_has_learned_reducer, learned_reducer)
+from amvim_mm.apis.sweep.methods import (IMPORTANCE_METHODS, LEARNED, METHODS, SEEDED_METHODS,
+                                         cell_reducer, check_ratio,
+                                         config_has_learned_reducer, learned_reducer)
 from amvim_mm.apis.runner import (drop_token_reduction_hooks, identify_images, load_config,
                                   load_model_weights, make_runner)
 from amvim_mm.engine.hooks import find_reducible_backbone

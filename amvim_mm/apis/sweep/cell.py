@@ -1,0 +1,203 @@
+"""The evaluation of one sweep cell: a model (one runner, its checkpoint loaded) with one
+method at one ratio, through the config's test loop and the library's metric; the result is a
+:class:`~amvim_mm.apis.sweep.rows.SweepRow` with the analytic GFLOPs, the realised ratio and the
+per-image statistics written next to ``results.json``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import os.path as osp
+import sys
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+from amvim_mm.apis.sweep.methods import LEARNED, SEEDED_METHODS, cell_reducer
+from amvim_mm.apis.sweep.rows import Fingerprint, SweepRow
+from amvim_mm.apis.sweep.store import reusable_rows, stats_name, zero_row
+from amvim_mm.errors import ConfigError, LookupConfigError
+
+#: the metric of a row, per library (``default_scope``)
+PRIMARY_METRICS = {'mmseg': 'mIoU', 'mmdet': 'coco/bbox_mAP', 'mmpretrain': 'accuracy/top1'}
+
+
+def fine_tuning_label(meta: dict) -> str:
+    """``'fine-tuned N epochs'`` / ``'fine-tuned N iterations'`` from a checkpoint's ``meta``
+    (mmengine's ``epoch`` / ``iter``; an exported student keeps them), else ``'fine-tuned'``."""
+    epoch, it = meta.get('epoch'), meta.get('iter')
+    if isinstance(epoch, int) and epoch > 0:
+        return f'fine-tuned {epoch} epoch' + ('s' if epoch > 1 else '')
+    if isinstance(it, int) and it > 0:
+        return f'fine-tuned {it} iterations'
+    return 'fine-tuned'
+
+
+def _image_keys(runner, recorder) -> List[str]:
+    """Identities of the evaluated images, in the order of the per-image statistics."""
+    if recorder.kind == 'det':
+        return [str(i) for i in recorder.metric.img_ids]
+    ds = runner.test_dataloader.dataset
+    keys = []
+    for i in range(len(ds)):
+        info = ds.get_data_info(i)
+        keys.append(osp.basename(str(info.get('img_path', info.get('img_id', i)))))
+    return keys
+
+
+@dataclass
+class ModelCells:
+    """What evaluating one model's cells needs (one runner per model)."""
+
+    runner: object
+    backbone: object
+    learned: object
+    recorder: object
+    config: str
+    ckpt: str
+    name: str
+    precision: str
+    metric_key: str
+    seeds: List[int]
+    locations: Optional[Sequence[int]]
+    flops_convention: str
+    measure_speed: bool
+    out_dir: str
+    results: str
+    fingerprint: Fingerprint
+
+    def evaluate(self, method: str, ratio: float, proto: str,
+                 done: Dict[tuple, dict]) -> SweepRow:
+        """Evaluate one (method, ratio) cell, or reuse this model's ratio-0 evaluation."""
+        import numpy as np
+        import torch
+        bb = self.backbone
+        if ratio == 0.0:
+            zero = self._zero(done)
+            if zero is not None and (not self.measure_speed or zero.get('img_per_s')) and \
+                    zero.get('gflops_convention') == self.flops_convention:
+                return dataclasses.replace(SweepRow.from_dict(zero), method=method,
+                                           protocol=proto)
+        M, depth = bb.reduction_domain()
+        dynamic = method == LEARNED and self.learned is not None and self.learned.dynamic
+        if dynamic:       # per-image counts (LTMP): the ratio is known after the evaluation
+            self.learned.reset_observed()
+            ratio = 0.5   # a placeholder > 0 for the seed rule; replaced below
+        elif method == LEARNED:
+            ratio = round(self.learned.token_plan(M, depth)[2], 6)
+        seeds = self.seeds if method in SEEDED_METHODS and ratio > 0 else [0]
+        t0 = time.perf_counter()
+        metrics, exact, per_seed, red = self._run_seeds(method, ratio, seeds)
+        dt = time.perf_counter() - t0
+        keys = _image_keys(self.runner, self.recorder)
+        flops, red, ratio = self._flops(method, ratio, red, dynamic)
+        stats_file = self._write_stats(method, ratio, per_seed, keys)
+        row = SweepRow(
+            model=self.name, config=self.config, checkpoint=self.ckpt, method=method,
+            ratio=ratio, precision=self.precision, protocol=proto, reduction=red,
+            realised_ratio=round(flops['realised_ratio'], 4), gflops=round(flops['gflops'], 4),
+            gflops_convention=self.flops_convention, metric_name=self.metric_key,
+            metric=round(float(np.mean(exact)), 4),
+            metric_library=round(float(np.mean(metrics)), 4), final_tokens=flops['tokens'][-1],
+            seconds=round(dt, 2), images=len(keys), stats_file=stats_file,
+            checkpoint_sha256=self.fingerprint[0], config_sha256=self.fingerprint[1])
+        if len(exact) > 1:
+            row.seeds, row.metric_seeds = seeds, [round(m, 4) for m in exact]
+            row.seed_std = round(float(np.std(exact, ddof=1)), 4)
+        if method == LEARNED:
+            row.fine_tuned = getattr(self.learned, 'fine_tuned', None) or True
+        if self.measure_speed:
+            speed = _speed(bb, bb.img_size, self.precision,
+                           self.learned if method == LEARNED else red)
+            row = dataclasses.replace(row, **speed)
+        elif torch.cuda.is_available():
+            row.img_per_s_test_loop = round(len(keys) * len(seeds) / dt, 1)
+        return row
+
+    def _run_seeds(self, method: str, ratio: float, seeds: Sequence[int]):
+        """The test loop once per seed with the cell's reducer on: (library metrics, exact
+        metrics, per-image statistics per seed, the last reducer)."""
+        from amvim_mm.analysis import stats as S
+        bb = self.backbone
+        metrics, exact, per_seed, red = [], [], [], None
+        for seed in seeds:
+            red = cell_reducer(bb, method, ratio, self.locations, seed, learned=self.learned)
+            bb.set_token_reduction(red)
+            try:
+                out = self.runner.test()
+            finally:
+                bb.set_token_reduction(None)
+            st = self.recorder.stats()
+            if self.metric_key not in out and self.recorder.kind == 'det' and \
+                    len(st['det_score']) == 0:
+                # mmdet reports nothing when no box passes the score threshold; COCO's AP of
+                # an empty detection set is 0
+                print(f'prune_eval: {self.name} {method} {ratio}: no detections, AP 0',
+                      file=sys.stderr, flush=True)
+                out = {self.metric_key: 0.0}
+            if self.metric_key not in out:
+                raise LookupConfigError(f'{self.config}: the test metrics {sorted(out)} have no '
+                                        f'{self.metric_key!r}')
+            # the point value: the metric recomputed from the per-image statistics (the same
+            # numbers the intervals use), checked against the library's rounded value
+            exact.append(S.check_against(st, float(out[self.metric_key]),
+                                         f'{self.name} {method} {ratio} seed {seed}'))
+            metrics.append(float(out[self.metric_key]))
+            per_seed.append(st)
+        return metrics, exact, per_seed, red
+
+    def _flops(self, method: str, ratio: float, red, dynamic: bool):
+        """(the analytic FLOPs of the cell, the reducer config to store, the row's ratio: a
+        dynamic learned reducer's is the realised one)."""
+        from amvim_mm.analysis.flops import backbone_flops
+        bb = self.backbone
+        if method != LEARNED:
+            return (backbone_flops(bb, bb.img_size, red, convention=self.flops_convention),
+                    red, ratio)
+        bb.set_token_reduction(red)
+        try:
+            flops = backbone_flops(bb, bb.img_size, 'model', convention=self.flops_convention)
+        finally:
+            bb.set_token_reduction(None)
+        if dynamic:
+            ratio = round(flops['realised_ratio'], 6)
+        return flops, red.config(), ratio
+
+    def _write_stats(self, method: str, ratio: float, per_seed, keys) -> str:
+        """Write the per-image statistics (atomically); their path relative to the out-dir."""
+        from amvim_mm.analysis import stats as S
+        from amvim_mm.engine.fileio import atomic_write_bytes
+        stats_file = stats_name(self.name, method, ratio, self.precision)
+        os.makedirs(osp.dirname(osp.join(self.out_dir, stats_file)), exist_ok=True)
+        atomic_write_bytes(S.dumps(per_seed, keys), osp.join(self.out_dir, stats_file))
+        return stats_file
+
+    def _zero(self, done: Dict[tuple, dict]) -> Optional[dict]:
+        zero = zero_row(done, self.name, self.precision)
+        if zero is None:   # another sweep into this out-dir may have evaluated it meanwhile
+            fresh, _ = reusable_rows(self.results, {self.name: self.fingerprint}, self.out_dir)
+            zero = zero_row(fresh, self.name, self.precision)
+        return zero
+
+
+def _speed(backbone, size, precision: str, red: Optional[dict]) -> dict:
+    """Backbone throughput on the present device (eager, median of 5 repeats), with the
+    cell's reducer on; batch 8 on a CPU, 64 on a GPU."""
+    import torch
+
+    from amvim_mm.analysis.benchmark import measure
+    if size[0] != size[1]:
+        raise ConfigError(f'--measure-speed needs a square img_size, got {size}')
+    cuda = next(backbone.parameters()).is_cuda
+    batch = 64 if cuda else 8
+    backbone.set_token_reduction(red)
+    was = backbone.training
+    try:
+        backbone.eval()
+        r = measure(backbone, batch, size[0], precision, 'eager', warmup=2,
+                    iters=10 if cuda else 3, repeats=5)
+    finally:
+        backbone.set_token_reduction(None)
+        backbone.train(was)
+    return dict(img_per_s=r['img_per_s'], speed_batch=batch, speed_spread_pct=r['spread_pct'],
+                speed_device=torch.cuda.get_device_name(0) if cuda else 'cpu')

@@ -1,0 +1,244 @@
+"""A sweep's tables and plots, from the merged ``results.json`` data: the rows with their
+intervals (:func:`markdown_table`), the architectures (:func:`group_table`), the verdicts
+(:func:`verdict_table`), metric against realised ratio (:func:`plot`, :func:`plot_groups`).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+from amvim_mm.apis.sweep.rows import zero_of
+
+
+def _digits(metric_name: str) -> int:
+    """Decimals to print: COCO AP is a fraction, mIoU / top-1 are percentages."""
+    return 3 if metric_name.startswith('coco') else 2
+
+
+def _fmt_ci(lo, hi, digits: int) -> str:
+    return '' if lo is None else f'[{lo:.{digits}f}, {hi:.{digits}f}]'
+
+
+def _differences_table(diffs: Sequence[dict], a: str, b: str, title: str,
+                       precision: bool) -> List[str]:
+    """Markdown lines of paired differences (``a``/``b``: the keys naming the two sides)."""
+    if not diffs:
+        return []
+    head = ['A', 'B', 'method', 'ratio'] + (['precision'] if precision else []) + [
+        'drop A', 'drop B', 'A - B', '95% CI', 'reading']
+    lines = ['', title, '', '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for d in diffs:
+        dg = _digits(d['metric_name'])
+        cells = [d[a], d[b], d['method'], f"{d['ratio']:.2f}"] + (
+            [d['precision']] if precision else []) + [
+            f"{d['drop_a']:+.{dg}f}", f"{d['drop_b']:+.{dg}f}",
+            f"{d['paired_difference']:+.{dg}f}",
+            _fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg), d['reading']]
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    return lines
+
+
+def _yerr(items: Sequence[dict]) -> List[List[float]]:
+    """Error bars (below, above) of ``metric`` from ``ci_low``/``ci_high`` (0 where absent)."""
+    return [[max(0.0, r['metric'] - r['ci_low']) if r.get('ci_low') is not None else 0
+             for r in items],
+            [max(0.0, r['ci_high'] - r['metric']) if r.get('ci_high') is not None else 0
+             for r in items]]
+
+
+def markdown_table(data: Dict[str, object]) -> str:
+    rows = data['results']
+    speed = any(r.get('img_per_s') for r in rows)
+    seeded = any(r.get('seed_std') is not None for r in rows)
+    head = ['model', 'method', 'ratio', 'realised', 'GFLOPs', 'metric', 'value', 'drop',
+            '95% CI', 'drop 95% CI', 'precision']
+    if seeded:
+        head.append('seed std')
+    if speed:
+        head += ['img/s', 'speed-up']
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for r in rows:
+        dg = _digits(r['metric_name'])
+        method = r['method']
+        if r.get('fine_tuned'):
+            how = r['fine_tuned'] if isinstance(r['fine_tuned'], str) else 'fine-tuned'
+            method = f"{(r.get('reduction') or {}).get('type', method)} ({how})"
+        cells = [r['model'], method, f"{r['ratio']:.2f}", f"{r['realised_ratio']:.3f}",
+                 f"{r['gflops']:.3f}", r['metric_name'], f"{r['metric']:.{dg}f}",
+                 '' if r.get('drop') is None else f"{r['drop']:+.{dg}f}",
+                 _fmt_ci(r.get('ci_low'), r.get('ci_high'), dg),
+                 _fmt_ci(r.get('drop_ci_low'), r.get('drop_ci_high'), dg),
+                 r.get('precision', 'fp32')]
+        if seeded:
+            cells.append('' if r.get('seed_std') is None else f"{r['seed_std']:.{dg}f}")
+        if speed:
+            z = zero_of(rows, r)
+            sp = (r['img_per_s'] / z['img_per_s'] if r.get('img_per_s') and z is not None
+                  and z.get('img_per_s') else None)
+            cells += ['' if r.get('img_per_s') is None else f"{r['img_per_s']:.1f}",
+                      '' if sp is None else f'{sp:.2f}x']
+        lines.append('| ' + ' | '.join(str(c) for c in cells) + ' |')
+    lines += _differences_table(
+        data.get('paired_differences') or [], 'model_a', 'model_b',
+        'Paired differences of the drops (model A - model B, same images; > 0: A keeps more):',
+        precision=True)
+    return '\n'.join(lines)
+
+
+def group_table(data: Dict[str, object]) -> str:
+    """The architectures' table (mean over each group's checkpoints, intervals over training
+    seeds and images; absolute and relative drops); empty without groups."""
+    entries = data.get('group_results') or []
+    if not entries or not (data.get('meta') or {}).get('groups'):
+        return ''
+    lines = ['| group | models | method | ratio | realised | metric | mean | 95% CI | '
+             'mean drop | drop 95% CI | relative drop % | 95% CI | per model |',
+             '|' + '---|' * 13]
+    zeros = set()
+    for e in entries:
+        dg = _digits(e['metric_name'])
+        method = e['method']
+        if float(e['ratio']) == 0.0:      # no reduction: the same for every method, once
+            if (e['group'], e['precision']) in zeros:
+                continue
+            zeros.add((e['group'], e['precision']))
+            method = 'none'
+        rel = e.get('relative_drop')
+        lines.append(
+            f"| {e['group']} | {len(e['models'])} | {method} | {e['ratio']:.2f} | "
+            f"{e['realised_ratio']:.3f} | {e['metric_name']} | {e['metric']:.{dg}f} | "
+            f"{_fmt_ci(e['ci_low'], e['ci_high'], dg)} | "
+            f"{'' if e['drop'] is None else format(e['drop'], f'+.{dg}f')} | "
+            f"{_fmt_ci(e['drop_ci_low'], e['drop_ci_high'], dg)} | "
+            f"{'' if rel is None else format(rel, '+.1f')} | "
+            f"{_fmt_ci(e.get('relative_drop_ci_low'), e.get('relative_drop_ci_high'), 1)} | "
+            f"{' / '.join(format(m, f'.{dg}f') for m in e['metric_models'])} |")
+    return '\n'.join(lines)
+
+
+def _p(p: float) -> str:
+    return '<0.001' if p < 0.001 else f'{p:.3f}'
+
+
+def verdict_table(data: Dict[str, object]) -> str:
+    """The verdicts: the robustness AUC per architecture and method, the AUC differences of
+    every pair of architectures, then the drop differences per cell (Holm-adjusted within each
+    family; > 0: A loses less). Architectures are the groups, or the models without groups."""
+    aucs = data.get('group_auc') or []
+    auc_diffs = data.get('group_auc_differences') or []
+    diffs = data.get('group_paired_differences') or []
+    if not (aucs or diffs):
+        return ''
+    lines = []
+    if aucs:
+        name = aucs[0]['metric_name']
+        dg = _digits(name)
+        lines += [f'Robustness AUC: the mean drop of {name} over the kept-token range (no '
+                  'reduction to the largest ratio); 95 % intervals over training seeds and '
+                  'images:', '',
+                  '| architecture | method | ratios | AUC drop | 95% CI | AUC relative drop % '
+                  '| 95% CI |', '|' + '---|' * 7]
+        for e in aucs:
+            lines.append(
+                f"| {e['group']} | {e['method']} | {', '.join(f'{r:g}' for r in e['ratios'])} | "
+                f"{e['auc_drop']:+.{dg}f} | "
+                f"{_fmt_ci(e['auc_drop_ci_low'], e['auc_drop_ci_high'], dg)} | "
+                f"{e['auc_relative_drop']:+.1f} | "
+                f"{_fmt_ci(e['auc_relative_drop_ci_low'], e['auc_relative_drop_ci_high'], 1)} |")
+    if auc_diffs:
+        n, m = auc_diffs[0]['family_size'], auc_diffs[0]['margin']
+        dg = _digits(auc_diffs[0]['metric_name'])
+        lines += ['', f'AUC differences (A - B; > 0: A loses less; Holm over {n}; equivalence '
+                  f'margin +-{m:g}):', '',
+                  '| A | B | method | A - B | 95% CI | p (Holm) | detectable | verdict |',
+                  '|' + '---|' * 8]
+        for d in auc_diffs:
+            lines.append(
+                f"| {d['group_a']} | {d['group_b']} | {d['method']} | "
+                f"{d['auc_difference']:+.{dg}f} | "
+                f"{_fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg)} | "
+                f"{_p(d['p_holm'])} | {d['detectable']:.{dg}f} | {d['reading']} |")
+    if diffs:
+        n, m = diffs[0]['family_size'], diffs[0]['margin']
+        dg = _digits(diffs[0]['metric_name'])
+        lines += ['', f'Drop differences per cell (A - B; > 0: A loses less; Holm over {n}; '
+                  f'equivalence margin +-{m:g}; relative drops in % of each model\'s own '
+                  'unreduced metric):', '',
+                  '| A | B | method | ratio | drop A | drop B | A - B | 95% CI | rel. A % | '
+                  'rel. B % | p (Holm) | verdict |', '|' + '---|' * 12]
+        for d in diffs:
+            ra, rb = d.get('relative_drop_a'), d.get('relative_drop_b')
+            lines.append(
+                f"| {d['group_a']} | {d['group_b']} | {d['method']} | {d['ratio']:.2f} | "
+                f"{d['drop_a']:+.{dg}f} | {d['drop_b']:+.{dg}f} | "
+                f"{d['paired_difference']:+.{dg}f} | "
+                f"{_fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg)} | "
+                f"{'' if ra is None else format(ra, '+.1f')} | "
+                f"{'' if rb is None else format(rb, '+.1f')} | {_p(d['p_holm'])} | "
+                f"{d['reading']} |")
+    basis = (aucs or diffs)[0]['basis']
+    lines += ['', f'Intervals over {basis}.']
+    return '\n'.join(lines)
+
+
+def plot(data: Dict[str, object], path: str) -> str:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=120)
+    series: Dict[Tuple[str, str, str], List[dict]] = {}
+    for r in data['results']:
+        series.setdefault((r['model'], r['method'], r.get('precision', 'fp32')), []).append(r)
+    models = sorted({m for m, _, _ in series})
+    colors = {m: plt.get_cmap('tab10')(i % 10) for i, m in enumerate(models)}
+    styles = {'tome': ('-', 'o'), 'random': ('--', 's'), 'evit': (':', '^'), 'top': ('-.', 'D')}
+    for (model, method, prec), rs in sorted(series.items()):
+        rs = sorted(rs, key=lambda r: r['realised_ratio'])
+        x = [r['realised_ratio'] for r in rs]
+        y = [r['metric'] for r in rs]
+        err = _yerr(rs)
+        ls, mk = styles.get(method, (':', 'x'))
+        ax.errorbar(x, y, yerr=err, color=colors[model], marker=mk, linestyle=ls, capsize=2,
+                    label=f'{model} / {method}' + ('' if prec == 'fp32' else f' / {prec}'))
+    name = data['results'][0]['metric_name'] if data['results'] else 'metric'
+    ax.set_xlabel('realised token reduction ratio (training-free)')
+    ax.set_ylabel(f'{name} (95% bootstrap CI over images)')
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_groups(data: Dict[str, object], path: str) -> str:
+    """One panel per method: each group's mean metric vs realised ratio, with the interval over
+    images and the group's models as error bars."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    entries = data.get('group_results') or []
+    methods = list(dict.fromkeys(e['method'] for e in entries))
+    groups = list(dict.fromkeys(e['group'] for e in entries))
+    fig, axes = plt.subplots(1, max(len(methods), 1), figsize=(3.2 * max(len(methods), 1), 3.4),
+                             dpi=120, sharey=True, squeeze=False)
+    colors = {g: plt.get_cmap('tab10')(i % 10) for i, g in enumerate(groups)}
+    for ax, method in zip(axes[0], methods):
+        for g in groups:
+            es = sorted((e for e in entries if e['group'] == g and e['method'] == method),
+                        key=lambda e: e['realised_ratio'])
+            if not es:
+                continue
+            y = [e['metric'] for e in es]
+            err = _yerr(es)
+            ax.errorbar([e['realised_ratio'] for e in es], y, yerr=err, color=colors[g],
+                        marker='o', capsize=2, label=f'{g} ({len(es[0]["models"])} models)')
+        ax.set_title(method)
+        ax.set_xlabel('realised ratio')
+        ax.grid(alpha=0.3)
+    if entries:
+        axes[0][0].set_ylabel(f"{entries[0]['metric_name']} (mean, 95% CI)")
+        axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

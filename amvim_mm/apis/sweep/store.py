@@ -1,0 +1,179 @@
+"""Where a sweep's rows live: ``results.json`` in the out-dir, its lock, the fingerprints that
+decide which stored rows a sweep reuses, and the merge of new rows into the file.
+
+Every write happens under an exclusive ``flock`` on ``results.json.lock``: the file is read
+again, the new rows replace those with the same key (:func:`~.rows.row_key`), rows of a model
+whose fingerprint (checkpoint and config sha256) differs are dropped as stale, and the file is
+replaced atomically. So an interrupted sweep keeps what it finished, a second call resumes, and
+sweeps writing into one out-dir at the same time keep each other's rows.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import os.path as osp
+from typing import Dict, Iterator, Optional, Sequence, Tuple
+
+from amvim_mm.apis.sweep.intervals import add_intervals
+from amvim_mm.apis.sweep.methods import IMPORTANCE_METHODS, SEEDED_METHODS
+from amvim_mm.apis.sweep.rows import Fingerprint, fingerprint, row_key, set_drops
+from amvim_mm.errors import CheckpointError, ConfigError
+
+
+def _write_json(path: str, data) -> None:
+    from amvim_mm.engine.fileio import atomic_write_bytes
+    atomic_write_bytes(json.dumps(data, indent=2).encode(), path)
+
+
+def load_results(path: str) -> Dict[str, object]:
+    if osp.exists(path) and not osp.isfile(path):
+        raise ConfigError(f'{path} is not a file; move it away or pick another --out-dir')
+    if not osp.isfile(path):
+        return dict(results=[])
+    with open(path) as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f'{path} is not valid JSON ({e}); move it away or pick another '
+                              '--out-dir') from None
+    if not isinstance(data, dict) or 'results' not in data:
+        raise ConfigError(f'{path} is not a results file of prune_eval (no "results" list); '
+                          'move it away or pick another --out-dir')
+    return data
+
+
+def file_sha256(path: str, chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes, read in chunks (checkpoints can be large)."""
+    h = hashlib.sha256()
+    try:
+        with open(path, 'rb') as f:
+            for block in iter(lambda: f.read(chunk), b''):
+                h.update(block)
+    except OSError as e:
+        raise CheckpointError(f'cannot read checkpoint {path}: {e.strerror or e}') from None
+    return h.hexdigest()
+
+
+def config_sha256(cfg) -> str:
+    """sha256 of ``pretty_text`` of a loaded config (``_base_`` merged, ``--cfg-options``
+    applied) without the run-specific ``work_dir`` and ``launcher``."""
+    from mmengine.config import Config
+    d = cfg.to_dict()
+    for k in ('work_dir', 'launcher'):
+        d.pop(k, None)
+    return hashlib.sha256(Config(d).pretty_text.encode()).hexdigest()
+
+
+def prepare_out_dir(out_dir: str) -> str:
+    """Create ``out_dir`` (a :class:`ConfigError` if it is a file or cannot be created)."""
+    if osp.exists(out_dir) and not osp.isdir(out_dir):
+        raise ConfigError(f'--out-dir {out_dir} exists and is not a directory')
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f'cannot create --out-dir {out_dir}: {e.strerror or e}') from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f'--out-dir {out_dir} is not writable')
+    return out_dir
+
+
+@contextlib.contextmanager
+def results_lock(path: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<path>.lock`` (created if missing) for the block."""
+    lock = path + '.lock'
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise ConfigError(f'cannot create the lock file {lock}: {e.strerror or e}') from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)    # closing the descriptor releases the lock
+
+
+def merge_results(path: str, rows: Sequence[dict], meta: Optional[dict] = None,
+                  current: Optional[Dict[str, Fingerprint]] = None,
+                  out_dir: Optional[str] = None, replicates: int = 1000) -> Dict[str, object]:
+    """Merge ``rows`` into the results file ``path`` under :func:`results_lock`.
+
+    The file is read again under the lock; a row replaces the one with the same model, method
+    and ratio; rows of a model whose fingerprint (checkpoint and config hashes) differs from
+    the new rows' (or from ``current[model]``) are stale and removed. ``drop`` is recomputed
+    for all rows and the file replaced atomically. Returns the merged results.
+    """
+    current = dict(current or {})
+    for r in rows:
+        current[r['model']] = fingerprint(r)
+    with results_lock(path):
+        data = load_results(path)
+        merged = {row_key(r): r for r in data['results']
+                  if r['model'] not in current or fingerprint(r) == current[r['model']]}
+        merged.update((row_key(r), dict(r)) for r in rows)
+        data['results'] = sorted(merged.values(),
+                                 key=lambda r: (r['model'], r['method'], float(r['ratio'])))
+        set_drops(data['results'])
+        if meta is not None:
+            data['meta'] = meta
+        if out_dir is not None:     # the final pass: bootstrap intervals
+            add_intervals(data, out_dir, replicates)
+        _write_json(path, data)
+    return data
+
+
+def _reusable(rows: Sequence[dict], prints: Dict[str, Fingerprint],
+              out_dir: Optional[str] = None) -> Tuple[Dict[tuple, dict], Dict[str, int]]:
+    """Split the stored rows of this sweep's models into reusable ones (same fingerprint and,
+    with ``out_dir``, their per-image statistics present there), by key, and a count of stale
+    ones per model name."""
+    done, stale = {}, {}
+    for r in rows:
+        name = r['model']
+        if name not in prints:
+            continue
+        if fingerprint(r) == prints[name]:
+            if out_dir is None or (r.get('stats_file') and
+                                   osp.isfile(osp.join(out_dir, r['stats_file']))):
+                done[row_key(r)] = r
+        else:
+            stale[name] = stale.get(name, 0) + 1
+    return done, stale
+
+
+def reusable_rows(path: str, prints: Dict[str, Fingerprint], out_dir: Optional[str] = None
+                  ) -> Tuple[Dict[tuple, dict], Dict[str, int]]:
+    """:func:`_reusable` of the rows ``path`` holds now (read under the lock)."""
+    with results_lock(path):
+        rows = load_results(path)['results']
+    return _reusable(rows, prints, out_dir)
+
+
+def zero_row(done: Dict[tuple, dict], name: str, precision: str) -> Optional[dict]:
+    """The reusable ratio-0 row of model ``name`` at ``precision``, else None."""
+    return next((r for k, r in sorted(done.items())
+                 if k[0] == name and k[2] == 0.0 and k[3] == precision), None)
+
+
+def protocol(method: str, seeds: Sequence[int], locations: Optional[Sequence[int]],
+             convention: str, measure_speed: bool) -> str:
+    """What besides model, method, ratio and precision defines a row (reuse needs equality)."""
+    # metric=exact: the point value recomputed from the per-image statistics (earlier rows
+    # held the library's rounded value); masks=per-image: random choices drawn per image
+    parts = [f'flops={convention}', 'metric=exact']
+    if method in SEEDED_METHODS:
+        parts.append('seeds=' + ','.join(str(s) for s in seeds) + ';masks=per-image')
+    if method in IMPORTANCE_METHODS:
+        parts.append('locations=' + (','.join(str(x) for x in locations) if locations
+                                     else 'default'))
+    if measure_speed:
+        parts.append('speed')
+    return ';'.join(parts)
+
+
+def stats_name(name: str, method: str, ratio: float, precision: str) -> str:
+    """Where a row's per-image statistics go, relative to the out-dir."""
+    tag = 'none_0' if ratio == 0 else f'{method}_{ratio:g}'
+    return osp.join('per_image', name, f'{tag}_{precision}.npz')
