@@ -250,28 +250,52 @@ def main(argv=None) -> int:
     print('   ok')
 
     step('2/4 built-in toy-shapes data (segmentation, detection, classification)')
+    opts = make_data(args.quick, args.out_dir)
+
+    step('3/4 demo checkpoints (Vim, AMVim and PlainMamba, seeds ' +
+         ('0' if args.quick else '; '.join(f'{t} {", ".join(map(str, s))}'
+                                           for t, s in SEEDS.items())) + ')')
+    seeds_of = {t: (0, ) if args.quick else SEEDS[t] for t in TASKS}
+    ckpts = checkpoints(args, seeds_of, opts, cores, jobs)
+    if ckpts is None:
+        return 1
+
+    step('4/4 training-free token reduction sweeps (tools/prune_eval.py), one per task')
+    rc = sweeps(args, seeds_of, ckpts, opts, cores)
+    if rc:
+        return rc
+    print(f'\ndemo finished in {time.time() - t0:.0f} s; outputs in {osp.abspath(args.out_dir)} '
+          f'(summary: {osp.join(args.out_dir, "summary.md")})')
+    return 0
+
+
+def make_data(quick: bool, out_dir: str) -> dict:
+    """Generate the three data sets (``--quick``: tiny ones under ``out_dir``); per task the
+    ``--cfg-options`` pointing the configs at them."""
     import amvim_mm.datasets as D
     roots, opts = {}, {}
     for task, (root, maker, sizes, _, _) in TASKS.items():
-        if args.quick:
-            root = osp.join(args.out_dir, osp.basename(root))
+        if quick:
+            root = osp.join(out_dir, osp.basename(root))
             sizes = dict(num_train=16, num_val=8)
         getattr(D, maker)(root, **sizes)
         roots[task] = root
         opts[task] = [f'{k}.dataset.data_root={root}' for k in DATA_KEYS]
         print(f'   {task}: {root} ({sizes["num_train"]} train / {sizes["num_val"]} val '
               'images, 64x64)')
-    if args.quick:
+    if quick:
         # the detection metric reads its own copy of the annotations
         opts['detection'].append(f'val_evaluator.ann_file={roots["detection"]}/annotations/'
                                  'instances_val2017.json')
         opts['detection'].append(f'test_evaluator.ann_file={roots["detection"]}/annotations/'
                                  'instances_val2017.json')
+    return opts
 
-    step('3/4 demo checkpoints (Vim, AMVim and PlainMamba, seeds ' +
-         ('0' if args.quick else '; '.join(f'{t} {", ".join(map(str, s))}'
-                                           for t, s in SEEDS.items())) + ')')
-    seeds_of = {t: (0, ) if args.quick else SEEDS[t] for t in TASKS}
+
+def checkpoints(args, seeds_of: dict, opts: dict, cores: int, jobs: int):
+    """Every demo checkpoint, trained where missing (``--train``: all; ``--quick``: a few
+    iterations) and checked against SHA256SUMS: {(task, name, seed): path}; None (with the
+    message printed) when one does not match."""
     sums = read_sums()
     jobs_todo, ckpts = [], {}
     for task, (_, _, _, _, models) in TASKS.items():
@@ -315,10 +339,14 @@ def main(argv=None) -> int:
                 print(f'   {path}: sha256 {digest[:12]}... does not match SHA256SUMS '
                       f'({(want or "missing")[:12]}...); run `python tools/demo.py --train`',
                       file=sys.stderr)
-                return 1
+                return None
         print(f'   {len(ckpts)} checkpoints in {CKPT_DIR}, sha256 verified')
+    return ckpts
 
-    step('4/4 training-free token reduction sweeps (tools/prune_eval.py), one per task')
+
+def sweeps(args, seeds_of: dict, ckpts: dict, opts: dict, cores: int) -> int:
+    """``tools/prune_eval.py`` per task on its checkpoints; prints and summarises the AUC and
+    per-cell tables (OUT/summary.md); the exit code of the first failed sweep, else 0."""
     ratios = ['0', '0.46'] if args.quick else ['0', '0.27', '0.46']
     methods = ['tome'] if args.quick else ['tome', 'random', 'evit', 'top']
     summary = ['# Demo: token reduction on the toy shapes', '',
@@ -344,35 +372,44 @@ def main(argv=None) -> int:
             results = osp.join(out, 'results.json')
             if osp.isfile(results):
                 os.remove(results)
-        print(f'\n   {task} ({metric}):\n   $ python tools/prune_eval.py ' + ' '.join(pe_args),
-              flush=True)
-        os.makedirs(out, exist_ok=True)
-        log = osp.join(out, 'prune_eval.log')
-        with open(log, 'w') as f:
-            rc = subprocess.call([sys.executable, 'tools/prune_eval.py', *pe_args],
-                                 env=child_env(cores), stdout=f, stderr=subprocess.STDOUT)
+        rc, log = run_sweep_tool(task, metric, pe_args, out, cores)
         if rc:
-            with open(log) as f:
-                print(''.join(f.readlines()[-20:]), file=sys.stderr)
-            print(f'prune_eval failed for {task} (exit {rc}); log: {log}', file=sys.stderr)
             return rc
-        from amvim_mm.apis.prune_eval import group_table, load_results
-        data = load_results(osp.join(out, 'results.json'))
-        groups = [n for n, _ in models]
-        aucs, table = auc_table(data, groups, metric), comparison_table(data, groups, metric)
-        print(aucs + '\n\n' + table + f'\n   (all rows, per checkpoint and per group: {log})',
-              flush=True)
-        summary += [f'## {task} ({metric})', '', 'Robustness AUC (mean drop over the kept-token '
-                    'range; verdicts Holm-adjusted over the AUC comparisons):', '', aucs, '',
-                    'Per cell (verdicts Holm-adjusted over all cells):', '', table, '',
-                    '<details><summary>per group</summary>', '', group_table(data), '',
-                    '</details>', '']
+        summary += task_tables(task, metric, [n for n, _ in models], out, log)
     from amvim_mm.engine.fileio import atomic_write_bytes
     atomic_write_bytes('\n'.join(summary).encode(), osp.join(args.out_dir, 'summary.md'))
-    print(f'\ndemo finished in {time.time() - t0:.0f} s; outputs in {osp.abspath(args.out_dir)} '
-          f'(summary: {osp.join(args.out_dir, "summary.md")})')
     return 0
 
+
+def run_sweep_tool(task: str, metric: str, pe_args, out: str, cores: int):
+    """Run ``tools/prune_eval.py`` with its output in OUT/prune_eval.log: (exit code, log);
+    on a failure the log's tail and one line go to stderr."""
+    print(f'\n   {task} ({metric}):\n   $ python tools/prune_eval.py ' + ' '.join(pe_args),
+          flush=True)
+    os.makedirs(out, exist_ok=True)
+    log = osp.join(out, 'prune_eval.log')
+    with open(log, 'w') as f:
+        rc = subprocess.call([sys.executable, 'tools/prune_eval.py', *pe_args],
+                             env=child_env(cores), stdout=f, stderr=subprocess.STDOUT)
+    if rc:
+        with open(log) as f:
+            print(''.join(f.readlines()[-20:]), file=sys.stderr)
+        print(f'prune_eval failed for {task} (exit {rc}); log: {log}', file=sys.stderr)
+    return rc, log
+
+
+def task_tables(task: str, metric: str, groups, out: str, log: str) -> list:
+    """Print a task's AUC and per-cell tables; its lines of the summary."""
+    from amvim_mm.apis.sweep import group_table, load_results
+    data = load_results(osp.join(out, 'results.json'))
+    aucs, table = auc_table(data, groups, metric), comparison_table(data, groups, metric)
+    print(aucs + '\n\n' + table + f'\n   (all rows, per checkpoint and per group: {log})',
+          flush=True)
+    return [f'## {task} ({metric})', '', 'Robustness AUC (mean drop over the kept-token '
+            'range; verdicts Holm-adjusted over the AUC comparisons):', '', aucs, '',
+            'Per cell (verdicts Holm-adjusted over all cells):', '', table, '',
+            '<details><summary>per group</summary>', '', group_table(data), '',
+            '</details>', '']
 
 if __name__ == '__main__':
     sys.exit(main())
