@@ -211,20 +211,17 @@ def test_fused_cpu_mixer_equals_the_unfused_mixer(cfg, reduction):
         kw['token_reduction'] = reduction
     m = MODELS.build(dict(cfg, **kw)).eval()
     x = torch.randn(2, 3, cfg['img_size'], cfg['img_size'])
-    calls = []
-    for layer in m.layers:
-        orig = layer.mixer.use_cpu_kernels
-        layer.mixer.use_cpu_kernels = (lambda f: lambda *a: calls.append(f(*a)) or calls[-1])(
-            orig)
     with torch.no_grad():
+        calls = [b.mixer.route for b in m.execution_plan(x).blocks]
         ours = m(x)[0]
         with runtime.override(cpu_kernels=False):
+            calls += [b.mixer.route for b in m.execution_plan(x).blocks]
             ref = m(x)[0]
     n = len(m.layers)
-    assert calls[:n] == [True] * n or reduction['type'] == 'ToP'
+    assert calls[:n] == ['cpu'] * n or reduction['type'] == 'ToP'
     if reduction is not None and reduction['type'] == 'ToP':    # importance / aligned layers
-        assert True in calls[:n] and False in calls[:n]
-    assert calls[n:] == [False] * n                              # the switch is honoured
+        assert 'cpu' in calls[:n] and 'torch' in calls[:n]
+    assert calls[n:] == ['torch'] * n                             # the switch is honoured
     assert _rel(ours, ref) < 2e-6
 
 
@@ -339,15 +336,17 @@ def test_add_rmsnorm_misfits_and_the_block_keeps_hooks():
     x = torch.randn(1, 3, 32, 32)
     block = m.layers[1]
     seen = []
-    orig = block._cpu_add_norm_fits
-    block._cpu_add_norm_fits = lambda *a: seen.append(orig(*a)) or seen[-1]
     with torch.no_grad():
+        seen.append(m.execution_plan(x).block(1).add_norm.route)
         out = m(x)[0]
         hooked = []
         handle = block.norm.register_forward_hook(lambda *a: hooked.append(1))
+        plan = m.execution_plan(x)
+        seen.append(plan.block(1).add_norm.route)
         out_hooked = m(x)[0]
         handle.remove()
-    assert seen == [True, False] and hooked == [1]
+    assert seen == ['cpu', 'torch'] and hooked == [1]
+    assert 'hook' in plan.block(1).add_norm.why and plan.block(0).add_norm.route == 'cpu'
     assert _rel(out_hooked, out) < 1e-6
 
 
@@ -414,15 +413,15 @@ def test_training_on_cpu_never_takes_the_kernels():
     the same model in no_grad takes the kernels."""
     torch.manual_seed(0)
     m = MODELS.build(dict(type='Vim', arch='test', img_size=32))
-    mixer, calls = m.layers[0].mixer, []
-    orig = mixer.use_cpu_kernels
-    mixer.use_cpu_kernels = lambda *a: calls.append(orig(*a)) or calls[-1]
     x = torch.randn(2, 3, 32, 32)
+    plan = m.execution_plan(x)
+    calls = [plan.block(0).mixer.route]
     m(x)[0].sum().backward()
     assert m.patch_embed.proj.weight.grad is not None
     with torch.no_grad():
+        calls.append(m.execution_plan(x).block(0).mixer.route)
         m(x)
-    assert calls == [False, True]
+    assert calls == ['torch', 'cpu'] and plan.block(0).mixer.why == 'grad recorded'
 
 
 def test_missing_library_falls_back_with_one_warning(tmp_path, caplog):
@@ -470,6 +469,7 @@ def test_build_tool_reports_the_cached_library():
 def _tome_step(B, n_patches, cls, k, D=24, seed=0, steps=2):
     """A reduction context after ``steps - 1`` ToMe steps (PyTorch ops) and the next step's
     streams and ToMe selection."""
+    from amvim_mm.models.execution import StepPlan
     from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.reduction.reducers import ToMe
     from amvim_mm.models.reduction.state import Streams, init_reduction_state, reduce_tokens
@@ -531,6 +531,7 @@ def test_tome_step_kernel_equals_select_and_reduce_tokens_bit_for_bit(B, n_patch
     ``cpu_ops.tome_step``) against ``ToMe.select`` and ``reduce_tokens(fold=True)`` on
     PyTorch ops only: the same choice, the same merged stream and bookkeeping, exactly; with
     both metrics, before block 0 (no residual yet) and after an earlier step (sizes > 1)."""
+    from amvim_mm.models.execution import StepPlan
     from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.reduction.reducers import ToMe
     from amvim_mm.models.reduction.state import Streams, init_reduction_state, reduce_tokens
@@ -551,7 +552,7 @@ def test_tome_step_kernel_equals_select_and_reduce_tokens_bit_for_bit(B, n_patch
             rem, ds, _ = tome.select(0, k, streams, ctx, layer)
             residual, _, ctx = reduce_tokens(ctx, hidden, residual, rem, ds, fold=True)
         hidden = torch.randn(residual.shape, generator=g)
-    ctx.fold_ok = True
+    ctx.step_plan = StepPlan(1, 'cpu', 'cpu', True, 'CPU inference')
     with torch.no_grad():
         sel = tome.step(1, k, Streams(hidden, residual), ctx, layer)
         with runtime.override(cpu_kernels=False, reduction_kernels=False):
@@ -564,7 +565,7 @@ def test_tome_step_kernel_equals_select_and_reduce_tokens_bit_for_bit(B, n_patch
     assert h.shape == (B, ctx.n_patches - k + cls, D) and torch.equal(h, ref_h)
     assert torch.equal(pos, ref.pos) and torch.equal(size, ref.size)
     assert torch.equal(source, ref.source)
-    ctx.fold_ok = False          # training keeps both streams: the step only chooses
+    ctx.step_plan = StepPlan(1, 'torch', 'torch', False, 'training')   # the step only chooses
     assert tome.step(1, k, Streams(hidden, residual), ctx, layer).reduced is None
 
 

@@ -8,7 +8,8 @@
   backward, against the unfused ``VimFamilyBackbone.embed`` (``fused=False``);
 - the wiring: ``VimBlock.forward(fused=True)`` under autograd (the mixer forced onto its
   unfused path, since the fused mixer is not trainable here) against ``fused=False``, and a
-  whole Vim-test backbone whose mixers say ``use_fused`` -> True against the unfused one.
+  whole Vim-test backbone whose mixers are switched to ``fused=True`` (the forward's plan says
+  Triton) against the unfused one.
 
 On CPU the kernels run in Triton's interpreter, switched on before Python starts, so those
 checks run once in a subprocess with ``TRITON_INTERPRET=1`` (a module fixture) and each test
@@ -268,7 +269,7 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
                                                   len(infer_calls) - n_infer],
                            hidden=rel(a[0], b[0]), residual=rel(a[1], b[1])))
 
-    # ---- a whole backbone: mixers say use_fused -> True (the forward's decision), so the
+    # ---- a whole backbone: mixers switched to fused=True (the forward's decision), so the
     # embedding and every block's add + RMSNorm take the trainable Functions
     torch.manual_seed(1)
     m = MODELS.build(dict(type='Vim', arch='test', img_size=64, drop_path_rate=0.5,
@@ -279,10 +280,10 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
     got = {}
     for fused in (False, True):
         for layer in m.layers:
-            layer.mixer.use_fused = lambda h, ctx, f=fused, **kw: f
+            layer.mixer.fused = fused      # the mixers' switch: the forward's Triton decision
         n_train, n_embed = len(train_calls), len(embed_calls)
         fe.fused_patch_embed = counting_kernel
-        decision = m.fused_path(x)
+        decision = m.execution_plan(x).fused
         torch.manual_seed(2)
         outs = m(x)
         fe.fused_patch_embed = kernel
@@ -420,7 +421,7 @@ def test_block_fused_training_matches_unfused_block(interp):
 @needs_triton
 def test_backbone_takes_both_trainable_pieces_on_the_fused_decision(interp):
     """A Vim-test backbone in training (stochastic depth, a 72x56 input: position embedding
-    resized) whose mixers answer ``use_fused`` with True: the forward's decision is True, the
+    resized) whose mixers are switched to ``fused=True``: the forward's decision is True, the
     embedding and every block's add + RMSNorm run the trainable Functions, and outputs and
     every parameter's gradient equal the unfused backbone's to 1e-5."""
     b = interp['backbone']

@@ -1,5 +1,5 @@
-"""One Vim block: residual add + RMSNorm (fused on the fused path, one compiled pass at CPU
-inference) + mixer."""
+"""One Vim block: residual add + RMSNorm + mixer, each on the route the forward's execution plan
+names (:mod:`amvim_mm.models.execution`)."""
 from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
@@ -12,6 +12,8 @@ from amvim_mm.ops import cpu_ops
 from amvim_mm.ops.fused_add_rmsnorm import fused_add_rmsnorm_train
 from amvim_mm.ops.fused_mixer import fused_add_rmsnorm
 from amvim_mm.ops.token_merge import apply_merge_plan
+from ..execution import (CPU, TRITON, TRITON_TRAIN, BlockFacts, ExecutionPlan, ForwardFacts,
+                         as_plan, plan_forward)
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import normalize_order
 from .drop import DropPath
@@ -33,68 +35,61 @@ class VimBlock(nn.Module):
                               f'got {len(self.path_keys)} scan orders')
         self.paths = tuple(dict(k) for k in self.path_keys)
 
+    def block_facts(self, training: bool) -> BlockFacts:
+        """What the execution plan needs of this block (:mod:`amvim_mm.models.execution`)."""
+        norm, grad = self.norm, torch.is_grad_enabled()
+        return BlockFacts(
+            norm_kernel=type(norm) is RMSNorm and not (
+                norm._forward_hooks or norm._forward_pre_hooks
+                or nn.modules.module._global_forward_hooks
+                or nn.modules.module._global_forward_pre_hooks),
+            stochastic=training and self.drop_path.drop_prob > 0,
+            norm_grad=grad and norm.weight.requires_grad,
+            in_proj_grad=grad and self.mixer.in_proj.weight.requires_grad,
+            params_grad=grad and any(p.requires_grad for p in self.parameters()),
+            own_metric=hasattr(self, 'merge_metric'))
+
+    def plan_call(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
+                  ctx: ScanContext, fused: Optional[bool] = None) -> ExecutionPlan:
+        """The plan of one call without a forward's plan (``fused``: the caller's Triton
+        decision; None: the automatic one)."""
+        return plan_forward(ForwardFacts.for_call(
+            hidden, self.mixer.mixer_facts(), self.block_facts(self.training), self.training,
+            forced=fused, ctx=ctx, residual=residual))
+
     def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
-                ctx: ScanContext, merge=None, fused: Optional[bool] = None,
+                ctx: ScanContext, merge=None, fused=None,
                 keep: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """``merge``: a ToMe step planned for this block
         (:func:`~amvim_mm.models.reduction.state.plan_merge_step`): the streams come in at the
-        old length and the merge happens in the fused add + RMSNorm. ``fused``: the forward's
-        fused-path decision (the backbone takes it once per forward); None asks the mixer.
-        ``keep``: a learned reducer's (B, L) keep mask (training): the mixer's masked forward
-        (``forward_masked``) on the full sequence.
-
-        With ``fused`` and a gradient wanted (:meth:`_wants_grad`) the add + RMSNorm is the
-        trainable :func:`~amvim_mm.ops.fused_add_rmsnorm.fused_add_rmsnorm_train`; without a
-        gradient the inference kernel (with the merge in its pass); unfused otherwise."""
+        old length and the merge happens in the Triton add + RMSNorm (the other routes apply
+        it in PyTorch first). ``fused``: the forward's
+        :class:`~amvim_mm.models.execution.ExecutionPlan` (this block's routes are
+        ``plan.block(ctx.block)``), or for a direct call True / False (the caller's Triton
+        decision) or None (automatic). ``keep``: a learned reducer's (B, L) keep mask
+        (training): the mixer's masked forward (``forward_masked``) on the full sequence."""
         if keep is not None:
             residual = hidden if residual is None else residual + self.drop_path(hidden)
             normed = self.norm(residual.to(self.norm.weight.dtype))
             return self.mixer.forward_masked(normed, ctx, self.path_keys, keep), \
                 residual.float()
-        if fused is None:
-            fused = self.mixer.use_fused(hidden, None)
-        if fused and self._wants_grad(hidden, residual):
-            # training on the fused path: the trainable add + RMSNorm (Triton forward and
-            # backward, stochastic depth as a per-sample factor); a ToMe merge plan is applied
-            # in PyTorch first, as on the unfused path (no stochastic depth on a merged stream)
-            if merge is not None:
-                hidden, residual = apply_merge_plan(hidden, residual, merge), None
+        plan = as_plan(fused, lambda f: self.plan_call(hidden, residual, ctx, f))
+        route = plan.block(ctx.block).add_norm.route
+        if route == TRITON:       # the merge, if any, inside the kernel's pass
+            normed, residual = fused_add_rmsnorm(hidden, residual, self.norm.weight,
+                                                 self.norm.eps, merge=merge)
+            return self.mixer(normed, ctx, self.path_keys, fused=plan), residual
+        if merge is not None:     # no stochastic depth on a merged stream
+            hidden, residual = apply_merge_plan(hidden, residual, merge), None
+        if route == TRITON_TRAIN:     # Triton forward and backward, stochastic depth a factor
             scale = None if residual is None else self.drop_path.scale(hidden)
             normed, residual = fused_add_rmsnorm_train(hidden, residual, self.norm.weight,
                                                        self.norm.eps, scale=scale)
-            return self.mixer(normed, ctx, self.path_keys, fused=True), residual
-        if fused and (not self.training or self.drop_path.drop_prob == 0):
-            # inference: residual add + RMSNorm in one Triton pass (amvim_mm.ops.fused_mixer)
-            normed, residual = fused_add_rmsnorm(hidden, residual, self.norm.weight,
-                                                 self.norm.eps, merge=merge)
-            return self.mixer(normed, ctx, self.path_keys, fused=True), residual
-        if merge is not None:
-            hidden, residual = apply_merge_plan(hidden, residual, merge), None
-        if self._cpu_add_norm_fits(hidden, residual):
-            # CPU inference: residual add + RMSNorm in one compiled pass (cpu_ops.add_rmsnorm)
-            hidden, residual = cpu_ops.add_rmsnorm(hidden, residual, self.norm.weight,
+        elif route == CPU:
+            normed, residual = cpu_ops.add_rmsnorm(hidden, residual, self.norm.weight,
                                                    self.norm.eps)
-            return self.mixer(hidden, ctx, self.path_keys, fused=fused), residual
-        residual = hidden if residual is None else residual + self.drop_path(hidden)
-        hidden = self.norm(residual.to(self.norm.weight.dtype))
-        residual = residual.float()
-        return self.mixer(hidden, ctx, self.path_keys, fused=fused), residual
-
-    def _cpu_add_norm_fits(self, hidden: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
-        """The unfused add + RMSNorm can take the compiled CPU kernel: float32 CPU inference,
-        no stochastic depth in effect, the block's own ``RMSNorm`` with no hooks on it (a hook
-        would be skipped), and :func:`~amvim_mm.ops.cpu_ops.add_rmsnorm_misfit` finds nothing
-        (kernels built and on, no autograd, no trace)."""
-        return (hidden.device.type == 'cpu' and type(self.norm) is RMSNorm
-                and (not self.training or self.drop_path.drop_prob == 0)
-                and not (self.norm._forward_hooks or self.norm._forward_pre_hooks
-                         or nn.modules.module._global_forward_hooks
-                         or nn.modules.module._global_forward_pre_hooks)
-                and cpu_ops.add_rmsnorm_misfit(hidden, residual, self.norm.weight) is None)
-
-    def _wants_grad(self, hidden: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
-        """Autograd records this block's add + RMSNorm: grad mode is on and the streams or the
-        norm weight require grad."""
-        return torch.is_grad_enabled() and (
-            hidden.requires_grad or self.norm.weight.requires_grad
-            or (residual is not None and residual.requires_grad))
+        else:
+            residual = hidden if residual is None else residual + self.drop_path(hidden)
+            normed = self.norm(residual.to(self.norm.weight.dtype))
+            residual = residual.float()
+        return self.mixer(normed, ctx, self.path_keys, fused=plan), residual

@@ -8,15 +8,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from amvim_mm.errors import BackendUnavailableError, ConfigError
-from amvim_mm.ops.backends import log_choice_once, mamba_selective_scan, requested_backend
+from amvim_mm.errors import ConfigError
 from amvim_mm.ops.causal_conv1d import causal_conv1d_fn
-from amvim_mm.ops.cpu_mixer import cpu_mixer_forward, cpu_mixer_misfit
-from amvim_mm.ops.fused_mixer import (auto_prefers_fused, autocast_dtype, fused_mixer_available,
-                                      fused_mixer_forward, fused_requested, pack_mixer_weights,
+from amvim_mm.ops.cpu_mixer import cpu_mixer_forward
+from amvim_mm.ops.fused_mixer import (autocast_dtype, fused_mixer_forward, pack_mixer_weights,
                                       stack_mixer_params)
-from amvim_mm.ops.fused_mixer_autograd import auto_prefers_fused_training, fused_mixer_train
+from amvim_mm.ops.fused_mixer_autograd import fused_mixer_train
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
+from ..execution import (CPU, TORCH, TRITON, TRITON_TRAIN, BlockFacts, ExecutionPlan,
+                         ForwardFacts, MixerFacts, as_plan, plan_forward)
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import is_reverse, masked_path_permutation, scan_rank_on
 
@@ -39,15 +39,16 @@ class BiMambaMixer(nn.Module):
         fused: the fused Triton path (:mod:`amvim_mm.ops.fused_mixer`; under autograd
             :mod:`amvim_mm.ops.fused_mixer_autograd`): ``None`` (automatic: on for CUDA
             tensors when Triton imports and no scan backend was forced by argument or
-            ``AMVIM_SCAN_BACKEND``; in inference also only where the measured table of
+            ``AMVIM_SCAN_BACKEND``; in inference also only where the table of
             :func:`~amvim_mm.ops.fused_mixer.auto_scan_choice` does not name the mamba-ssm
             kernels for this batch, width and length; in training only under 16-bit autocast
-            with at least 512 tokens, where it measured faster:
-            :func:`~amvim_mm.ops.fused_mixer_autograd.auto_prefers_fused_training`), ``True``
-            (always; in training it halves the activation memory; CPU tensors then run
-            Triton's interpreter, for tests) or ``False`` (never). ``AMVIM_FUSED_MIXER=0/1``
-            overrides ``None``. ToP
-            alignment and importance scores always take the unfused path.
+            with enough tokens: :func:`~amvim_mm.ops.fused_mixer_autograd.
+            auto_prefers_fused_training`), ``True`` (always; in training it halves the
+            activation memory; CPU tensors then run Triton's interpreter, for tests) or
+            ``False`` (never; the fused CPU mixer stays off too). ``AMVIM_FUSED_MIXER=0/1``
+            overrides ``None``. Which route a call takes is the forward's execution plan's
+            (:mod:`amvim_mm.models.execution`); ToP alignment and importance scores always
+            take the PyTorch path.
     """
 
     #: the fused path computes the mean of the paths; subclasses that merge otherwise say False
@@ -215,71 +216,42 @@ class BiMambaMixer(nn.Module):
             out = out + y
         return out / len(ys)
 
+    def mixer_facts(self) -> MixerFacts:
+        """What the execution plan needs of this mixer (:mod:`amvim_mm.models.execution`)."""
+        return MixerFacts(self.fused, self.supports_fused, self.scan_backend, self.d_state,
+                          self.d_inner, self.num_paths)
+
+    def plan_call(self, hidden: torch.Tensor, ctx: Optional[ScanContext],
+                  fused: Optional[bool] = None, seq_len: Optional[int] = None
+                  ) -> ExecutionPlan:
+        """The plan of one call without a forward's plan (``fused``: the caller's Triton
+        decision; None: the automatic one, told ``seq_len`` tokens when given)."""
+        grad = torch.is_grad_enabled() and self.in_proj.weight.requires_grad
+        return plan_forward(ForwardFacts.for_call(
+            hidden, self.mixer_facts(), BlockFacts(in_proj_grad=grad, params_grad=grad),
+            self.training, forced=fused, ctx=ctx, tokens=seq_len))
+
+    def route(self, hidden: torch.Tensor, ctx: ScanContext, fused=None) -> str:
+        """This call's route ('triton', 'triton-train', 'cpu' or 'torch'): the forward's
+        plan's (``fused`` an :class:`~amvim_mm.models.execution.ExecutionPlan`), else a plan
+        made for the call (``fused`` True / False: the caller's Triton decision)."""
+        if not isinstance(fused, ExecutionPlan) and _needs_torch(ctx):
+            return TORCH       # ToP's scores and alignment: no Triton decision asked
+        plan = as_plan(fused, lambda f: self.plan_call(hidden, ctx, f))
+        return plan.block(ctx.block).mixer.route
+
     def use_fused(self, hidden: torch.Tensor, ctx: Optional[ScanContext],
                   seq_len: Optional[int] = None) -> bool:
-        """Whether this call takes the fused inference path (see ``fused`` in the class doc).
-
-        ``ctx=None`` asks about the block's fused add + RMSNorm (no scan-context conditions).
-        ``seq_len``: the sequence length for the automatic choice (default: ``hidden.shape[1]``
-        of a (B, L, D) ``hidden``; the backbone passes its token count when it asks with the
-        images).
-        """
-        if ctx is not None and self._ctx_needs_unfused(ctx):
+        """Whether a call on ``hidden`` takes the Triton mixer (a reader of the plan made for
+        the call; ``ctx=None``: the forward's decision, without the scan context's ToP
+        conditions). ``seq_len``: the length the automatic choice is told (default
+        ``hidden.shape[1]``)."""
+        if ctx is not None and _needs_torch(ctx):
             return False
-        setting = fused_requested(self.fused)
-        if setting is False or not self.supports_fused:
-            return False
-        training = self.wants_grad(hidden)
-        if setting is None:
-            if not hidden.is_cuda or requested_backend(self.scan_backend) != 'auto':
-                return False
-            if self.d_state & (self.d_state - 1):
-                return False
-            if seq_len is None:
-                seq_len = hidden.shape[1]
-            if training and not auto_prefers_fused_training(
-                    seq_len, autocast_dtype(hidden.device.type)):
-                return False
-            if not training and not auto_prefers_fused(
-                    hidden.shape[0], self.d_inner, mamba_selective_scan()[0] is not None,
-                    seq_len, self.num_paths):
-                return False
-            ok = fused_mixer_available('cuda')[0]
-            if ok:
-                log_choice_once('mixer' + ' training' * training, 'fused triton',
-                                'training' if training else 'inference')
-            return ok
-        ok, reason = fused_mixer_available(hidden.device.type)
-        if not ok:
-            raise BackendUnavailableError(f'the fused mixer was requested (fused=True or '
-                                          f'AMVIM_FUSED_MIXER=1) but is not usable: {reason}')
-        return True
+        return self.plan_call(hidden, ctx, seq_len=seq_len).fused
 
-    def use_cpu_kernels(self, hidden: torch.Tensor, ctx: ScanContext) -> bool:
-        """Whether this call takes the fused CPU mixer (:mod:`amvim_mm.ops.cpu_mixer`): CPU
-        inference in float32 with the compiled kernels built, the scan backend automatic or
-        ``cpu``, the fused path not switched off (``fused=False`` / ``AMVIM_FUSED_MIXER=0``)
-        and no ToP importance or alignment (those take the unfused path, whose scan still runs
-        on the compiled kernel)."""
-        if (hidden.is_cuda or not self.supports_fused or self._ctx_needs_unfused(ctx)
-                or fused_requested(self.fused) is False
-                or requested_backend(self.scan_backend) not in ('auto', 'cpu')):
-            return False
-        if cpu_mixer_misfit(hidden, self.wants_grad(hidden)) is not None:
-            return False
-        log_choice_once('mixer', 'fused cpu', 'inference')
-        return True
-
-    def wants_grad(self, hidden: torch.Tensor) -> bool:
-        """Whether this call builds an autograd graph (the fused path then takes
-        :func:`~amvim_mm.ops.fused_mixer_autograd.fused_mixer_train`)."""
-        return torch.is_grad_enabled() and (hidden.requires_grad
-                                            or self.in_proj.weight.requires_grad)
-
-    @staticmethod
-    def _ctx_needs_unfused(ctx: ScanContext) -> bool:
-        """ToP's importance scores and hidden-state alignment exist on the unfused path only."""
-        return ctx.want_importance or (ctx.align is not None and ctx.reduced)
+    #: the bench's path probe reads it (:meth:`route` answers the whole question)
+    _ctx_needs_unfused = staticmethod(lambda ctx: _needs_torch(ctx))
 
     def _apply(self, fn, *args, **kwargs):
         self._fused_cache = None   # .to() / .cuda() / .half(): restack on the next fused call
@@ -291,10 +263,10 @@ class BiMambaMixer(nn.Module):
         (:func:`~amvim_mm.ops.fused_mixer.pack_mixer_weights`), cached until a parameter
         changes (another tensor, or an in-place write: its ``_version``) or the module moves.
 
-        The key is read from the mixer's and its direct submodules' parameters (about 1 us;
-        walking the paths' parameters by name cost 12 us a call, a third of a short ToMe
-        block's own time on a CPU); a mixer whose kernel parameters lie deeper is keyed on
-        those parameters themselves."""
+        The key is read from the mixer's and its direct submodules' parameters (walking the
+        paths' parameters by name cost a noticeable share of a short ToMe block's time on a
+        CPU); a mixer whose kernel parameters lie deeper is keyed on those parameters
+        themselves."""
         cache = self._fused_cache
         key = self._fused_key(compute_dtype, cache is not None and cache[2])
         if cache is not None and cache[0] == key:
@@ -331,29 +303,33 @@ class BiMambaMixer(nn.Module):
                 if p is not None]
 
     def forward(self, hidden: torch.Tensor, ctx: ScanContext, paths: Sequence,
-                fused: Optional[bool] = None) -> torch.Tensor:
-        """``fused``: the block's answer of ``use_fused(hidden, None)``, if it has it (saves
-        asking twice per block); the scan-context conditions are checked here."""
+                fused=None) -> torch.Tensor:
+        """``fused``: the forward's :class:`~amvim_mm.models.execution.ExecutionPlan`, or for a
+        direct call True / False (the caller's Triton decision) or None (automatic); the
+        route is :meth:`route`'s."""
         if len(paths) != self.num_paths:
             raise ConfigError(f'{type(self).__name__} has {self.num_paths} paths, '
                               f'got {len(paths)} scan orders')
-        if fused is None:
-            fused = self.use_fused(hidden, ctx)
-        elif fused:
-            fused = not self._ctx_needs_unfused(ctx)
-        if fused and self.wants_grad(hidden):
+        route = self.route(hidden, ctx, fused)
+        if route == TRITON_TRAIN:
             in_w, stacked, out_cat = stack_mixer_params(
                 [self.path_params(k) for k in range(self.num_paths)], self.in_proj.weight,
                 self.out_proj.weight)
             return fused_mixer_train(hidden, in_w, *stacked, ctx.path_perms(paths), out_cat)
-        if fused:
+        if route == TRITON:
             in_w, stacked, out_cat = self.fused_params(autocast_dtype(hidden.device.type))
             return fused_mixer_forward(hidden, in_w, self.out_proj.weight, *stacked,
                                        ctx.path_perms(paths), out_proj_cat=out_cat)
-        if self.use_cpu_kernels(hidden, ctx):
+        if route == CPU:
             in_w, stacked, _ = self.fused_params()
             return cpu_mixer_forward(hidden, in_w, self.out_proj.weight, stacked,
                                      ctx.path_perms(paths))
+        return self.forward_torch(hidden, ctx, paths)
+
+    def forward_torch(self, hidden: torch.Tensor, ctx: ScanContext, paths: Sequence
+                      ) -> torch.Tensor:
+        """The unfused mixer in PyTorch (the reference of the other routes; ToP's importance
+        and hidden-state alignment exist on it only)."""
         Bsz, L, _ = hidden.shape
         # (2E, D) @ (D, B*L) -> (B, 2E, L) view with unit stride along L (official layout)
         xz = (self.in_proj.weight @ hidden.reshape(Bsz * L, -1).t()).view(-1, Bsz, L)
@@ -367,3 +343,8 @@ class BiMambaMixer(nn.Module):
             # ToP importance: sum over channels of max(0, y), both paths, token order
             ctx.importance = sum(y.float().clamp_min(0).sum(1) for y in ys).detach()
         return F.linear(self.merge_paths(ys).transpose(1, 2), self.out_proj.weight)
+
+
+def _needs_torch(ctx: ScanContext) -> bool:
+    """ToP's importance scores and hidden-state alignment exist on the PyTorch mixer only."""
+    return ctx.want_importance or (ctx.align is not None and ctx.reduced)

@@ -113,10 +113,14 @@ class ScanContext:
         #: 'cpu-step' (the whole ToMe step in one compiled CPU call),
         #: 'fused-slot' (EViT's fused token appended)
         self.steps: Tuple[str, ...] = ()
-        # per-step scratch of the reducers
+        # per-block scratch of the reduction session, the reducers and the mixers
+        #: the block about to run (set by the reduction session; its routes in the forward's
+        #: execution plan, amvim_mm.models.execution)
+        self.block: Optional[int] = None
+        #: the plan of the reduction step being run (an execution.StepPlan), read by reducers
+        #: with kernels of their own
+        self.step_plan = None
         self.want_importance = False
-        self.fused_ok = False        # the reduction step may use the Triton kernels (inference)
-        self.fold_ok = False         # the step may fold the two streams into one (inference)
         self.importance: Optional[torch.Tensor] = None
         self.align: Optional[str] = None
         self._gaps: Dict[tuple, Optional[torch.Tensor]] = {}

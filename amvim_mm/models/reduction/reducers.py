@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import FrozenSet, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -148,10 +148,19 @@ class TokenReducer:
 
     def step(self, block: int, k: int, stream: Streams, ctx, layer) -> Selection:
         """The selection of one reduction step, as the :class:`~.session.ReductionSession`
-        asks for it. The default is :meth:`select` (PyTorch ops); a reducer with a faster
-        strategy on the fused inference path (``ctx.fused_ok``) overrides this, and may hand
-        over a merge plan made in the same launch (:attr:`Selection.plan`)."""
+        asks for it. The default is :meth:`select` (PyTorch ops); a reducer with kernels of
+        its own (:attr:`step_kernels`) overrides this and follows the step's plan
+        (``ctx.step_plan``), and may hand over a merge plan made in the same launch
+        (:attr:`Selection.plan`) or the step already applied (:attr:`Selection.reduced`)."""
         return Selection(*self.select(block, k, stream, ctx, layer))
+
+    #: the step routes this reducer has kernels for besides :meth:`select`
+    #: (:class:`~amvim_mm.models.execution.StepPlan`): 'triton' (a matching kernel that plans
+    #: the merge in the same launch) and 'cpu' (the whole step in one compiled call)
+    step_kernels: FrozenSet[str] = frozenset()
+    #: the reducer matches on the block's normalised input (a block's own ``merge_metric``
+    #: is PyTorch's, so the compiled step steps aside for it)
+    block_metric = False
 
     #: the reducer merges removed tokens into survivors (else: they are pruned)
     merges = False
@@ -211,52 +220,41 @@ class ToMe(TokenReducer):
             n -= k
         return counts
 
+    @property
+    def step_kernels(self) -> FrozenSet[str]:
+        """ToMe's matching kernel (Triton), and the whole step compiled for the CPU while
+        :meth:`select` is this class's (a subclass's own choice is kept)."""
+        if type(self).select is ToMe.select:
+            return frozenset({'triton', 'cpu'})
+        return frozenset({'triton'})
+
+    @property
+    def block_metric(self) -> bool:
+        return self.metric == 'norm_input'
+
     def step(self, block, k, stream, ctx, layer) -> Selection:
-        """On the fused inference path: ToMe's matching kernel (:func:`~amvim_mm.ops.
-        token_merge.tome_match`), which also plans the merge in the same launch; at CPU
-        inference the whole step in one compiled call (:func:`~amvim_mm.ops.cpu_ops.
-        tome_step`, bit for bit :meth:`select` and the folded merge); else :meth:`select`
-        (``AMVIM_FUSED_REDUCTION_KERNELS=0`` forces the latter)."""
-        n = ctx.n_patches
-        if ctx.fold_ok and not ctx.fused_ok and 0 < k <= self.max_merge(n) \
-                and self._cpu_step_fits(stream, ctx, layer):
-            w = layer.norm.weight if self.metric == 'norm_input' else None
+        """On the step plan's routes (``ctx.step_plan``, :class:`~amvim_mm.models.execution.
+        StepPlan`): ``match='triton'``: ToMe's matching kernel (:func:`~amvim_mm.ops.
+        token_merge.tome_match`), which also plans the merge in the same launch, while the
+        patch tokens fit its tile (``MAX_MATCH_ROWS``); ``'cpu'``: the whole step in one
+        compiled call (:func:`~amvim_mm.ops.cpu_ops.tome_step`, bit for bit :meth:`select`
+        and the folded merge); else :meth:`select`."""
+        n, plan = ctx.n_patches, ctx.step_plan
+        route = 'torch' if plan is None or not 0 < k <= self.max_merge(n) else plan.match
+        w = layer.norm.weight if self.metric == 'norm_input' and route != 'torch' else None
+        if route == 'cpu':
             a_idx, b_idx = _bipartite_sets(n, ctx.cls_index)
             hidden, pos, size, source, removed, dst = cpu_ops.tome_step(
                 stream.hidden, stream.residual, w, ctx.size, ctx.pos, ctx.source, a_idx, b_idx,
                 k, n, ctx.cls_index)
             return Selection(removed, dst, reduced=(hidden, pos, size, source))
-        if ctx.fused_ok and not ctx.has_fused and tm.extra_kernels_enabled() \
-                and self.max_merge(n) <= tm.MAX_MATCH_ROWS and 0 < k <= self.max_merge(n):
-            w = layer.norm.weight if self.metric == 'norm_input' else None
+        if route == 'triton' and self.max_merge(n) <= tm.MAX_MATCH_ROWS:
             # fp32-accurate dot products whatever the autocast dtype (see select)
             removed, dst, plan = tm.tome_match(
                 stream.hidden, stream.residual, w, n, ctx.cls_index, k,
                 plan_state=(ctx.pos, ctx.size, ctx.source))
             return Selection(removed, dst, None, plan)
         return super().step(block, k, stream, ctx, layer)
-
-    def _cpu_step_fits(self, stream: Streams, ctx, layer) -> bool:
-        """Whether :func:`~amvim_mm.ops.cpu_ops.tome_step` may run this step (off the fused
-        path, which plans the merge for its own add + RMSNorm): float32 CPU inference outside
-        autocast, one layout for every sample (no EViT fused token), this
-        class's :meth:`select` (a subclass's own choice is kept) and the plain metric (a
-        block's own ``merge_metric`` is PyTorch's)."""
-        h, res = stream.hidden, stream.residual
-        if type(self).select is not ToMe.select or ctx.has_fused or h.device.type != 'cpu' \
-                or not tm.extra_kernels_enabled():
-            return False
-        w = None
-        if self.metric == 'norm_input':
-            if hasattr(layer, 'merge_metric'):
-                return False
-            w = layer.norm.weight
-            if w.dtype != torch.float32:
-                return False
-        if h.dtype != torch.float32 or (res is not None and res.dtype != torch.float32) \
-                or torch.is_autocast_enabled('cpu'):
-            return False
-        return cpu_ops.inference_misfit(h, res, w) is None
 
     def select(self, block, k, stream, ctx, layer):
         """The matching in fp32 whatever the autocast dtype: the gap between the last merged
@@ -286,7 +284,7 @@ class ToMe(TokenReducer):
                 m = m * layer.norm.weight.float()
             m = F.normalize(m, dim=-1)
             d = m.shape[-1]
-            if shared:   # whole-row copies (the same values as the gather, several times faster)
+            if shared:   # whole-row copies (the same values as the gather, faster)
                 ma, mb = m.index_select(1, a_idx[0]), m.index_select(1, b_idx[0])
             else:
                 ma = torch.gather(m, 1, a_idx.unsqueeze(-1).expand(-1, -1, d))

@@ -3,23 +3,27 @@
 :class:`ReductionSession` owns the token-reduction state of a forward: it resolves the
 reducer's schedule for the input's grid, gives the context its per-sample bookkeeping, and
 before each block runs the step the schedule asks for: the reducer picks the tokens
-(:meth:`~.reducers.TokenReducer.step`), then either the fused inference path plans the merge
-for the block's fused add + RMSNorm (:func:`~.state.plan_merge_step`) or both streams are
-reduced with PyTorch ops (:func:`~.state.reduce_tokens`). Without a reducer (or with a schedule
-that removes nothing) it hands everything through unchanged.
+(:meth:`~.reducers.TokenReducer.step`), then, on the routes of the forward's execution plan
+(:class:`~amvim_mm.models.execution.StepPlan`), either the merge is planned for the block's
+Triton add + RMSNorm (:func:`~.state.plan_merge_step`) or both streams are reduced
+(:func:`~.state.reduce_tokens`). Without a reducer (or with a schedule that removes nothing)
+it hands everything through unchanged.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from dataclasses import replace
+from typing import FrozenSet, Optional, Tuple
 
 import torch
 
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.token_merge import MergePlan
+from ..execution import (CPU, TRITON, BlockFacts, ExecutionPlan, ForwardFacts, StepPlan,
+                         plan_forward, reducer_facts)
 from ..layout.scan_context import ScanContext
 from .reducers import TokenReducer
-from .state import (Streams, append_fused_slot, can_plan_merge, folded_successor,
-                    init_reduction_state, plan_merge_step, reduce_tokens)
+from .state import (Streams, append_fused_slot, folded_successor, init_reduction_state,
+                    plan_merge_step, reduce_tokens)
 
 
 class ReductionSession:
@@ -37,68 +41,102 @@ class ReductionSession:
                  depth: int, training: bool) -> None:
         self.reducer = reducer
         self.training = training
-        self.removals = None
-        #: the blocks before which a step runs (a schedule's, or a dynamic reducer's decision
-        #: blocks: its counts depend on the image, so it runs one image at a time)
-        self.steps = frozenset()
-        if reducer is not None:
-            M = ctx.grid[0] * ctx.grid[1]
-            removals = reducer.removals(M, depth)
-            steps = {i for i, k in enumerate(removals) if k}
-            if reducer.dynamic:
-                if hidden.shape[0] != 1:
-                    raise ConfigError(f'{type(reducer).__name__} removes a number of tokens that '
-                                      'depends on the image: run it one image at a time')
-                steps |= set(reducer.decision_blocks(M, depth))
-            if steps:
-                self.removals, self.steps = removals, frozenset(steps)
-                ctx = init_reduction_state(ctx, hidden.shape[0], hidden.device)
+        #: the reducer's facts for this grid (:func:`~amvim_mm.models.execution.reducer_facts`:
+        #: the schedule, the blocks before which a step runs, the blocks that score tokens);
+        #: None when nothing is removed
+        self.facts = reducer_facts(reducer, ctx.grid[0] * ctx.grid[1], depth)
+        if reducer is not None and reducer.dynamic and hidden.shape[0] != 1:
+            raise ConfigError(f'{type(reducer).__name__} removes a number of tokens that '
+                              'depends on the image: run it one image at a time')
+        if self.facts is not None:
+            ctx = init_reduction_state(ctx, hidden.shape[0], hidden.device)
         #: the context of the current sequence (after the last step)
         self.ctx = ctx
 
-    def before_block(self, i: int, layer, hidden: torch.Tensor,
-                     residual: Optional[torch.Tensor], fused: Optional[bool] = None
-                     ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[MergePlan]]:
-        """Run the reduction step scheduled before block ``i`` (if any).
+    @property
+    def steps(self) -> FrozenSet[int]:
+        """The blocks before which a step runs (a schedule's, or a dynamic reducer's decision
+        blocks: its counts depend on the image, so it runs one image at a time)."""
+        return frozenset() if self.facts is None else self.facts.steps
 
-        ``fused``: the forward's fused-path decision (None: ask the block's mixer). Returns the
-        streams for the block and, on the fused inference path, the merge plan the block
-        applies inside its fused add + RMSNorm (the streams are then unchanged).
-        """
-        if self.removals is None:
+    @property
+    def removals(self) -> Optional[Tuple[int, ...]]:
+        """The schedule's count before each block (None when nothing is removed)."""
+        return None if self.facts is None else self.facts.removals
+
+    def before_block(self, i: int, layer, hidden: torch.Tensor,
+                     residual: Optional[torch.Tensor], fused=None
+                     ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[MergePlan]]:
+        """Run the reduction step scheduled before block ``i`` (if any), on the routes of the
+        forward's :class:`~amvim_mm.models.execution.ExecutionPlan` ``fused`` (True / False /
+        None: a plan made for the step, with that Triton decision). Returns the streams for
+        the block and, where the plan merges inside the next Triton add + RMSNorm, the merge
+        plan the block applies (the streams are then unchanged)."""
+        self.ctx.block = i
+        if self.facts is None:
             return hidden, residual, None
-        reducer, ctx, merge = self.reducer, self.ctx, None
-        if i in self.steps:
-            if reducer.freeze_sources:
-                hidden, residual, ctx = append_fused_slot(ctx, hidden, residual)
-            # inference on the fused path: Triton kernels for the reduction step too
-            if fused is None:
-                fused = layer.mixer.use_fused(hidden, None)
-            ctx.fused_ok = not self.training and fused and not torch.is_grad_enabled()
-            ctx.fold_ok = not self.training
-            streams = Streams(hidden, residual)
-            # k: the schedule's count (0 for a dynamic reducer, whose step decides it)
-            sel = reducer.step(i, self.removals[i], streams, ctx, layer)
-            if sel is not None and sel.removed.shape[1]:
-                if sel.reduced is not None:
-                    # applied by the step itself (CPU inference): the streams folded into hidden
-                    hidden, residual = sel.reduced[0], None
-                    ctx = folded_successor(ctx, sel.removed.shape[1], *sel.reduced[1:],
-                                           step='cpu-step')
-                else:
-                    self._check(reducer, sel)
-                    if ctx.fused_ok and can_plan_merge(ctx, reducer, sel.weight):
-                        merge, ctx = plan_merge_step(ctx, sel.removed, sel.dst, sel.plan)
-                    else:
-                        hidden, residual, ctx = reduce_tokens(
-                            ctx, hidden, residual, sel.removed, sel.dst, sel.weight,
-                            reducer.freeze_sources, reducer.merges, fold=not self.training,
-                            stream=streams.total(), prunes=reducer.prunes)
-                ctx.align = reducer.align
-        # only the block right before a step scores the tokens (the others keep the fused path)
-        ctx.want_importance = reducer.needs_importance and i + 1 in self.steps
+        ctx, merge = self.ctx, None
+        if i in self.facts.steps:
+            step = self._step_plan(i, layer, hidden, residual, fused)
+            hidden, residual, ctx, merge = self._run_step(i, step, layer, hidden, residual)
+        # only the block right before a step scores the tokens (the others keep their route)
+        ctx.want_importance = i in self.facts.importance
+        ctx.block = i
         self.ctx = ctx
         return hidden, residual, merge
+
+    def _step_plan(self, i: int, layer, hidden: torch.Tensor, residual: Optional[torch.Tensor],
+                   fused) -> StepPlan:
+        """The forward's plan of the step before block ``i``, or one made for it."""
+        if isinstance(fused, ExecutionPlan) and fused.step(i) is not None:
+            return fused.step(i)
+        mixer = getattr(layer, 'mixer', None)
+        facts = ForwardFacts.for_call(hidden, None if mixer is None else mixer.mixer_facts(),
+                                      self._layer_facts(layer), self.training,
+                                      forced=None if fused is None else bool(fused),
+                                      residual=residual)
+        red = replace(self.facts, steps=frozenset({0}), importance=frozenset(),
+                      align_from=None)
+        return replace(plan_forward(replace(facts, reducer=red)).steps[0], block=i)
+
+    def _layer_facts(self, layer) -> BlockFacts:
+        """A layer's facts: its own (a Vim block's ``block_facts``), else what a step needs
+        (another family's block: its norm weight's grad, its own ToMe metric)."""
+        if hasattr(layer, 'block_facts'):
+            return layer.block_facts(self.training)
+        norm = getattr(layer, 'norm', None)
+        return BlockFacts(norm_grad=torch.is_grad_enabled() and norm is not None
+                          and norm.weight.requires_grad,
+                          own_metric=hasattr(layer, 'merge_metric'))
+
+    def _run_step(self, i: int, step: StepPlan, layer, hidden: torch.Tensor,
+                  residual: Optional[torch.Tensor]):
+        """The step itself: the reducer's selection, then the merge on the plan's route."""
+        reducer, ctx, merge = self.reducer, self.ctx, None
+        if reducer.freeze_sources:
+            hidden, residual, ctx = append_fused_slot(ctx, hidden, residual)
+        ctx.step_plan = step
+        streams = Streams(hidden, residual)
+        # k: the schedule's count (0 for a dynamic reducer, whose step decides it)
+        sel = reducer.step(i, self.facts.removals[i], streams, ctx, layer)
+        if sel is None or not sel.removed.shape[1]:
+            return hidden, residual, ctx, None
+        if sel.reduced is not None:
+            # applied by the step itself (CPU inference): the streams folded into hidden
+            hidden, residual = sel.reduced[0], None
+            ctx = folded_successor(ctx, sel.removed.shape[1], *sel.reduced[1:],
+                                   step='cpu-step')
+        else:
+            self._check(reducer, sel)
+            if step.merge == TRITON and sel.weight is None and not ctx.has_fused:
+                merge, ctx = plan_merge_step(ctx, sel.removed, sel.dst, sel.plan)
+            else:
+                hidden, residual, ctx = reduce_tokens(
+                    ctx, hidden, residual, sel.removed, sel.dst, sel.weight,
+                    reducer.freeze_sources, reducer.merges, fold=step.fold,
+                    stream=streams.total(), prunes=reducer.prunes, kernel=step.merge == CPU)
+        ctx.align = reducer.align
+        return hidden, residual, ctx, merge
 
     @staticmethod
     def _check(reducer: TokenReducer, sel) -> None:

@@ -26,7 +26,6 @@ from amvim_mm.token_layout import FUSED_POS, NO_CLS, cls_index_for, cls_slot
 from ..layout.scan_context import ScanContext
 
 
-
 def _gather_tokens(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, 1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
@@ -66,7 +65,7 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
                   removed: torch.Tensor, dst: torch.Tensor,
                   weight: Optional[torch.Tensor] = None, freeze_sources: bool = False,
                   merges: bool = True, fold: bool = False, prunes: Optional[bool] = None,
-                  stream: Optional[torch.Tensor] = None
+                  stream: Optional[torch.Tensor] = None, kernel: Optional[bool] = None
                   ) -> Tuple[torch.Tensor, Optional[torch.Tensor], ScanContext]:
     """Remove patch tokens from both streams.
 
@@ -90,24 +89,25 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
             streams, in fp32). Only valid when the next block's drop-path is the identity
             (inference); the backbone passes ``fold=not self.training``.
         stream: ``residual + hidden`` when the caller has it already.
+        kernel: a folded plain merge on the compiled CPU kernel (:func:`~amvim_mm.ops.
+            cpu_ops.fold_merge`, same bits): the execution plan's choice; None: where
+            :func:`~amvim_mm.ops.cpu_ops.fold_merge_misfit` finds nothing.
 
-    No value is read back from the device (no host sync), so the step can be captured in a
-    CUDA graph. On the fused inference path the backbone plans ToMe steps with
-    :func:`plan_merge_step` instead (same result, no merged stream written).
+    No value is read back from the device (no host sync): the step can be captured in a CUDA
+    graph. The Triton inference route plans ToMe steps with :func:`plan_merge_step` instead.
 
     Returns:
         The reduced (hidden, residual, ctx). Survivors keep their original order and grid
         positions; the class token is put back at the middle of the patch tokens.
     """
-    B, L, D = hidden.shape
     r = removed.shape[1]
-    device = hidden.device
     if r == 0:
         return hidden, residual, ctx
     if stream is None:
         stream = hidden if residual is None else residual + hidden
     if fold and merges and not freeze_sources and not prunes and weight is None \
-            and not ctx.has_fused and cpu_ops.fold_merge_misfit(stream) is None:
+            and not ctx.has_fused \
+            and (cpu_ops.fold_merge_misfit(stream) is None if kernel is None else kernel):
         # a ToMe step at CPU inference: this function's fold, compiled (same bits, one call)
         hidden, pos, size, source = cpu_ops.fold_merge(stream, ctx.size, ctx.pos, ctx.source,
                                                        removed, dst, ctx.n_patches,
@@ -115,52 +115,83 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
         return hidden, None, folded_successor(ctx, r, pos, size, source)
     merged = dst >= 0
     safe_dst = dst.clamp(min=0)
-
     # --- merge: size-weighted average into the destination tokens, in both streams
-    size = ctx.size
-    w = size if weight is None else weight
+    w = ctx.size if weight is None else weight
     w_rem = torch.gather(w, 1, removed) * merged
     w_new = w.scatter_add(1, safe_dst, w_rem)
-
-    def merge(t: torch.Tensor) -> torch.Tensor:
-        if not merges:
-            return t
-        tf = t.float()
-        acc = tf * w.unsqueeze(-1)
-        add = _gather_tokens(tf, removed) * w_rem.unsqueeze(-1)
-        acc = acc.scatter_add(1, safe_dst.unsqueeze(-1).expand(-1, -1, D), add)
-        return (acc / w_new.clamp_min(1e-12).unsqueeze(-1)).to(t.dtype)
-
     fold = fold and merges and not freeze_sources
-    if not fold:
-        hidden = merge(hidden)
-        residual = merge(residual) if residual is not None else None
-    size = size.scatter_add(1, safe_dst, torch.gather(size, 1, removed) * merged)
+    if not fold and merges:
+        hidden = _merge_stream(hidden, w, w_rem, w_new, removed, safe_dst)
+        residual = None if residual is None else \
+            _merge_stream(residual, w, w_rem, w_new, removed, safe_dst)
+    size = ctx.size.scatter_add(1, safe_dst, torch.gather(ctx.size, 1, removed) * merged)
+    new_src, frozen = _hand_over(ctx, removed, dst, merged, stream, freeze_sources,
+                                 (not merges if prunes is None else prunes) or freeze_sources)
+    new_order, new_cls, new_index = _compact(ctx, removed)
+    new_src = torch.where(new_src >= 0, torch.gather(new_index, 1, new_src.clamp(min=0)),
+                          new_src)
+    if fold:
+        hidden = _fold_scatter(stream, w, w_new, removed, safe_dst, merged, new_index,
+                               new_order.shape[1])
+        residual = None
+    else:
+        hidden = _gather_tokens(hidden, new_order)
+        residual = _gather_tokens(residual, new_order) if residual is not None else None
+    new = ctx.successor(new_cls, torch.gather(ctx.pos, 1, new_order), ctx.n_patches - r,
+                        size=torch.gather(size, 1, new_order), source=new_src, frozen=frozen,
+                        step='reduce')
+    return hidden, residual, new
 
-    # --- the source map: removed tokens hand their patches to dst, or freeze them
+
+def _merge_stream(t: torch.Tensor, w: torch.Tensor, w_rem: torch.Tensor, w_new: torch.Tensor,
+                  removed: torch.Tensor, safe_dst: torch.Tensor) -> torch.Tensor:
+    """One stream with each removed token's weighted value added into its destination
+    (size-weighted average, in fp32, back in the stream's dtype)."""
+    D = t.shape[-1]
+    tf = t.float()
+    acc = tf * w.unsqueeze(-1)
+    add = _gather_tokens(tf, removed) * w_rem.unsqueeze(-1)
+    acc = acc.scatter_add(1, safe_dst.unsqueeze(-1).expand(-1, -1, D), add)
+    return (acc / w_new.clamp_min(1e-12).unsqueeze(-1)).to(t.dtype)
+
+
+def _hand_over(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor,
+               merged: torch.Tensor, stream: torch.Tensor, freeze_sources: bool, keep_frozen: bool
+               ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The source map after the step (removed tokens hand their patches to ``dst``, or their
+    patches become pruned), in old sequence indices, and the frozen features (the pruned
+    patches' last stream value, kept when ``keep_frozen``)."""
     src = ctx.source                                                    # (B, M)
-    fate = torch.arange(L, device=device).unsqueeze(0).expand(B, -1).clone()
+    B, L = ctx.pos.shape
+    fate = torch.arange(L, device=src.device).unsqueeze(0).expand(B, -1).clone()
     # branch on the Python bool (a bool & tensor breaks torch.jit.trace)
     handed = torch.full_like(dst, -1) if freeze_sources else \
         torch.where(merged, dst, torch.full_like(dst, -1))
     fate.scatter_(1, removed, handed)
     new_src = torch.where(src >= 0, torch.gather(fate, 1, src.clamp(min=0)), src)
     frozen = ctx.frozen
-    pruned_now = (new_src < 0) & (src >= 0)                              # (B, M)
-    if (not merges if prunes is None else prunes) or freeze_sources:
+    if keep_frozen:
+        pruned_now = (new_src < 0) & (src >= 0)                          # (B, M)
         if frozen is None:
-            frozen = stream.new_zeros(B, src.shape[1], D, dtype=stream.dtype)
+            frozen = stream.new_zeros(B, src.shape[1], stream.shape[-1], dtype=stream.dtype)
         last = _gather_tokens(stream, src.clamp(min=0))
         frozen = torch.where(pruned_now.unsqueeze(-1), last.to(frozen.dtype), frozen)
+    return new_src, frozen
 
-    # --- compact: survivors in original order, class token back at the middle
+
+def _compact(ctx: ScanContext, removed: torch.Tensor
+             ) -> Tuple[torch.Tensor, int, torch.Tensor]:
+    """``(new_order, new_cls, new_index)``: the old index of each kept token in the new order
+    (survivors in their original order, the class token back at the middle, an EViT fused
+    token last), the class token's new index, and each old token's new index (-1: removed)."""
+    pos = ctx.pos
+    B, L = pos.shape
+    device = pos.device
     keep = torch.ones(B, L, dtype=torch.bool, device=device)
     # a tensor source, not the Python scalar False (no bool-Scalar overload under jit.trace)
     keep.scatter_(1, removed, torch.zeros_like(removed, dtype=torch.bool))
-    pos = ctx.pos
-    is_patch = pos >= 0
-    n_keep_patch = ctx.n_patches - r
-    order = torch.argsort((~(keep & is_patch)).to(torch.int8), dim=1, stable=True)
+    n_keep_patch = ctx.n_patches - removed.shape[1]
+    order = torch.argsort((~(keep & (pos >= 0))).to(torch.int8), dim=1, stable=True)
     patches = order[:, :n_keep_patch]                                   # kept patches, in order
     extras = []
     if ctx.cls_index >= 0:
@@ -177,29 +208,26 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
     new_index = torch.full((B, L), -1, dtype=torch.long, device=device)
     new_index.scatter_(1, new_order, torch.arange(new_order.shape[1], device=device)
                        .unsqueeze(0).expand(B, -1))
-    new_src = torch.where(new_src >= 0, torch.gather(new_index, 1, new_src.clamp(min=0)),
-                          new_src)
+    return new_order, new_cls, new_index
 
-    if fold:
-        # one scatter of the weighted stream: token i lands on the new index of the token that
-        # carries it (itself, or its merge destination), with weight w_i / w_new[dest]
-        dest_old = torch.arange(L, device=device).unsqueeze(0).expand(B, -1).clone()
-        dest_old.scatter_(1, removed, safe_dst)
-        alive = torch.ones(B, L, dtype=torch.bool, device=device)
-        alive.scatter_(1, removed, merged)
-        coef = torch.where(alive, w / torch.gather(w_new, 1, dest_old).clamp_min(1e-12),
-                           torch.zeros_like(w))
-        target = torch.gather(new_index, 1, dest_old).clamp(min=0)
-        hidden = stream.float().new_zeros(B, new_order.shape[1], D).scatter_add_(
-            1, target.unsqueeze(-1).expand(-1, -1, D), stream.float() * coef.unsqueeze(-1))
-        residual = None
-    else:
-        hidden = _gather_tokens(hidden, new_order)
-        residual = _gather_tokens(residual, new_order) if residual is not None else None
-    new = ctx.successor(new_cls, torch.gather(pos, 1, new_order), n_keep_patch,
-                        size=torch.gather(size, 1, new_order), source=new_src, frozen=frozen,
-                        step='reduce')
-    return hidden, residual, new
+
+def _fold_scatter(stream: torch.Tensor, w: torch.Tensor, w_new: torch.Tensor,
+                  removed: torch.Tensor, safe_dst: torch.Tensor, merged: torch.Tensor,
+                  new_index: torch.Tensor, length: int) -> torch.Tensor:
+    """The folded merge: one scatter of the weighted stream, token i landing on the new index
+    of the token that carries it (itself, or its merge destination) with weight
+    ``w_i / w_new[dest]``; fp32 (B, length, D)."""
+    B, L, D = stream.shape
+    device = stream.device
+    dest_old = torch.arange(L, device=device).unsqueeze(0).expand(B, -1).clone()
+    dest_old.scatter_(1, removed, safe_dst)
+    alive = torch.ones(B, L, dtype=torch.bool, device=device)
+    alive.scatter_(1, removed, merged)
+    coef = torch.where(alive, w / torch.gather(w_new, 1, dest_old).clamp_min(1e-12),
+                       torch.zeros_like(w))
+    target = torch.gather(new_index, 1, dest_old).clamp(min=0)
+    return stream.float().new_zeros(B, length, D).scatter_add_(
+        1, target.unsqueeze(-1).expand(-1, -1, D), stream.float() * coef.unsqueeze(-1))
 
 
 def folded_successor(ctx: ScanContext, r: int, pos: torch.Tensor, size: torch.Tensor,
@@ -209,14 +237,6 @@ def folded_successor(ctx: ScanContext, r: int, pos: torch.Tensor, size: torch.Te
     n_keep = ctx.n_patches - r
     return ctx.successor(cls_index_for(n_keep, ctx.cls_index >= 0), pos, n_keep, size=size,
                          source=source, frozen=ctx.frozen, step=step)
-
-
-def can_plan_merge(ctx: ScanContext, reducer, weight: Optional[torch.Tensor]) -> bool:
-    """Whether a step can be planned for the fused path (:func:`plan_merge_step`): plain
-    size-weighted merges (ToMe), no frozen sources, no EViT fused token."""
-    return (reducer.merges and not reducer.freeze_sources and not reducer.prunes
-            and weight is None
-            and not ctx.has_fused)
 
 
 def plan_merge_step(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor,

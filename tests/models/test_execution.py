@@ -1,0 +1,118 @@
+"""The execution plan (amvim_mm.models.execution): one frozen decision per forward, what it
+says for CPU forwards, ToP's blocks and ToMe's steps, and that the blocks follow it."""
+import dataclasses
+
+import pytest
+import torch
+
+import amvim_mm  # noqa: F401
+from amvim_mm import runtime
+from amvim_mm.models import execution
+from amvim_mm.models.backbones import block as block_mod
+from amvim_mm.models.backbones import mixer as mixer_mod
+from amvim_mm.models.backbones import vim_embed
+from amvim_mm.models.reduction import session as session_mod
+from amvim_mm.ops import cpu_ops
+from amvim_mm.registry import MODELS
+
+
+
+def _kernels() -> bool:
+    return cpu_ops.status()[0]
+
+
+def _model(**kw):
+    torch.manual_seed(0)
+    return MODELS.build(dict(dict(type='Vim', arch='test', img_size=48, out_type='featmap',
+                                  out_indices=(-1, )), **kw)).eval()
+
+
+def test_the_forward_decides_once(monkeypatch):
+    """A ToMe forward builds one plan, whatever the number of blocks and steps; a block called
+    directly builds its own."""
+    builds = []
+    real = execution.plan_forward
+
+    def counted(facts):
+        builds.append(facts)
+        return real(facts)
+    for mod in (vim_embed, block_mod, mixer_mod, session_mod):
+        monkeypatch.setattr(mod, 'plan_forward', counted)
+    m = _model(token_reduction=dict(type='ToMe', ratio=0.27))
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        m(x)
+        assert len(builds) == 1 and len(builds[0].blocks) == len(m.layers)
+        assert len(m.last_context.steps) == 2
+        h = torch.randn(2, 10, m.embed_dims)
+        m.layers[0](h, None, m.embed(x, False)[1])
+    assert len(builds) == 3        # embed(x, False) made one, the direct block call one
+
+
+def test_cpu_inference_plan_and_its_outputs():
+    """CPU fp32 inference: the compiled routes everywhere, ToMe's steps in one call; with the
+    kernels switched off the plan says torch (and why) and the outputs agree."""
+    if not _kernels():
+        pytest.skip('the compiled CPU kernels are not built')
+    m = _model(token_reduction=dict(type='ToMe', ratio=0.27))
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        plan = m.execution_plan(x)
+        out = m(x)[0]
+        with runtime.override(cpu_kernels=False):
+            ref_plan = m.execution_plan(x)
+            ref = m(x)[0]
+    assert not plan.fused and plan.embed.route == 'torch'
+    assert {(b.add_norm.route, b.mixer.route) for b in plan.blocks} == {('cpu', 'cpu')}
+    assert [(s.block, s.match, s.merge, s.fold) for s in plan.steps] == \
+        [(0, 'cpu', 'cpu', True), (2, 'cpu', 'cpu', True)]
+    assert {b.mixer for b in ref_plan.blocks} == {('torch', 'AMVIM_CPU_KERNELS=0')}
+    assert [(s.match, s.merge) for s in ref_plan.steps] == [('torch', 'torch')] * 2
+    assert ((out - ref).abs().max() / ref.abs().max()) < 2e-6
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.fused = True
+
+
+def test_plan_reasons_grad_training_and_switches():
+    m = _model()
+    x = torch.randn(2, 3, 48, 48)
+    plan = m.execution_plan(x)                       # grad mode: no compiled kernel
+    assert plan.block(0).mixer == ('torch', 'grad recorded')
+    assert plan.fused_why == 'not CUDA'
+    with torch.no_grad(), runtime.override(fused_mixer=False):
+        assert m.execution_plan(x).block(1).mixer == ('torch', 'AMVIM_FUSED_MIXER=0')
+    m.mixer_fused = None
+    for layer in m.layers:
+        layer.mixer.fused = False
+    with torch.no_grad():
+        assert m.execution_plan(x).block(1).mixer == ('torch', 'fused=False')
+    m.train()
+    with torch.no_grad():
+        steps = _model(token_reduction=dict(type='ToMe', ratio=0.27)).train().execution_plan(
+            x).steps
+    assert {(s.match, s.merge, s.fold) for s in steps} == {('torch', 'torch', False)}
+
+
+def test_top_blocks_take_the_torch_mixer():
+    """ToP: the block before the step scores the tokens, every block after it scans aligned:
+    both on the PyTorch mixer, from the schedule alone; the others keep their route."""
+    m = _model(token_reduction=dict(type='ToP', keep_rate=0.7, locations=(1, )))
+    with torch.no_grad():
+        plan = m.execution_plan(torch.randn(1, 3, 48, 48))
+    whys = [b.mixer.why for b in plan.blocks]
+    assert whys[1] == 'ToP importance' and whys[2:] == ['hidden-state alignment'] * 2
+    assert plan.block(0).mixer.route == ('cpu' if _kernels() else 'torch')
+
+
+def test_direct_calls_plan_for_themselves():
+    """A mixer called without a plan: ``fused=False`` keeps the compiled CPU route open (the
+    caller's Triton decision only), a ToP context forces the PyTorch mixer."""
+    m = _model()
+    mixer = m.layers[0].mixer
+    h = torch.randn(1, 10, m.embed_dims)
+    ctx = m.embed(torch.randn(1, 3, 48, 48), False)[1]
+    with torch.no_grad():
+        assert mixer.route(h, ctx, False) == ('cpu' if _kernels() else 'torch')
+        assert mixer.use_fused(h, ctx) is False
+        ctx.want_importance = True
+        assert mixer.route(h, ctx, True) == 'torch'
