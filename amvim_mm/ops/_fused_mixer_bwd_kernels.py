@@ -9,9 +9,9 @@ from the chunk's initial state (:func:`amvim_mm.ops.fused_mixer.chunk_initial_st
 recomputed in the backward) into a small per-program scratch, then the chunk is walked backwards
 with the state gradient ``dh_i = exp(d_{i+1} A) dh_{i+1} + g_i C_i`` in registers. So the
 backward recomputes the states instead of storing one per step (one (E, N) state per chunk,
-transient). (A first version scanned (T, BLOCK_E, N) tiles with ``tl.associative_scan``: 255
-registers with spills and 5.7 ms per Vim-T layer at batch 128 on an H200, 2.4x mamba-ssm's
-backward; benchmarks/README.md.)
+transient). (A first version scanned (T, BLOCK_E, N) tiles with ``tl.associative_scan``: it
+spilled registers and was slower than mamba-ssm's backward; benchmarks/README.md, "Fused
+training and long sequences".)
 """
 import triton.language as tl
 

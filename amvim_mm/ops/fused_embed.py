@@ -2,7 +2,7 @@
 launch, for the fused path (inference: :func:`fused_patch_embed`; training: the autograd
 Function :class:`FusedPatchEmbed`, the same kernel forward and a PyTorch backward).
 
-The reference is :meth:`amvim_mm.models.backbones.vim_family.VimFamilyBackbone.embed`: the
+The reference is :meth:`amvim_mm.models.backbones.vim_embed.VimEmbedding.embed`: the
 non-overlapping patch convolution as a GEMM over unfolded patches, then the class token
 concatenated at ``cls_slot(M)`` (= M // 2) and the fp32 position embedding added: five
 launches, a fixed cost that does not shrink with the tokens under reduction (measurements in
@@ -32,8 +32,7 @@ __all__ = ['fused_patch_embed', 'EMBED_CONFIG', 'embed_config', 'FusedPatchEmbed
 
 # Launch configuration (BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_N is capped at the
 # width's next power of two. `tools/benchmark.py --suite gpu --parts tune-embed` times the
-# candidates on Vim-T's shape (runs 18 and 19: (64, 128, 4, 4) 61.1 / 61.3 us, (64, 128, 4, 3)
-# 61.7 / 61.9, (64, 256, 4, 1) 71.9, (64, 128, 8, 3) 103.7; the reference's five launches 127.5);
+# candidates on Vim-T's shape (the timings: benchmarks/README.md, "The GPU issue's results");
 # override: AMVIM_EMBED_CONFIG="64,256,8,1".
 EMBED_CONFIG = (64, 128, 4, 4)
 
@@ -126,8 +125,8 @@ class FusedPatchEmbed(torch.autograd.Function):
     cuBLAS runs these GEMMs near peak, the unfold is one strided copy of the image, and the
     sums are single reductions, so a Triton kernel would save a few launches per training step
     (negligible next to the blocks' backward) and add a kernel to maintain. The numerics follow
-    the unfused embedding (:meth:`~amvim_mm.models.backbones.vim_family.VimFamilyBackbone
-    .embed`) under autocast: the patch rows' gradient is rounded to ``compute_dtype`` before
+    the unfused embedding (:meth:`~amvim_mm.models.backbones.vim_embed.VimEmbedding.embed`)
+    under autocast: the patch rows' gradient is rounded to ``compute_dtype`` before
     the GEMMs (what the gradient of autocast's ``F.linear`` output is), in fp32 everything is
     fp32. The class token's and the position embedding's gradients are fp32 sums over the
     batch of the fp32 token gradient; the row ``M // 2`` of ``pos_embed`` gets none without a

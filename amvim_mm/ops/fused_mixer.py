@@ -1,10 +1,10 @@
 """Fused inference path of the Vim-family mixer: two Triton kernels for all scan paths at once.
 
-The unfused mixer (:class:`amvim_mm.models.backbones.vim_family.BiMambaMixer`, the reference for
+The unfused mixer (:class:`amvim_mm.models.backbones.mixer.BiMambaMixer`, the reference for
 this file) works channel-first like the official code: per path a gather or flip of ``xz`` into
 the path's order, a causal conv launch, a selective-scan launch, and a gather back. At Vim's shapes
-(L = 197, E = 384) every one of these launches is far from the memory roofline; the mamba-ssm scan
-kernel alone takes ~0.4 ms for ~20 MB (measured on an H200).
+(L = 197, E = 384) every one of these launches is far from the memory roofline
+(benchmarks/README.md).
 
 Here the sequence stays channel-last (B, L, C), as ``in_proj`` produces it, and a path is just an
 int32 index array ``perm[p, b, i]`` (the token at position ``i`` of path ``p``), so a window-order
@@ -72,8 +72,8 @@ LOG2E = 1.4426950408889634
 # one H200 by ``python tools/benchmark.py --suite gpu --parts tune-chunk`` (bf16, CUDA graph, one
 # mixer call with P = 2 paths), which prints this literal ready to paste.
 #
-# E = 384 (Vim-T, AMVim-T): measured in run 37 (benchmarks/runs/2026-12-01_run37; T in 32, 64,
-# 128; the fused scans beat the mamba-ssm mixer at every measured shape, 2.1-3.2x). E = 768
+# E = 384 (Vim-T, AMVim-T): measured in benchmarks/runs/2026-12-01_run37 (T in 32, 64, 128; the
+# fused scans beat the mamba-ssm mixer at every measured shape). E = 768
 # (Vim-S): not measured yet, the fallback rule (``rule_scan_choice``) evaluated at the table's
 # points: chunked where the sequential grid has fewer than TARGET_PROGRAMS programs and
 # L >= CHUNK_MIN_LEN, else sequential.

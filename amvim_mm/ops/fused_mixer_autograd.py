@@ -35,18 +35,16 @@ __all__ = ['FusedSSM', 'fused_mixer_train', 'BWD_CONFIG', 'bwd_config', 'bwd_gro
 
 # Launch configuration of the scan's backward: (T steps per chunk, BLOCK_E channels, num_warps);
 # override AMVIM_FUSED_BWD_CONFIG="32,32,2". A program's scratch holds T states of
-# (BLOCK_E, N) fp32. The tune-bwd part of tools/benchmark.py times candidates: (32, 32, 2) was
-# the fastest at 224 (batch 128) in runs 38 and 40 and at 512 (batch 8) in run 40; in run 38 at
-# 512 all five candidates were within 4 % (benchmarks/README.md).
+# (BLOCK_E, N) fp32. The tune-bwd part of tools/benchmark.py times candidates; the timings
+# behind this choice are in benchmarks/README.md ("Fused training and dense workloads again").
 BWD_CONFIG = (32, 32, 2)
 
 
-#: The automatic choice trains on the fused path only where it measured at least as fast as
-#: the unfused path (the mamba-ssm and causal-conv1d kernels; runs 38 and 39 on an H200,
-#: benchmarks/README.md): under 16-bit autocast with sequences of at least TRAIN_MIN_LEN tokens
-#: (Vim-T at 512 px batch 8: 1.10x, 1024 px batch 2: 1.03x, at half the peak memory). At 224 px
-#: (197 tokens, batch 128) the fused step was 1.01x for Vim-T but 0.95x for AMVim-T, and in
-#: fp32 0.73x: there ``fused_mixer=True`` still halves the memory, at that speed.
+#: The automatic choice trains on the fused path only where it was at least as fast as the
+#: unfused path (the mamba-ssm and causal-conv1d kernels): under 16-bit autocast with sequences
+#: of at least TRAIN_MIN_LEN tokens. Below that, and in fp32, ``fused_mixer=True`` still halves
+#: the activation memory, at a lower speed (timings: benchmarks/README.md, "Fused training and
+#: long sequences").
 TRAIN_MIN_LEN = 512
 
 
@@ -177,28 +175,43 @@ class FusedSSM(torch.autograd.Function):
             dxp = torch.bmm(dx_dbl.transpose(1, 2), xc.view(P, BL, E))  # (P, W, E)
             g = dxc.view(P, BL, E).add_(torch.bmm(dx_dbl, x_proj_w.to(dtype))).view(P, Bsz, L, E)
             del dx_dbl, xc
-            # conv: dpre (path order), weight / bias sums, then the input's grad in token order
-            bl, be = CONV_BLOCK
-            n_lb = triton.cdiv(L, bl)
-            dpre = torch.empty(P, Bsz, L, E, device=dev, dtype=torch.float32)
-            cpart = torch.empty(P, Bsz * n_lb, K + 1, E, device=dev, dtype=torch.float32)
-            conv_bwd_k[(Bsz * n_lb, triton.cdiv(E, be), P)](
-                xz, perm, conv_w.contiguous(), conv_b, g, dpre, cpart, L, E, n_lb, xz.stride(0),
-                xz.stride(1), perm.stride(0), s_pb, g.stride(0), g.stride(1), g.stride(2), K=K,
-                BLOCK_L=bl, BLOCK_E=be, num_warps=4)
-            del g
-            cpart = cpart.sum(1)                                       # (P, K + 1, E)
-            dconv_w, dconv_b = cpart[:, :K].transpose(1, 2), cpart[:, K]
-            dxz = torch.empty_like(xz)
-            inv = _inverse(perm)
-            conv_dx_k[(Bsz * n_lb, triton.cdiv(E, be))](
-                dpre, inv, conv_w.contiguous(), dxz, L, E, P, n_lb, inv.stride(0),
-                inv.stride(1) if inv.shape[1] > 1 else 0, dxz.stride(0), dxz.stride(1), K=K,
-                BLOCK_L=bl, BLOCK_E=be, num_warps=4)
-            dxz[..., E:] = dz.sum(0)
+            dxz, dconv_w, dconv_b = _conv_backward(xz, perm, conv_w, conv_b, g, dz,
+                                                   conv_bwd_k, conv_dx_k)
         return (dxz, None, dconv_w.to(conv_w.dtype), dconv_b.to(conv_b.dtype),
                 dxp.to(x_proj_w.dtype), ddt_w.to(dt_w.dtype), ddt_b.to(dt_b.dtype),
                 dA.to(A.dtype), dD.to(D.dtype))
+
+
+def _conv_backward(xz: Tensor, perm: Tensor, conv_w: Tensor, conv_b: Tensor, g: Tensor,
+                   dz: Tensor, conv_bwd_k, conv_dx_k) -> Tuple[Tensor, Tensor, Tensor]:
+    """The conv's backward from ``g`` (P, B, L, E), the gradient of its SiLU output in path
+    order: ``dpre`` (path order), the weight and bias sums, then the input's gradient in token
+    order, with the gate's gradient ``dz.sum(0)`` in the upper half. Returns (dxz, dconv_w,
+    dconv_b)."""
+    import triton
+    Bsz, L, _ = xz.shape
+    P, E, K = conv_w.shape
+    dev = xz.device
+    s_pb = perm.stride(1) if perm.shape[1] > 1 else 0
+    bl, be = CONV_BLOCK
+    n_lb = triton.cdiv(L, bl)
+    dpre = torch.empty(P, Bsz, L, E, device=dev, dtype=torch.float32)
+    cpart = torch.empty(P, Bsz * n_lb, K + 1, E, device=dev, dtype=torch.float32)
+    conv_bwd_k[(Bsz * n_lb, triton.cdiv(E, be), P)](
+        xz, perm, conv_w.contiguous(), conv_b, g, dpre, cpart, L, E, n_lb, xz.stride(0),
+        xz.stride(1), perm.stride(0), s_pb, g.stride(0), g.stride(1), g.stride(2), K=K,
+        BLOCK_L=bl, BLOCK_E=be, num_warps=4)
+    del g
+    cpart = cpart.sum(1)                                       # (P, K + 1, E)
+    dconv_w, dconv_b = cpart[:, :K].transpose(1, 2), cpart[:, K]
+    dxz = torch.empty_like(xz)
+    inv = _inverse(perm)
+    conv_dx_k[(Bsz * n_lb, triton.cdiv(E, be))](
+        dpre, inv, conv_w.contiguous(), dxz, L, E, P, n_lb, inv.stride(0),
+        inv.stride(1) if inv.shape[1] > 1 else 0, dxz.stride(0), dxz.stride(1), K=K,
+        BLOCK_L=bl, BLOCK_E=be, num_warps=4)
+    dxz[..., E:] = dz.sum(0)
+    return dxz, dconv_w, dconv_b
 
 
 def fused_mixer_train(hidden: Tensor, in_proj_weight: Tensor, conv_weight: Tensor,

@@ -1,6 +1,7 @@
 """Selective scan (Mamba S6) with three backends, and ToP hidden-state alignment by gap folding.
 
-The math every backend computes (spec: models.md, "Selective scan")::
+The math every backend computes (mamba-ssm's ``selective_scan_ref``; here
+:func:`selective_scan_ref`, the ground truth of the tests)::
 
     delta = softplus(delta + delta_bias)          # if delta_softplus
     h_0 = 0
@@ -259,17 +260,14 @@ def selective_scan_torch(u: Tensor,
     ``method='logstep'``: one Hillis-Steele scan over the whole L (log2(L) passes over the
     (batch, E, N, L) tensor, O(L log L) work).
 
-    Choice (measured on 2 idle CPU cores, torch 2.14, fp32, forward, E=384, N=16, medians;
-    ``tools/benchmark_scan.py`` for the Vim-T shape): the scan is memory-bound on the CPU.
-    ``logstep`` moves log2(L) times the bytes and was 2.9x SLOWER than the sequential
-    reference at batch 2, L = 197 (48 vs 17 ms) and 4.1x slower at L = 4096 (1.8 s vs 0.44 s),
-    and its autograd keeps log2(L) full-size tensors. ``chunked`` moves about as many bytes as
-    the reference but in large multi-threaded ops and few Python steps: 6.5 ms at L = 197
-    (2.5x faster than the reference; chunk 8..32 within noise) and 0.12 s at L = 4096 (3.7x;
-    chunk 64 best). Also tried and dropped: log-step inside chunks with a carry across chunks
-    (about 2x slower than ``chunked``), and (batch, E, N, L)-major layouts (strided steps).
-    Forward + backward (batch 2, L = 197): ``chunked`` 28 ms, ``logstep`` 93 ms, reference
-    192 ms. ``logstep`` stays as an option.
+    Choice (``tools/benchmark_scan.py`` for the Vim-T shape; timings in
+    ``benchmarks/scan_cpu.json`` and benchmarks/README.md): the scan is memory-bound on the
+    CPU. ``logstep`` moves log2(L) times the bytes and was slower than the sequential
+    reference, and its autograd keeps log2(L) full-size tensors. ``chunked`` moves about as
+    many bytes as the reference but in large multi-threaded ops and few Python steps: faster
+    than the reference, forward and backward. Also tried and dropped: log-step inside chunks
+    with a carry across chunks, and (batch, E, N, L)-major layouts (strided steps).
+    ``logstep`` stays as an option.
     """
     if chunk_size is not None and chunk_size < 1:
         raise ConfigError(f'chunk_size must be a positive int or None; got {chunk_size}')
@@ -284,7 +282,15 @@ def selective_scan_torch(u: Tensor,
             y, h_last = (h * Cf).sum(2), h[..., -1]
         out = _finish(y, uf, D, z, ct, u.dtype)
         return (out, h_last) if return_last_state else out
+    return _scan_chunked(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
+                         return_last_state, chunk_size)
 
+
+def _scan_chunked(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                  D: Optional[Tensor], z: Optional[Tensor], delta_bias: Optional[Tensor],
+                  delta_softplus: bool, return_last_state: bool, chunk_size: Optional[int]
+                  ) -> ScanOut:
+    """:func:`selective_scan_torch`'s ``method='chunked'``."""
     _check_shapes(u, delta, A, B, C, D, z, delta_bias)
     ct = _compute_dtype(u.dtype)
     bsz, dim, length = u.shape
@@ -310,6 +316,24 @@ def selective_scan_torch(u: Tensor,
     # without autograd, the steps write into buffers (no allocation per step)
     inplace = not (torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (u, delta, A, B, C, D, z, delta_bias)))
+    hs, h_end = _chunk_passes(a, b, torch.exp(dt_tm.sum(0).unsqueeze(-1) * A.to(ct)), chunk,
+                              inplace)
+    # contract with C: (..., E, N) @ (..., N, 1), or a product-sum for grouped C
+    if Cl.shape[3] == 1:
+        y = torch.matmul(hs, Cl.transpose(-1, -2)).squeeze(-1)
+    else:
+        y = (hs * Cl).sum(-1)  # (chunk, nc, batch, E)
+    y = y.permute(2, 3, 1, 0).reshape(bsz, dim, nchunks * chunk)[..., :length]
+    out = _finish(y, uf, D, z, ct, u.dtype)
+    return (out, h_end[-1]) if return_last_state else out
+
+
+def _chunk_passes(a: Tensor, b: Tensor, p: Tensor, chunk: int, inplace: bool
+                  ) -> Tuple[Tensor, Tensor]:
+    """The chunked scan's two passes over time-major ``a``, ``b`` (chunk, nc, batch, E, N)
+    with ``p`` (nc, batch, E, N) each chunk's decay product: every step's state (chunk, nc,
+    batch, E, N) and the true state at every chunk end (nc, batch, E, N). ``inplace``: no
+    autograd (the states overwrite ``b``)."""
     # per-step views via unbind: its backward is one stack (indexing a[t] would add a
     # full-size zero tensor per step to the backward, quadratic in the chunk length)
     a_t, b_t = a.unbind(0), b.unbind(0)
@@ -319,7 +343,6 @@ def selective_scan_torch(u: Tensor,
     for t in range(1, chunk):
         h = torch.addcmul(b_t[t], a_t[t], h, out=h) if inplace else torch.addcmul(
             b_t[t], a_t[t], h)
-    p = torch.exp(dt_tm.sum(0).unsqueeze(-1) * A.to(ct))  # (nc, batch, E, N)
     # compose the chunk summaries across chunks: the true state at every chunk end
     _, h_end = _log_step_scan(p, h, dim=0)  # (nc, batch, E, N)
     h = torch.cat([torch.zeros_like(h_end[:1]), h_end[:-1]], dim=0)  # entry states
@@ -327,21 +350,12 @@ def selective_scan_torch(u: Tensor,
     if inplace:
         for t in range(chunk):
             h = torch.addcmul(b_t[t], a_t[t], h, out=b_t[t])
-        hs = b
-    else:
-        hs = []
-        for t in range(chunk):
-            h = torch.addcmul(b_t[t], a_t[t], h)
-            hs.append(h)
-        hs = torch.stack(hs, dim=0)
-    # contract with C: (..., E, N) @ (..., N, 1), or a product-sum for grouped C
-    if Cl.shape[3] == 1:
-        y = torch.matmul(hs, Cl.transpose(-1, -2)).squeeze(-1)
-    else:
-        y = (hs * Cl).sum(-1)  # (chunk, nc, batch, E)
-    y = y.permute(2, 3, 1, 0).reshape(bsz, dim, nchunks * chunk)[..., :length]
-    out = _finish(y, uf, D, z, ct, u.dtype)
-    return (out, h_end[-1]) if return_last_state else out
+        return b, h_end
+    hs = []
+    for t in range(chunk):
+        h = torch.addcmul(b_t[t], a_t[t], h)
+        hs.append(h)
+    return torch.stack(hs, dim=0), h_end
 
 
 # ----------------------------------------------------------------------------------------------

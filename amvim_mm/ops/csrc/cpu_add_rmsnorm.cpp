@@ -1,8 +1,8 @@
 // CPU kernel of a block's residual add + RMSNorm at inference, over token-major (..., D) rows:
 //   res = residual + hidden   (hidden alone when there is no residual yet)
 //   out = res * rsqrt(mean(res^2) + eps) * weight
-// in one pass over each row (PyTorch takes six operators and three temporaries for it; at Vim-T
-// size a block spent ~36 us there, mostly in operator overhead). Float32; rows in parallel on
+// in one pass over each row (PyTorch takes six operators and three temporaries for it, mostly
+// operator overhead at Vim-T size; benchmarks/README.md). Float32; rows in parallel on
 // ATen's thread pool. Registered as ``amvim_cpu::add_rmsnorm`` (amvim_mm/ops/cpu_ops.py checks
 // the arguments and decides when it applies).
 #include <ATen/Parallel.h>

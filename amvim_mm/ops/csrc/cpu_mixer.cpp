@@ -10,8 +10,7 @@
 // walk over L is sequential per channel block and the blocks of (batch x channels) run in
 // parallel on ATen's thread pool. exp is a Cephes-style polynomial (about 1 ulp, the same as
 // ATen's vectorised exp); the scan's exp(dt A) is 2^(dt A log2 e) with A pre-scaled (no range
-// reduction by ln 2: 13-15 % faster scan on an AVX2 machine, outputs within 4e-8 of the exp
-// form); the scan state of a channel block lives in a small stack array that stays in L1. The
+// reduction by ln 2: a faster scan, outputs within 4e-8 of the exp form); the scan state of a channel block lives in a small stack array that stays in L1. The
 // scan walks L in chunks of steps, each in two passes (step sizes and gates, then the
 // recurrence): benchmarks/README.md has the measurements behind these choices.
 #include <ATen/Parallel.h>
@@ -327,7 +326,7 @@ at::Tensor scan_into(const at::Tensor& u, const at::Tensor& delta, const at::Ten
     // projection and the softplus) and gate silu(z), then the recurrence. Both are the same
     // operations as one pass, but the first pass has no dependency between steps, so its long
     // chains (exp, division, polynomial) overlap; inside the recurrence they were on the
-    // critical path of each step (the scan ran at 2.4x its bare cost with them, AVX-512).
+    // critical path of each step (benchmarks/README.md, "CPU a third time").
     vf dts[kChunk], gates[kChunk];
     for (int64_t t0 = 0; t0 < len; t0 += kChunk) {
       const int64_t tn = std::min<int64_t>(kChunk, len - t0);
