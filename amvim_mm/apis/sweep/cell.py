@@ -185,7 +185,7 @@ def _speed(backbone, size, precision: str, red: Optional[dict]) -> dict:
     cell's reducer on; batch 8 on a CPU, 64 on a GPU."""
     import torch
 
-    from amvim_mm.analysis.benchmark import measure
+    from amvim_mm.bench.measure import measure
     if size[0] != size[1]:
         raise ConfigError(f'--measure-speed needs a square img_size, got {size}')
     cuda = next(backbone.parameters()).is_cuda
