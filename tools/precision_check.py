@@ -17,8 +17,8 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmen
 from mmengine.config import DictAction
 
 from amvim_mm.apis.cli import run_cli
-from amvim_mm.apis.prune_eval import PRECISIONS, PRIMARY_METRICS
-from amvim_mm.apis.reduction_methods import LEARNED, METHODS, reduction_config
+from amvim_mm.apis.sweep import (LEARNED, METHODS, PRECISIONS, PRIMARY_METRICS,
+                                 reduction_config)
 from amvim_mm.errors import ConfigError
 
 
