@@ -95,13 +95,13 @@ def gpu_resolution(args):
     return rows
 
 
-def _training_path(m) -> str:
-    """Which mixer path a training step of classifier ``m`` takes (asked of its first mixer
-    with a gradient wanted, as the forward asks)."""
-    mixer = m.backbone.layers[0].mixer
+def _training_path(m, res: int) -> str:
+    """Which mixer path a training step of classifier ``m`` at ``res`` px takes: the first
+    block's mixer route in the backbone's execution plan, made with a gradient wanted."""
     with torch.enable_grad():
-        x = torch.empty(2, 3, 16, 16, device='cuda')
-        return 'fused' if mixer.use_fused(x, None) else 'unfused'
+        x = torch.empty(2, 3, res, res, device='cuda')
+        route = m.backbone.execution_plan(x).block(0).mixer.route
+    return 'fused' if route == 'triton-train' else 'unfused'
 
 
 def gpu_train(args):
@@ -121,7 +121,7 @@ def gpu_train(args):
                     m = B.build(name, res, head=True, fused_mixer=True if mixer == 'fused'
                                 else False)
                     r = attempt(B.measure_train, m, batch, res, dtype)
-                    r.update(model=name, mixer=mixer, path=_training_path(m), res=res,
+                    r.update(model=name, mixer=mixer, path=_training_path(m, res), res=res,
                              batch=batch)
                     here[mixer] = r
                     log(f'  {name} {res} b{batch} {dtype} train {mixer} ({r["path"]}): '

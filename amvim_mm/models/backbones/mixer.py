@@ -250,9 +250,6 @@ class BiMambaMixer(nn.Module):
             return False
         return self.plan_call(hidden, ctx, seq_len=seq_len).fused
 
-    #: the bench's path probe reads it (:meth:`route` answers the whole question)
-    _ctx_needs_unfused = staticmethod(lambda ctx: _needs_torch(ctx))
-
     def _apply(self, fn, *args, **kwargs):
         self._fused_cache = None   # .to() / .cuda() / .half(): restack on the next fused call
         return super()._apply(fn, *args, **kwargs)
