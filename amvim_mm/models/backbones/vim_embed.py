@@ -119,7 +119,7 @@ class VimEmbedding:
         ok = isinstance(x, torch.Tensor) and x.dim() == 4 and x.shape[0] > 0 \
             and x.shape[-2] >= p and x.shape[-1] >= p
         grid = pe.grid_size(*x.shape[-2:]) if ok else (0, 0)
-        M = grid[0] * grid[1]
+        M = int(grid[0] * grid[1])    # a plain int also under a trace (shapes as tensors)
         grad = torch.is_grad_enabled()
         device = x.device.type if isinstance(x, torch.Tensor) else 'cpu'
         facts = ForwardFacts(
