@@ -1,4 +1,4 @@
-"""GFLOPs of a backbone (Vim family, VMamba), with or without token reduction (analytic).
+"""GFLOPs of a backbone (Vim family, VMamba, PlainMamba), with or without token reduction.
 
     python tools/get_flops.py --model Vim --arch tiny [--size 224] [--ratios 0 0.17 0.27 0.36 0.46]
                               [--method ToMe] [--num-classes 1000]
@@ -9,24 +9,30 @@ Default convention: MACs of the linear/conv layers + the selective scan as 9*L*E
 ``--convention localmamba`` uses LocalMamba's flops() formula, the one behind the papers' tables
 (amvim_mm.analysis.flops). VMamba's and PlainMamba's default is ``official``, the official
 code's fvcore count (amvim_mm.analysis.vmamba_flops, plainmamba_flops); VMamba's table adds
-the per-stage token grids.
+the per-stage token grids. The backbones and their conventions come from the registry (every
+backbone's own ``flops``).
 """
 import argparse
+import inspect
 import sys
 import warnings
 
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 import amvim_mm  # noqa: F401,E402
-from amvim_mm.analysis.flops import CONVENTIONS, backbone_flops, vim_family_flops  # noqa: E402,E501
+from amvim_mm.analysis.flops import CONVENTIONS, backbone_flops  # noqa: E402
 from amvim_mm.errors import ConfigError  # noqa: E402
 from amvim_mm.apis.cli import run_cli  # noqa: E402
+from amvim_mm.models.backbones.base import MambaBackbone  # noqa: E402
 from amvim_mm.registry import MODELS  # noqa: E402
+
+#: every registered backbone of ours (a new one is listed by registering it)
+BACKBONES = [n for n, c in MODELS.module_dict.items()
+             if isinstance(c, type) and issubclass(c, MambaBackbone)]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--model', default='Vim',
-                   choices=['Vim', 'AMVim', 'LocalVim', 'VMamba', 'PlainMamba'])
+    p.add_argument('--model', default='Vim', choices=BACKBONES)
     p.add_argument('--arch', default='tiny')
     p.add_argument('--size', type=int, default=224)
     p.add_argument('--method', default='ToMe', choices=['ToMe', 'RandomPrune'])
@@ -42,17 +48,16 @@ def main(argv=None) -> int:
     try:
         model = MODELS.build(dict(type=args.model, arch=args.arch, img_size=args.size))
         rows = []
+        options = {}
+        if args.count_after_merge:
+            if 'count_after_merge' not in inspect.signature(model.flops).parameters:
+                raise ConfigError('--count-after-merge is for the Vim family')
+            options['count_after_merge'] = True
         for r in args.ratios:
             red = dict(type=args.method, ratio=r) if r else None
-            if args.model in ('VMamba', 'PlainMamba'):
-                if args.count_after_merge:
-                    raise ConfigError('--count-after-merge is for the Vim family')
-                f = backbone_flops(model, args.size, red, num_classes=args.num_classes,
-                                   convention=args.convention or 'official')
-            else:
-                f = vim_family_flops(model, args.size, red, num_classes=args.num_classes,
-                                     convention=args.convention or 'mamba',
-                                     count_after_merge=args.count_after_merge)
+            f = backbone_flops(model, args.size, red, num_classes=args.num_classes,
+                               convention=args.convention or model.default_flops_convention,
+                               **options)
             rows.append((r, f))
     except (KeyError, ValueError) as e:
         print(f'error: {e}', file=sys.stderr)

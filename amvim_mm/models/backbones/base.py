@@ -78,6 +78,10 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
     record_final_stream = False
     #: the family's :meth:`embed` checks the images itself (the skeleton then does not)
     embed_checks_images = False
+    #: the FLOPs conventions the family's ``flops`` counts in (name -> what it counts; see
+    #: :func:`amvim_mm.analysis.flops.backbone_flops`) and the one its tools report by default
+    flops_conventions: dict = {}
+    default_flops_convention = 'mamba'
 
     # ----------------------------------------------------------------- set-up
     def init_forward(self, cuda_graph: Optional[bool]) -> None:

@@ -158,6 +158,13 @@ class LocalVim(VimFamilyBackbone):
     def layer_paths(self, i: int) -> List[dict]:
         return [dict(DIRECTIONS[d]) for d in self._table()[i]]
 
+    def block_flops(self, layer: nn.Module, L: int, convention: str) -> int:
+        """The Vim block's FLOPs and the channel attention of each path."""
+        mixer = layer.mixer
+        red = mixer.attn.global_reduce.out_features
+        return super().block_flops(layer, L, convention) + \
+            mixer.num_paths * 2 * mixer.d_inner * red
+
     def build_mixer(self, i, embed_dims, mixer_kwargs, scan_backend):
         return LocalMambaMixer(embed_dims, num_paths=len(self._table()[i]),
                                scan_backend=scan_backend, **mixer_kwargs)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -64,6 +64,16 @@ REQUIRED_ARCH_KEYS = frozenset({'embed_dims', 'num_layers'})
 ARCH_DEFAULTS = dict(patch_size=16, num_convs_patch_embed=2, layers_with_dwconv=(), d_state=16,
                      expand=2, dt_rank=None, d_conv=7)
 OUT_TYPES = ('featmap', 'avg_featmap')
+#: the FLOPs conventions of :meth:`PlainMamba.flops` (see
+#: :mod:`amvim_mm.analysis.plainmamba_flops`)
+FLOPS_CONVENTIONS = {
+    'official': ('fvcore MACs of convs/linears, 5*numel per LayerNorm, 2*numel per BatchNorm, '
+                 'scan 9*L*E*N + L*E per direction'),
+    'mamba': ('MACs of linear/conv layers + selective scan 9*L*E*N per direction (mamba-ssm '
+              'convention); norms and activations excluded'),
+    'mmengine': ("mmengine's FlopAnalyzer (the libraries' get_flops tools) traced on the "
+                 'backbone; the selective scan and element-wise ops uncounted'),
+}
 #: ToP-ViM's PlainMamba-L3 budget: 41.6 % fewer FLOPs than the 14.454 G of L3 at 224, i.e.
 #: 8.44 G. Keeping ``rho`` of the tokens after layers 9, 18 and 27 (counted from 1) costs about
 #: 1.403 + 0.3624 * 9 * (1 + rho + rho^2 + rho^3) G; with the schedule's ``int()`` rounding
@@ -377,3 +387,50 @@ class PlainMamba(MambaBackbone):
 
     #: PlainMamba's mixer has the masked forward a learned (pruning) reducer trains with
     supports_learned_reduction = True
+
+    # ----------------------------------------------------------------- FLOPs
+    #: the conventions :meth:`flops` counts in (see :mod:`amvim_mm.analysis.plainmamba_flops`)
+    flops_conventions = FLOPS_CONVENTIONS
+    default_flops_convention = 'official'
+
+    def _stem_flops(self, H: int, W: int, bn: int) -> Tuple[int, int]:
+        """(FLOPs of the convolutional patch embedding on an H x W image, patch tokens)."""
+        pe = self.patch_embed
+        c = pe.stem[0].out_channels
+        h, w = (H + 1) // 2, (W + 1) // 2                                  # 7x7 stride-2 stem
+        f = c * self.in_channels * 49 * h * w + bn * c * h * w
+        n_convs = len([m for m in pe.convs if hasattr(m, 'kernel_size')])
+        f += n_convs * (c * c * 9 * h * w + bn * c * h * w)
+        k = pe.projection.stride[0]                                       # 8 (patch 16)
+        gh, gw = -(-h // k), -(-w // k)                                    # padded to k
+        M = gh * gw
+        return f + self.embed_dims * c * k * k * M, M                     # projection
+
+    def flops(self, input_shape: Tuple[int, int], reducer, num_classes: int, convention: str,
+              measure: Callable[[], float]) -> Dict[str, object]:
+        """FLOPs for one (H, W) image with ``reducer`` (see
+        :func:`amvim_mm.analysis.flops.backbone_flops`; ``measure``: mmengine's count)."""
+        depth, C = self.num_layers, self.embed_dims
+        official = convention == 'official'
+        ln, bn = (5, 2) if official else (0, 0)       # fvcore: eval BN with affine = 2 * numel
+        f, M = self._stem_flops(*input_shape, bn)
+        removals, counts, realised = [0] * depth, [M] * depth, 0.0
+        if reducer is not None:
+            removals, counts, realised = reducer.token_plan(M, depth)
+        if reducer is not None and reducer.dynamic:   # per-image counts (LTMP): the mean
+            counts = list(reducer.mean_tokens())
+            removals = [p0 - p1 for p0, p1 in zip([M] + counts[:-1], counts)]
+            realised = sum(M - c for c in counts) / (depth * M)
+        if convention == 'mmengine':
+            total = measure() + C * num_classes
+            return dict(gflops=total / 1e9, tokens=counts, removals=removals,
+                        realised_ratio=realised, convention=self.flops_conventions[convention])
+        for layer, L in zip(self.layers, counts):
+            f += layer.flops(L, official)
+        if self.final_norm:
+            f += ln * counts[-1] * C
+        if hasattr(reducer, 'extra_flops'):       # a learned reducer's own layers (predictors)
+            f += reducer.extra_flops(M, depth)
+        f += C * num_classes
+        return dict(gflops=f / 1e9, tokens=counts, removals=removals, realised_ratio=realised,
+                    convention=self.flops_conventions[convention])

@@ -68,6 +68,16 @@ class PlainMambaLayer(nn.Module):
         """ToMe's similarity features of this layer's input: its normalised input."""
         return self.norm(x)
 
+    def flops(self, L: int, official: bool) -> int:
+        """FLOPs on ``L`` tokens: the norm (``official``: 5 per element), the mixer, L1's
+        depthwise 3x3 block (``official``: eval BN 2 per element)."""
+        C = self.norm.normalized_shape[0]
+        ln, bn = (5, 2) if official else (0, 0)
+        f = ln * L * C + self.mamba.flops(L, official)
+        if hasattr(self, 'dw'):
+            f += C * 9 * L + bn * C * L
+        return f
+
     def forward(self, x: torch.Tensor, ctx: ScanContext,
                 keep: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``keep``: a learned reducer's (B, L) keep mask (training): the mixer's masked

@@ -103,6 +103,16 @@ class PlainMamba2D(nn.Module):
             self.D.fill_(1.0)
         nn.init.trunc_normal_(self.direction_Bs, std=.02)
 
+    def flops(self, L: int, official: bool) -> int:
+        """FLOPs on ``L`` tokens (:mod:`amvim_mm.analysis.plainmamba_flops`): in_proj, the
+        depthwise conv, x_proj, dt_proj, out_proj and per direction the scan (``official``:
+        ``9 * L * E * N + L * E``, else ``9 * L * E * N``)."""
+        C, E, N, R = self.d_model, self.d_inner, self.d_state, self.dt_rank
+        k2 = self.conv2d.kernel_size[0] * self.conv2d.kernel_size[1]
+        f = L * C * 2 * E + L * E * k2                                 # in_proj, dw conv
+        f += L * E * (R + 2 * N) + L * R * E + L * E * C               # x_proj, dt_proj, out
+        return f + self.num_directions * (9 * L * E * N + (L * E if official else 0))
+
     def forward(self, x: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
         """(B, L, C) tokens of the grid cells in ``ctx`` (the whole grid, or the survivors of
         a token reduction) -> (B, L, C)."""

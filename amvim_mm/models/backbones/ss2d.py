@@ -132,6 +132,20 @@ class SS2D(nn.Module):
         self.out_norm.reset_parameters()
 
     # ------------------------------------------------------------------ pieces
+    def flops(self, L: int, official: bool) -> int:
+        """FLOPs of this mixer on ``L`` tokens (:mod:`amvim_mm.analysis.vmamba_flops`):
+        in_proj, the depthwise conv, x_proj / dt_projs per direction, the scan (``official``:
+        fvcore's handle ``9 * L * (K * E) * N + L * (K * E)``, else ``9 * L * E * N`` per
+        direction), the out norm (``official``: 5 per element) and out_proj."""
+        d, E, N, R, K = self.d_model, self.d_inner, self.d_state, self.dt_rank, \
+            self.num_directions
+        k2 = self.conv2d.kernel_size[0] * self.conv2d.kernel_size[1]
+        ln = 5 if official else 0
+        f = L * d * self.in_proj.out_features + L * E * k2                # in_proj, dw conv
+        f += K * L * E * (R + 2 * N) + K * L * R * E                      # x_proj, dt_projs
+        f += (9 * L * K * E * N + L * K * E) if official else K * 9 * L * E * N
+        return f + ln * L * E + L * E * d                                 # out_norm, out_proj
+
     def grid_conv(self, x: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
         """Depthwise conv + SiLU of (B, L, E) tokens on their grid cells -> (B, L, E)
         (absent cells hold zero, :mod:`~amvim_mm.models.layout.grid_conv`)."""

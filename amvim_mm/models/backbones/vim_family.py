@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -25,7 +25,7 @@ from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.token_layout import cls_row, drop_cls
 from ..layout.scan_context import ScanContext
-from ..reduction import restore_grid
+from ..reduction import ReductionSchedule, restore_grid
 from .args import positive_int, rate, resolve_out_indices, size_pair
 from .base import MambaBackbone
 from .block import VimBlock
@@ -74,6 +74,17 @@ def _canonical_arch(arch_zoo: Dict[str, dict], arch: Union[str, dict],
 
 
 REQUIRED_ARCH_KEYS = frozenset({'embed_dims', 'num_layers'})
+#: the FLOPs conventions of :meth:`VimFamilyBackbone.flops` (see :mod:`amvim_mm.analysis.flops`)
+FLOPS_CONVENTIONS = {
+    'mamba': ('MACs of linear/conv layers + selective scan 9*L*E*N per path (mamba-ssm '
+              'convention), per-block token counts (a learned reducer\'s linear layers '
+              'included); norms, activations and the training-free reducers\' cost excluded'),
+    'localmamba': ("LocalMamba's flops(): projections + L*D norm, conv/x_proj/dt_proj once per "
+                   'block, scan 5*L*E*N + 2*L*E per path, per-block token counts'),
+    'mmengine': ("mmengine's FlopAnalyzer (the libraries' get_flops tools) traced on the "
+                 'backbone: one FLOP per multiply-accumulate of the ops it has handles for '
+                 '(linear, conv, matmul); the selective scan and element-wise ops uncounted'),
+}
 OPTIONAL_ARCH_KEYS = frozenset({'d_state', 'd_conv', 'expand', 'dt_rank'})
 
 
@@ -374,6 +385,67 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
             return self(x)[-1]
         finally:
             self.out_type, self.out_indices = saved
+
+    # ----------------------------------------------------------------- FLOPs
+    #: the conventions :meth:`flops` counts in (see :mod:`amvim_mm.analysis.flops`)
+    flops_conventions = FLOPS_CONVENTIONS
+
+    def block_flops(self, layer: nn.Module, L: int, convention: str) -> int:
+        """FLOPs of block ``layer`` on ``L`` tokens: in/out projections and per path the
+        conv, x_proj, dt_proj and scan (``'mamba'``: ``9 * L * E * N``); ``'localmamba'``:
+        LocalMamba's formula (conv / x_proj / dt_proj once, an ``L * D`` norm term, scan
+        ``5 * L * E * N + 2 * L * E`` per path)."""
+        mixer, D = layer.mixer, self.embed_dims
+        E, N, R = mixer.d_inner, mixer.d_state, mixer.dt_rank
+        K = mixer.path_params(0)[0].kernel_size[0]
+        f = L * D * 2 * E + L * E * D                       # in_proj, out_proj
+        proj = L * E * K + L * E * (R + 2 * N) + L * R * E  # conv, x_proj, dt_proj
+        if convention == 'mamba':
+            return f + mixer.num_paths * (proj + 9 * L * E * N)
+        return f + L * D + proj + mixer.num_paths * (5 * L * E * N + 2 * L * E)
+
+    def token_plan(self, M: int, reducer, count_after_merge: bool = False
+                   ) -> Tuple[List[int], List[int]]:
+        """(removals, sequence length per block) for ``M`` patches with ``reducer``."""
+        depth, cls = self.num_layers, int(self.with_cls_token)
+        removals = reducer.removals(M, depth) if reducer is not None else [0] * depth
+        counted = [0] + list(removals[:-1]) if count_after_merge else removals
+        tokens = ReductionSchedule.token_counts(counted, M, cls_token=bool(cls))
+        if reducer is not None and reducer.dynamic:
+            # counts that depend on the image (LTMP): the means over the images it evaluated
+            tokens = list(reducer.mean_tokens())
+            present = [t - cls for t in tokens]
+            removals = [p0 - p1 for p0, p1 in zip([M] + present[:-1], present)]
+        if reducer is not None and reducer.freeze_sources:
+            # EViT's fused token joins from its first location on
+            first = next((i for i, k in enumerate(removals) if k), None)
+            if first is not None:
+                tokens = [t + (i >= first) for i, t in enumerate(tokens)]
+        return removals, tokens
+
+    def flops(self, input_shape: Tuple[int, int], reducer, num_classes: int, convention: str,
+              measure: Callable[[], float], count_after_merge: bool = False
+              ) -> Dict[str, object]:
+        """FLOPs for one (H, W) image with ``reducer`` (see
+        :func:`amvim_mm.analysis.flops.vim_family_flops`; ``measure``: mmengine's count)."""
+        gh, gw = self.patch_embed.grid_size(*input_shape)
+        M, D = gh * gw, self.embed_dims
+        removals, tokens = self.token_plan(M, reducer, count_after_merge)
+        result = dict(removals=removals, tokens=tokens,
+                      realised_ratio=ReductionSchedule.realised_ratio(removals, M),
+                      convention=self.flops_conventions[convention])
+        if convention == 'mmengine':
+            total = measure() + D * num_classes
+            return dict(result, gflops=total / 1e9, per_block_gflops=None)
+        p = self.patch_embed.patch_size
+        total = M * self.patch_embed.proj.in_channels * p * p * D
+        per_block = [self.block_flops(layer, L, convention)
+                     for layer, L in zip(self.layers, tokens)]
+        total += sum(per_block)
+        if hasattr(reducer, 'extra_flops'):      # a learned reducer's own layers (predictors)
+            total += reducer.extra_flops(M, self.num_layers)
+        total += D * num_classes
+        return dict(result, gflops=total / 1e9, per_block_gflops=[f / 1e9 for f in per_block])
 
     #: Vim-family mixers have the masked forward a learned reducer trains with, merges too
     supports_learned_reduction = True

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -36,8 +36,8 @@ from .base import MambaBackbone
 from .checkpoint_guard import pretrained_init_cfg
 from .layer_decay import teach_upstream_layer_decay
 from .ss2d import FORWARD_TYPES, SS2D
-from .vmamba_blocks import (Mlp, PatchMerging2D, VSSBlock, VSSLayer, downsample_v3,
-                            patch_embed_v1, patch_embed_v2)
+from .vmamba_blocks import (Mlp, PatchMerging2D, VSSBlock, VSSLayer, downsample_flops,
+                            downsample_v3, patch_embed_v1, patch_embed_v2, stem_flops)
 
 __all__ = ['VMamba', 'VMAMBA_ARCHS',
            # re-exported from vmamba_blocks (their old home)
@@ -72,6 +72,16 @@ VMAMBA_ARCHS = {
 REQUIRED_ARCH_KEYS = frozenset({'embed_dims', 'depths'})
 ARCH_DEFAULTS = dict(ssm_ratio=1.0, dt_rank=None, **_FINAL)
 OUT_TYPES = ('featmap', 'avg_featmap')
+#: the FLOPs conventions of :meth:`VMamba.flops` (see :mod:`amvim_mm.analysis.vmamba_flops`)
+FLOPS_CONVENTIONS = {
+    'official': ("the official VSSM.flops(): fvcore MACs of convs/linears, 5*numel per "
+                 'LayerNorm, numel for the pool, scan 9*L*(K*E)*N + L*(K*E); per-stage and '
+                 'per-block token counts'),
+    'mamba': ('MACs of linear/conv layers + selective scan 9*L*E*N per direction (mamba-ssm '
+              'convention); norms, activations and the pool excluded'),
+    'mmengine': ("mmengine's FlopAnalyzer (the libraries' get_flops tools) traced on the "
+                 'backbone; the selective scan and element-wise ops uncounted'),
+}
 
 
 def _arch_settings(arch: Union[str, dict]) -> Dict[str, object]:
@@ -463,6 +473,63 @@ class VMamba(MambaBackbone):
 
     def is_output_block(self, i: int) -> bool:
         return False        # outputs per stage (leave_stage)
+
+    # ----------------------------------------------------------------- FLOPs
+    #: the conventions :meth:`flops` counts in (see :mod:`amvim_mm.analysis.vmamba_flops`)
+    flops_conventions = FLOPS_CONVENTIONS
+    default_flops_convention = 'official'
+
+    def _stage_plan(self, i: int, M: int, reducer) -> Tuple[List[int], List[int], float]:
+        """(removals, tokens per block, realised ratio) of stage ``i`` with ``M`` tokens."""
+        depth = self.depths[i]
+        if i != self.reduction_stage or reducer is None:
+            return [], [M] * depth, 0.0
+        removals, counts, realised = reducer.token_plan(M, depth)
+        if reducer.dynamic:   # per-image counts: the evaluated mean
+            counts = list(reducer.mean_tokens())
+            removals = [p0 - p1 for p0, p1 in zip([M] + counts[:-1], counts)]
+            realised = sum(M - c for c in counts) / (depth * M)
+        return removals, counts, realised
+
+    def flops(self, input_shape: Tuple[int, int], reducer, num_classes: int, convention: str,
+              measure: Callable[[], float]) -> Dict[str, object]:
+        """FLOPs for one (H, W) image with ``reducer`` (see
+        :func:`amvim_mm.analysis.flops.backbone_flops`; ``measure``: mmengine's count)."""
+        H, W = input_shape
+        official = convention == 'official'
+        ln = 5 if official else 0                 # fvcore: 5 * numel per affine LayerNorm
+        cfg = self.arch_settings
+        embed, h, w = stem_flops(cfg['patch_embed'], self.in_channels, self.embed_dims, H, W, ln)
+        stage_flops, tokens, stage_tokens = [], [], []
+        removals, realised = [], 0.0
+        for i, layer in enumerate(self.layers):
+            M = h * w
+            stage_tokens.append(M)
+            rem, counts, ratio = self._stage_plan(i, M, reducer)
+            if i == self.reduction_stage and reducer is not None:
+                removals, realised = rem, ratio
+                if hasattr(reducer, 'extra_flops'):      # a learned reducer's own layers
+                    embed += reducer.extra_flops(M, self.depths[i])
+            tokens.extend(counts)
+            f = 0.0
+            for blk, L in zip(layer.blocks, counts):
+                f += blk.flops(L, official)
+            if i < self.num_stages - 1:
+                down, h, w = downsample_flops(cfg['downsample'], self.dims[i], self.dims[i + 1],
+                                              h, w, ln)
+                f += down
+            stage_flops.append(f)
+        total = embed + sum(stage_flops)
+        D = self.dims[-1]
+        if num_classes:
+            total += ln * D * h * w + (D * h * w if official else 0) + D * num_classes
+        if convention == 'mmengine':
+            total = measure() + (D * num_classes if num_classes else 0)
+            stage_flops = []
+        return dict(gflops=total / 1e9, stage_gflops=[f / 1e9 for f in stage_flops],
+                    tokens=tokens, stage_tokens=stage_tokens, removals=removals,
+                    realised_ratio=realised, reduction_stage=self.reduction_stage,
+                    convention=self.flops_conventions[convention])
 
     def last_featmap(self, x: torch.Tensor) -> torch.Tensor:
         """The last stage's output as a (B, 8C, h, w) map, before any output norm (for

@@ -5,7 +5,8 @@ Parameter names equal the official classification checkpoint's (``patch_embed.{0
 """
 from __future__ import annotations
 
-from typing import List, Optional
+import math
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -100,6 +101,15 @@ class VSSBlock(nn.Module):
         """ToMe's similarity features of this block's input: its normalised input."""
         return self.norm(x)
 
+    def flops(self, L: int, official: bool) -> int:
+        """FLOPs on ``L`` tokens: the norms (``official``: 5 per element), SS2D, the MLP."""
+        ln = 5 if official else 0
+        d = self.op.d_model
+        f = ln * L * d + self.op.flops(L, official)
+        if self.mlp_branch:
+            f += ln * L * d + 2 * L * d * self.mlp.fc1.out_features
+        return f
+
     def forward(self, x: torch.Tensor, ctx: ScanContext,
                 keep: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``keep``: a learned reducer's (B, L) keep mask (training): SS2D's masked
@@ -121,3 +131,31 @@ class VSSLayer(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.downsample = downsample
+
+
+def conv_out(n: int, k: int, s: int, p: int) -> int:
+    """Output size of a convolution."""
+    return (n + 2 * p - k) // s + 1
+
+
+def stem_flops(kind: str, cin: int, C: int, H: int, W: int, ln: int) -> Tuple[int, int, int]:
+    """(FLOPs, h, w) of the patch embed ``kind`` (``'v2'``/``'v1'``) on an H x W image; ``ln``
+    FLOPs per LayerNorm element."""
+    if kind == 'v2':
+        h1, w1 = conv_out(H, 3, 2, 1), conv_out(W, 3, 2, 1)
+        h, w = conv_out(h1, 3, 2, 1), conv_out(w1, 3, 2, 1)
+        return (C // 2) * cin * 9 * h1 * w1 + ln * (C // 2) * h1 * w1 \
+            + C * (C // 2) * 9 * h * w + ln * C * h * w, h, w
+    h, w = H // 4, W // 4
+    return C * cin * 16 * h * w + ln * C * h * w, h, w
+
+
+def downsample_flops(kind: str, dim: int, out_dim: int, h: int, w: int, ln: int
+                     ) -> Tuple[int, int, int]:
+    """(FLOPs, h, w) of the downsample ``kind`` (``'v3'`` conv / ``'v1'`` patch merging) of an
+    h x w grid."""
+    if kind == 'v3':
+        h, w = conv_out(h, 3, 2, 1), conv_out(w, 3, 2, 1)
+        return out_dim * dim * 9 * h * w + ln * out_dim * h * w, h, w
+    h, w = math.ceil(h / 2), math.ceil(w / 2)
+    return ln * 4 * dim * h * w + h * w * 4 * dim * out_dim, h, w
