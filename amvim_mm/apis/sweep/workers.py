@@ -24,7 +24,7 @@ def sweep_in_workers(target: Callable[[dict], None], tasks: Sequence[dict], jobs
     """Run ``target(task)`` for every task (``run_sweep`` keyword sets, one model each; a
     module-level function, since the workers are spawned) in ``jobs`` worker processes, each
     with ``torch.get_num_threads() // jobs`` threads (two torch processes that both spin on
-    every core run many times slower than one), a worker taking the next model when it is done
+    every core run far slower than one), a worker taking the next model when it is done
     with one. ``bar`` follows the rows in ``path``. After the first worker error no further
     model starts (the running ones finish theirs) and the error is raised here; the rows
     finished so far stay, and a rerun resumes."""

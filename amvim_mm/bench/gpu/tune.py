@@ -108,7 +108,8 @@ CHUNK_LENGTHS = (197, 1025, 2305, 4097)     # Vim at 224 / 512 / 768 / 1024 px, 
 
 def _mixer_us(fn, mode: str) -> float:
     """Microseconds per call of ``fn`` (median of 3 repeats), as CUDA-graph replays
-    (``mode='graph'``) or eager calls; the iteration count is set for ~50 ms a repeat."""
+    (``mode='graph'``) or eager calls; the iteration count is set so that a repeat lasts
+    about fifty milliseconds."""
     graph = None
     if mode == 'graph':
         graph, _ = B.capture_cuda_graph(fn, warmup=3)

@@ -68,7 +68,7 @@ class PatchEmbed(nn.Module):
         p = self.patch_size
         if self.stride == p and x.is_cuda:
             # non-overlapping patches: one GEMM over the unfolded patches (cuDNN's conv for
-            # a 16x16 stride-16 kernel is ~10x slower on an H200); same weights, same math
+            # a 16x16 stride-16 kernel is much slower on the GPU); same weights, same math
             # the unfold and autocast's cast of the patches in one copy
             B, C = x.shape[:2]
             dtype = autocast_dtype('cuda') or x.dtype

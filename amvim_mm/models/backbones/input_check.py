@@ -83,7 +83,7 @@ class ImageInputCheck:
 
     def input_dtype(self) -> torch.dtype:
         """The dtype the images must have outside autocast: the stem's parameters' (a
-        backbone may name its first weight directly: the generic lookup costs ~7 us a call)."""
+        backbone may name its first weight directly: the generic lookup is slower)."""
         return next(self.patch_embed.parameters()).dtype
 
     def check_images(self, x: torch.Tensor) -> None:
@@ -114,8 +114,8 @@ class ImageInputCheck:
         """Whether every value of ``x`` is finite. A finite sum proves it (a NaN or inf makes
         the sum NaN or inf) in one cheap reduction; only a non-finite sum (a bad value, or
         finite values that overflow when added) takes the elementwise test, which decides:
-        one pass over the images instead of the elementwise test's four (timings in
-        benchmarks/README.md, "CPU a fifth time")."""
+        one pass over the images instead of the elementwise test's four (timings:
+        benchmarks/runs/2026-12-02c_cpu_session/)."""
         total = x.sum(dtype=torch.float32 if x.element_size() < 4 else None)
         return bool(torch.isfinite(total)) or bool(torch.isfinite(x).all())
 

@@ -86,9 +86,9 @@ class ReducibleBackbone:
     def runs_per_image(self, x) -> bool:
         """Whether this inference forward runs image by image: a reducer whose token counts
         depend on the image (LTMP's thresholds) and a batch of more than one image."""
-        return (getattr(getattr(self, 'token_reducer', None), 'dynamic', False)
-                and not self.training and isinstance(x, torch.Tensor) and x.dim() == 4
-                and x.shape[0] > 1)
+        reducer = self.token_reducer
+        return (reducer is not None and reducer.dynamic and not self.training
+                and isinstance(x, torch.Tensor) and x.dim() == 4 and x.shape[0] > 1)
 
     def forward_per_image(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """Inference one image at a time (**decision**: grouping, not padding; exact, and
