@@ -109,7 +109,7 @@ def test_gpu_training_step_with_tome():
 def test_gpu_cuda_graph_capture_with_reduction():
     _, gpu = pair('AMVim', token_reduction=dict(type='ToMe', ratio=0.27))
     x = torch.randn(8, 3, 224, 224, device='cuda')
-    from amvim_mm.analysis.benchmark import eager_and_replayed
+    from amvim_mm.bench.measure import eager_and_replayed
     with torch.no_grad():
         ref, out = eager_and_replayed(lambda: gpu(x)[0])
     # ToMe merges with scatter_add, whose float summation order on CUDA is not fixed
@@ -133,7 +133,7 @@ def test_gpu_dynamicvit_inference_matches_cpu_and_trains_masked():
     assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0
     # and the fused inference path in a CUDA graph
     gpu.eval()
-    from amvim_mm.analysis.benchmark import eager_and_replayed
+    from amvim_mm.bench.measure import eager_and_replayed
     fused = MODELS.build(dict(type='Vim', arch='small', token_reduction=red)).eval().cuda()
     xb = torch.randn(8, 3, 224, 224, device='cuda')
     with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
@@ -182,7 +182,7 @@ def test_gpu_vmamba_bf16_training_step_and_graph():
     assert all(p.grad is not None and torch.isfinite(p.grad).all()
                for p in gpu.parameters())
     gpu.eval()
-    from amvim_mm.analysis.benchmark import eager_and_replayed
+    from amvim_mm.bench.measure import eager_and_replayed
     with torch.no_grad():
         a, b = eager_and_replayed(lambda: gpu(x)[2])
     assert rel(b, a) < 1e-5      # the merge's scatter-add is atomic: not bit-reproducible
@@ -217,7 +217,7 @@ def test_gpu_plainmamba_reduced_graph_and_training():
                                                   locations=(5, 11, 17)),
                              out_type='avg_featmap')
     x = torch.randn(4, 3, 224, 224, device='cuda')
-    from amvim_mm.analysis.benchmark import eager_and_replayed
+    from amvim_mm.bench.measure import eager_and_replayed
     with torch.no_grad():
         a, b = eager_and_replayed(lambda: gpu(x)[0])
     assert rel(b, a) < 1e-5

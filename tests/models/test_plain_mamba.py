@@ -168,7 +168,7 @@ def test_wrong_arch_file_names_the_mismatch(tmp_path):
 def test_whole_model_load_skips_ema_buffers(tmp_path):
     """Released training files may carry mmcls's EMA buffers (``ema_*``) next to the weights:
     our tools' strict whole-model load skips them, and loads every weight."""
-    from amvim_mm.analysis.benchmark import Classifier
+    from amvim_mm.bench.measure import Classifier
     from amvim_mm.apis.runner import load_model_weights
     src = Classifier(_build(out_type='avg_featmap'), num_classes=5)
     sd = {k: v.clone() for k, v in src.state_dict().items()}

@@ -289,7 +289,7 @@ def test_backbone_asks_with_the_token_count():
 def test_scan_choice_table_from_timings_and_literal():
     from typing import Dict, Tuple
 
-    from amvim_mm.analysis.benchmark import format_scan_choice_table, scan_choice_table
+    from amvim_mm.bench.measure import format_scan_choice_table, scan_choice_table
     variants = ['seq', 'chunk32', 'chunk64', 'mamba']
     rows = [dict(E=384, L=197, batch=1, seq=10.0, chunk32=12.0, chunk64=11.0, mamba=9.5),
             dict(E=384, L=197, batch=128, seq=100.0, chunk32=150.0, chunk64=None, mamba=None),
@@ -355,7 +355,7 @@ def test_gpu_chunked_matches_sequential(dtype):
 
 @gpu
 def test_gpu_chunk_initial_states_match_a_loop_and_graph_capture():
-    from amvim_mm.analysis.benchmark import eager_and_replayed
+    from amvim_mm.bench.measure import eager_and_replayed
     torch.manual_seed(1)
     P, B, L, E, N, R = 2, 2, 1025, 384, 16, 16
     dev = 'cuda'

@@ -407,7 +407,7 @@ def test_gpu_fused_is_chosen_automatically_and_graph_capturable():
     with torch.autocast('cuda', dtype=torch.bfloat16):
         assert mixer.use_fused(long, ScanContext((32, 32), 512, device='cuda'))
         assert not mixer.use_fused(h, ScanContext((14, 14), 98, device='cuda'))
-    from amvim_mm.analysis.benchmark import eager_and_replayed
+    from amvim_mm.bench.measure import eager_and_replayed
     with torch.no_grad():
         ref, out = eager_and_replayed(lambda: m(x)[0])
     assert torch.equal(out, ref)
