@@ -16,6 +16,7 @@ import torch  # noqa: E402
 
 import amvim_mm  # noqa: F401,E402
 from amvim_mm.apis.cli import run_cli  # noqa: E402
+from amvim_mm.models.backbones.vim_family import VimFamilyBackbone  # noqa: E402
 from amvim_mm.models.layout.scan_orders import is_reverse, scan_rank  # noqa: E402
 from amvim_mm.registry import MODELS  # noqa: E402
 
@@ -35,9 +36,15 @@ def describe(spec) -> str:
     return f"{'reverse ' if rev else ''}{name}{f' ({extra})' if extra else ''}"
 
 
+def vim_family() -> list:
+    """The registered Vim-family backbones (the ones whose blocks scan along ``paths``)."""
+    return sorted(n for n, c in MODELS.module_dict.items()
+                  if isinstance(c, type) and issubclass(c, VimFamilyBackbone))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--model', default='AMVim', choices=['Vim', 'AMVim', 'LocalVim'])
+    p.add_argument('--model', default='AMVim', choices=vim_family())
     p.add_argument('--grid', nargs=2, type=int, default=[8, 8], metavar=('H', 'W'))
     p.add_argument('--block', type=int, default=0)
     p.add_argument('--out', default='work_dirs/scan_orders.png')

@@ -230,10 +230,19 @@ def test_gpu_plainmamba_reduced_graph_and_training():
 
 
 # ------------------------------------------------------------------------------ CUDA graphs
-def graph_pair(**kw):
-    """The same Vim-T dense backbone with and without ``cuda_graph`` (eval, CUDA)."""
-    cfg = dict(type='Vim', arch='tiny', img_size=224, out_type='featmap',
-               out_indices=(5, 11, 17, 23), with_cls_token=False, final_norm=False, **kw)
+#: the backbones of the graph checks: Vim-T dense (four maps, no class token), VMamba-T (a map
+#: per stage) and PlainMamba-L1 (two maps)
+GRAPH_CFGS = dict(
+    Vim=dict(arch='tiny', img_size=224, out_type='featmap', out_indices=(5, 11, 17, 23),
+             with_cls_token=False, final_norm=False),
+    VMamba=dict(arch='tiny'),
+    PlainMamba=dict(arch='l1', out_indices=(5, 23)),
+)
+
+
+def graph_pair(typ='Vim', **kw):
+    """The same backbone of ``GRAPH_CFGS`` with and without ``cuda_graph`` (eval, CUDA)."""
+    cfg = dict(type=typ, **GRAPH_CFGS[typ], **kw)
     torch.manual_seed(0)
     eager = MODELS.build(cfg).eval().cuda()
     graphed = MODELS.build(dict(cfg, cuda_graph=True)).eval().cuda()
@@ -241,12 +250,11 @@ def graph_pair(**kw):
     return eager, graphed
 
 
-@pytest.mark.parametrize('red', [None, dict(type='ToMe', ratio=0.3)], ids=['none', 'tome'])
-def test_gpu_cuda_graph_backbone_replays_equal_the_eager_forward(red):
-    """cuda_graph=True: the first call of a shape eager, the second captured and replayed,
-    later ones replayed; every output equals the eager model's on new images (bf16, fused
-    path), clones that a later replay does not overwrite; the token counts restored."""
-    eager, graphed = graph_pair(token_reduction=red)
+def assert_replays_equal_the_eager_forward(eager, graphed, tol):
+    """Four calls on new images (bf16): the first eager, the second captured and replayed,
+    the later ones replayed; every output equals the eager model's within ``tol`` and keeps
+    its shape and dtype, clones that a later replay does not overwrite; the token counts
+    restored after each call."""
     g = graphed._graphs
     outs = []
     with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
@@ -259,7 +267,33 @@ def test_gpu_cuda_graph_backbone_replays_equal_the_eager_forward(red):
     for ref, out in outs:                      # earlier outputs untouched by later replays
         for p, q in zip(ref, out, strict=True):
             assert q.shape == p.shape and q.dtype == p.dtype
-            assert rel(q, p) < (1e-5 if red else 1e-6), rel(q, p)
+            assert rel(q, p) < tol, rel(q, p)
+
+
+@pytest.mark.parametrize('red', [None, dict(type='ToMe', ratio=0.3)], ids=['none', 'tome'])
+def test_gpu_cuda_graph_backbone_replays_equal_the_eager_forward(red):
+    """cuda_graph=True: the first call of a shape eager, the second captured and replayed,
+    later ones replayed; every output equals the eager model's on new images (bf16, fused
+    path), clones that a later replay does not overwrite; the token counts restored."""
+    eager, graphed = graph_pair(token_reduction=red)
+    assert_replays_equal_the_eager_forward(eager, graphed, 1e-5 if red else 1e-6)
+
+
+@pytest.mark.parametrize('red', [None, dict(type='ToMe', ratio=0.4)], ids=['none', 'tome'])
+@pytest.mark.parametrize('typ', ['VMamba', 'PlainMamba'])
+def test_gpu_cuda_graph_vmamba_plainmamba_replay_equal_the_eager_forward(typ, red):
+    """VMamba and PlainMamba take cuda_graph=True as the Vim family (backbones/base.py):
+    eager, captured, replayed; the outputs (every stage's or layer's map, non-square input)
+    and the token counts equal the eager model's, with and without ToMe (its merge's
+    scatter-add is atomic: not bit-reproducible)."""
+    eager, graphed = graph_pair(typ, token_reduction=red)
+    assert_replays_equal_the_eager_forward(eager, graphed, 1e-5 if red else 1e-6)
+    if red is not None:            # ToMe merged: the replayed counts are below the dense ones
+        counts = graphed.token_counts
+        eager.set_token_reduction(None)
+        with torch.no_grad():
+            eager(torch.randn(2, 3, 256, 224, device='cuda'))
+        assert sum(counts) < sum(eager.token_counts)
 
 
 def test_gpu_cuda_graph_recaptures_after_a_weight_change_and_keeps_checks():
