@@ -94,6 +94,18 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
         self._graphs = InferenceGraphs()
         self.last_record = ForwardRecord()
 
+    def finish_init(self, token_reduction, key_hook: Optional[Callable] = None) -> None:
+        """The end of a family's ``__init__`` once its modules exist: a load pre-hook for
+        checkpoint keys (``key_hook``: official names, a position-embedding resize), the guard
+        against whole-model files, the family's own weight init, frozen stages, and the token
+        reducer (validated against ``img_size`` now)."""
+        if key_hook is not None:
+            self._register_load_state_dict_pre_hook(key_hook)
+        self.guard_whole_model_loads()
+        self.reset_weights()
+        self._freeze_stages()
+        self.set_token_reduction(token_reduction)
+
     # ----------------------------------------------------------------- the record
     @property
     def token_counts(self) -> List[float]:

@@ -235,11 +235,7 @@ class PlainMamba(MambaBackbone):
                 if i != depth - 1:
                     self.add_module(f'norm_layer{i}', nn.LayerNorm(C, eps=1e-6))
         self.frozen_stages = frozen_stages
-        self._register_load_state_dict_pre_hook(self._official_keys)
-        self.guard_whole_model_loads()
-        self.reset_weights()
-        self._freeze_stages()
-        self.set_token_reduction(token_reduction)
+        self.finish_init(token_reduction, key_hook=self._official_keys)
 
     def _check_args(self, name: str, out_type, img_size, in_channels, frozen_stages,
                     final_norm, out_indices) -> None:

@@ -240,11 +240,7 @@ class VMamba(MambaBackbone):
         self.patch_embed = embed(in_channels, C)
         self._build_stages(drop_path_rate, norm_eps, scan_backend)
         self.frozen_stages = frozen_stages
-        self._register_load_state_dict_pre_hook(self._official_keys)
-        self.guard_whole_model_loads()
-        self.reset_weights()
-        self._freeze_stages()
-        self.set_token_reduction(token_reduction)
+        self.finish_init(token_reduction, key_hook=self._official_keys)
 
     def _check_args(self, name: str, out_type, out_indices, frozen_stages, reduction_stage,
                     img_size) -> None:
