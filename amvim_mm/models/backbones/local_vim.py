@@ -96,6 +96,11 @@ class LocalMambaMixer(BiMambaMixer):
         return dict(conv1d=f'conv1d{s}', x_proj=f'x_proj{s}', dt_proj=f'dt_proj{s}',
                     A_log=f'A_log{s}', D=f'D{s}')
 
+    def flops(self, L: int, convention: str = 'mamba') -> int:
+        """The Vim mixer's FLOPs and the channel attention of each path."""
+        red = self.attn.global_reduce.out_features
+        return super().flops(L, convention) + self.num_paths * 2 * self.d_inner * red
+
     def merge_paths(self, ys: List[torch.Tensor], keep: Optional[torch.Tensor] = None
                     ) -> torch.Tensor:
         """Gate each (B, E, L) path output by the shared channel attention (pooled over the
@@ -157,13 +162,6 @@ class LocalVim(VimFamilyBackbone):
 
     def layer_paths(self, i: int) -> List[dict]:
         return [dict(DIRECTIONS[d]) for d in self._table()[i]]
-
-    def block_flops(self, layer: nn.Module, L: int, convention: str) -> int:
-        """The Vim block's FLOPs and the channel attention of each path."""
-        mixer = layer.mixer
-        red = mixer.attn.global_reduce.out_features
-        return super().block_flops(layer, L, convention) + \
-            mixer.num_paths * 2 * mixer.d_inner * red
 
     def build_mixer(self, i, embed_dims, mixer_kwargs, scan_backend):
         return LocalMambaMixer(embed_dims, num_paths=len(self._table()[i]),

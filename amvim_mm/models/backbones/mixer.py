@@ -250,6 +250,19 @@ class BiMambaMixer(nn.Module):
             return False
         return self.plan_call(hidden, ctx, seq_len=seq_len).fused
 
+    def flops(self, L: int, convention: str = 'mamba') -> int:
+        """FLOPs of the mixer on ``L`` tokens: in/out projections and per path the conv,
+        x_proj, dt_proj and scan (``'mamba'``: ``9 * L * E * N``); ``'localmamba'``:
+        LocalMamba's formula (conv / x_proj / dt_proj once, an ``L * D`` norm term, scan
+        ``5 * L * E * N + 2 * L * E`` per path)."""
+        D, E, N, R = self.embed_dims, self.d_inner, self.d_state, self.dt_rank
+        K = self.path_params(0)[0].kernel_size[0]
+        f = L * D * 2 * E + L * E * D                       # in_proj, out_proj
+        proj = L * E * K + L * E * (R + 2 * N) + L * R * E  # conv, x_proj, dt_proj
+        if convention == 'mamba':
+            return f + self.num_paths * (proj + 9 * L * E * N)
+        return f + L * D + proj + self.num_paths * (5 * L * E * N + 2 * L * E)
+
     def _apply(self, fn, *args, **kwargs):
         self._fused_cache = None   # .to() / .cuda() / .half(): restack on the next fused call
         return super()._apply(fn, *args, **kwargs)

@@ -391,18 +391,9 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
     flops_conventions = FLOPS_CONVENTIONS
 
     def block_flops(self, layer: nn.Module, L: int, convention: str) -> int:
-        """FLOPs of block ``layer`` on ``L`` tokens: in/out projections and per path the
-        conv, x_proj, dt_proj and scan (``'mamba'``: ``9 * L * E * N``); ``'localmamba'``:
-        LocalMamba's formula (conv / x_proj / dt_proj once, an ``L * D`` norm term, scan
-        ``5 * L * E * N + 2 * L * E`` per path)."""
-        mixer, D = layer.mixer, self.embed_dims
-        E, N, R = mixer.d_inner, mixer.d_state, mixer.dt_rank
-        K = mixer.path_params(0)[0].kernel_size[0]
-        f = L * D * 2 * E + L * E * D                       # in_proj, out_proj
-        proj = L * E * K + L * E * (R + 2 * N) + L * R * E  # conv, x_proj, dt_proj
-        if convention == 'mamba':
-            return f + mixer.num_paths * (proj + 9 * L * E * N)
-        return f + L * D + proj + mixer.num_paths * (5 * L * E * N + 2 * L * E)
+        """FLOPs of block ``layer`` on ``L`` tokens: its mixer's count
+        (:meth:`~.mixer.BiMambaMixer.flops`)."""
+        return layer.mixer.flops(L, convention)
 
     def token_plan(self, M: int, reducer, count_after_merge: bool = False
                    ) -> Tuple[List[int], List[int]]:
