@@ -250,14 +250,14 @@ def graph_pair(typ='Vim', **kw):
     return eager, graphed
 
 
-def assert_replays_equal_the_eager_forward(eager, graphed, tol):
-    """Four calls on new images (bf16): the first eager, the second captured and replayed,
-    the later ones replayed; every output equals the eager model's within ``tol`` and keeps
-    its shape and dtype, clones that a later replay does not overwrite; the token counts
-    restored after each call."""
+def assert_replays_equal_the_eager_forward(eager, graphed, tol, bf16=True):
+    """Four calls on new images (bf16 autocast, or fp32): the first eager, the second captured
+    and replayed, the later ones replayed; every output equals the eager model's within ``tol``
+    and keeps its shape and dtype, clones that a later replay does not overwrite; the token
+    counts restored after each call."""
     g = graphed._graphs
     outs = []
-    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16, enabled=bf16):
         for i in range(4):
             x = torch.randn(2, 3, 256, 224, device='cuda')
             ref, out = eager(x), graphed(x)
@@ -284,10 +284,13 @@ def test_gpu_cuda_graph_backbone_replays_equal_the_eager_forward(red):
 def test_gpu_cuda_graph_vmamba_plainmamba_replay_equal_the_eager_forward(typ, red):
     """VMamba and PlainMamba take cuda_graph=True as the Vim family (backbones/base.py):
     eager, captured, replayed; the outputs (every stage's or layer's map, non-square input)
-    and the token counts equal the eager model's, with and without ToMe (its merge's
-    scatter-add is atomic: not bit-reproducible)."""
+    and the token counts equal the eager model's, with and without ToMe. The ToMe case runs in
+    fp32: its merge (PyTorch's scatter-add, atomic on CUDA) sums in a different order each call,
+    and under bf16 autocast the next cast to bf16 turns that last-bit difference into a bf16
+    rounding step (seen: 2.5e-3 relative for VMamba, eager against replay, H200)."""
     eager, graphed = graph_pair(typ, token_reduction=red)
-    assert_replays_equal_the_eager_forward(eager, graphed, 1e-5 if red else 1e-6)
+    assert_replays_equal_the_eager_forward(eager, graphed, 1e-5 if red else 1e-6,
+                                           bf16=red is None)
     if red is not None:            # ToMe merged: the replayed counts are below the dense ones
         counts = graphed.token_counts
         eager.set_token_reduction(None)
