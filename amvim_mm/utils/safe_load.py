@@ -29,6 +29,7 @@ import hashlib
 import logging
 import os
 import pickle
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Union
@@ -120,6 +121,10 @@ def _allowed_names() -> set:
 # is wrong for a file that was refused for a reason
 _TORCH_BOILERPLATE = ('Weights only load failed', 'Please file an issue', 'Check the documentation')
 # what the weights-only unpickler (and our restricted getattr) say when the allow-list refuses
+#: ``torch.serialization.safe_globals`` sets torch's process-wide allow-list and restores the
+#: previous one on exit: two threads loading at once would end each other's allow-list mid-read
+_ALLOWLIST_LOCK = threading.RLock()
+
 _REFUSALS = ('Unsupported global', 'unrecognized function', 'not allowed in a checkpoint',
              'allowlisted')
 
@@ -162,7 +167,7 @@ def _read(filename: str, map_location: Any, shown: str, temporary: bool) -> Any:
         raise CheckpointError(f'{shown} is not a readable checkpoint (truncated, damaged or '
                               f'not a torch file: {_first_line(err)})') from None
     try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
+        with _ALLOWLIST_LOCK, torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(filename, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         unsafe = [n for n in names if n not in _allowed_names()]

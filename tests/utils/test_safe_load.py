@@ -339,3 +339,34 @@ def test_numpy_values_of_training_files_still_load(tmp_path):
     ck = load_checkpoint_file(p)
     assert ck['hub'].current() == 2.5 and ck['args'].lr == np.float32(0.5)
     assert ck['args'].steps.tolist() == [0, 1, 2] and ck['args'].mask.tolist() == [True, False]
+
+
+def test_loads_from_several_threads_at_once(tmp_path):
+    """The allow-list is torch's process-wide ``safe_globals`` state: loads from several threads
+    (tools/demo.py exports checkpoints from a thread pool) must not end another thread's
+    allow-list while it reads (seen: a training file refused as "needs more than the
+    allow-list")."""
+    import threading
+    buf = HistoryBuffer()
+    buf.update(1.0)
+    paths = []
+    for i in range(4):
+        p = tmp_path / f'train{i}.pth'
+        torch.save({'state_dict': {'w': torch.ones(64)}, 'hub': buf,
+                    'args': argparse.Namespace(lr=np.float32(0.5))}, p)
+        paths.append(p)
+    errors, start = [], threading.Barrier(4)
+
+    def load(p):
+        start.wait()
+        for _ in range(25):
+            try:
+                load_checkpoint_file(p)
+            except Exception as e:   # noqa: BLE001
+                errors.append(f'{type(e).__name__}: {e}')
+    threads = [threading.Thread(target=load, args=(p, )) for p in paths]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
