@@ -1,7 +1,7 @@
 """The chunked fused scan (amvim_mm.ops.fused_mixer: ``launch_scan`` with a chunk length,
 ``chunk_initial_states``) against a plain sequential PyTorch loop, the sequential fused kernel
-and the unfused mixer; and the automatic choice of the scan (``SCAN_CHOICE_TABLE`` and its
-fallback rule).
+and the unfused mixer; and the automatic choice of the scan (amvim_mm.ops.scan_choice:
+``SCAN_CHOICE_TABLE`` and its fallback rule).
 
 On CPU the kernels run in Triton's interpreter, switched on before Python starts, so those
 checks run in a subprocess with ``TRITON_INTERPRET=1`` (tiny sizes: E = 16, N = 4-8, L <= 72).
@@ -19,6 +19,7 @@ import torch
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops import fused_mixer as FM
+from amvim_mm.ops import scan_choice as SC
 from amvim_mm.testing.triton_interpreter import PREAMBLE as FAST_INTERPRETER
 from tests.ops.triton_support import HAS_TRITON, needs_triton  # noqa: F401
 
@@ -59,6 +60,7 @@ INTERPRETER_SCRIPT = REFERENCE + textwrap.dedent('''
     from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.layout.scan_orders import normalize_order
     from amvim_mm.ops import fused_mixer as FM
+from amvim_mm.ops import scan_choice as SC
 
     def rel(a, b):
         return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
@@ -178,80 +180,80 @@ def _default_scan_settings(monkeypatch):
 
 
 def test_auto_choice_chunks_long_small_batches_and_walks_short_large_ones():
-    assert FM.auto_scan_choice(1, 384, 4097, 2, True).startswith('chunk')
-    assert FM.auto_scan_chunk(1, 384, 4097, 2) in FM.CHUNK_SIZES
-    assert FM.auto_scan_choice(128, 384, 197, 2, True) == 'seq'
-    assert FM.auto_scan_chunk(128, 384, 197, 2) == 0
+    assert SC.auto_scan_choice(1, 384, 4097, 2, True).startswith('chunk')
+    assert SC.auto_scan_chunk(1, 384, 4097, 2) in SC.CHUNK_SIZES
+    assert SC.auto_scan_choice(128, 384, 197, 2, True) == 'seq'
+    assert SC.auto_scan_chunk(128, 384, 197, 2) == 0
     # the segmentation shape (512 px, batch 8): chunked; the measured table (run 37, graph
     # mode) chunks even 197 tokens below batch 32, and walks them from batch 32 on
-    assert FM.auto_scan_chunk(8, 384, 1025, 2) > 0
-    assert FM.auto_scan_chunk(1, 384, 197, 2) == 32
-    assert FM.auto_scan_chunk(32, 384, 197, 2) == 0
+    assert SC.auto_scan_chunk(8, 384, 1025, 2) > 0
+    assert SC.auto_scan_chunk(1, 384, 197, 2) == 32
+    assert SC.auto_scan_chunk(32, 384, 197, 2) == 0
 
 
 def test_fallback_rule_counts_programs():
     # E = 384, BLOCK_E = 64: 6 channel blocks; 2 paths -> 12 programs a sample
-    assert FM.rule_scan_choice(44, 384, 1025, 2) == 'seq'        # 528 programs: enough
-    assert FM.rule_scan_choice(43, 384, 1025, 2) == 'chunk256'   # 516 x 5 chunks
-    assert FM.rule_scan_choice(1, 384, 4097, 2) == 'chunk64'     # 12 x 65 = 780 >= 528
-    assert FM.rule_scan_choice(1, 384, 1025, 2) == 'chunk32'     # 12 x 33 < 528: smallest T
-    assert FM.rule_scan_choice(1, 384, 511, 2) == 'seq'          # too short to chunk
-    assert FM.rule_scan_choice(1, 384, 4097, 4) == 'chunk128'    # 24 x 33 = 792
+    assert SC.rule_scan_choice(44, 384, 1025, 2) == 'seq'        # 528 programs: enough
+    assert SC.rule_scan_choice(43, 384, 1025, 2) == 'chunk256'   # 516 x 5 chunks
+    assert SC.rule_scan_choice(1, 384, 4097, 2) == 'chunk64'     # 12 x 65 = 780 >= 528
+    assert SC.rule_scan_choice(1, 384, 1025, 2) == 'chunk32'     # 12 x 33 < 528: smallest T
+    assert SC.rule_scan_choice(1, 384, 511, 2) == 'seq'          # too short to chunk
+    assert SC.rule_scan_choice(1, 384, 4097, 4) == 'chunk128'    # 24 x 33 = 792
 
 
 def test_table_lookup_nearest_bucket_and_fallback(monkeypatch):
     table = {(384, 197): {1: 'mamba', 8: 'seq', 128: 'seq'},
              (384, 1025): {1: 'chunk32', 8: 'chunk128', 128: 'seq'},
              (384, 4097): {1: 'chunk64', 8: 'mamba', 128: 'seq'}}
-    monkeypatch.setattr(FM, 'SCAN_CHOICE_TABLE', table)
-    assert FM.table_scan_choice(1, 384, 197) == 'mamba'
-    assert FM.table_scan_choice(6, 384, 1100) == 'chunk128'    # nearest L 1025, batch 8
-    assert FM.table_scan_choice(2, 384, 1100) == 'chunk32'     # batch 2: nearer 1 than 8
-    assert FM.table_scan_choice(3, 384, 4097) == 'mamba'       # log-nearest of 1 and 8: 8
-    assert FM.table_scan_choice(6, 384, 2600) == 'mamba'       # L 2600: nearer 4097 (log)
+    monkeypatch.setattr(SC, 'SCAN_CHOICE_TABLE', table)
+    assert SC.table_scan_choice(1, 384, 197) == 'mamba'
+    assert SC.table_scan_choice(6, 384, 1100) == 'chunk128'    # nearest L 1025, batch 8
+    assert SC.table_scan_choice(2, 384, 1100) == 'chunk32'     # batch 2: nearer 1 than 8
+    assert SC.table_scan_choice(3, 384, 4097) == 'mamba'       # log-nearest of 1 and 8: 8
+    assert SC.table_scan_choice(6, 384, 2600) == 'mamba'       # L 2600: nearer 4097 (log)
     # outside: other width, other path count, L or batch beyond a factor 2 of the table
-    assert FM.table_scan_choice(8, 768, 1025) is None
-    assert FM.table_scan_choice(8, 384, 1025, num_paths=4) is None
-    assert FM.table_scan_choice(8, 384, 9000) is None and FM.table_scan_choice(8, 384, 90) is None
-    assert FM.table_scan_choice(300, 384, 1025) is None
+    assert SC.table_scan_choice(8, 768, 1025) is None
+    assert SC.table_scan_choice(8, 384, 1025, num_paths=4) is None
+    assert SC.table_scan_choice(8, 384, 9000) is None and SC.table_scan_choice(8, 384, 90) is None
+    assert SC.table_scan_choice(300, 384, 1025) is None
     # 'mamba' only with the kernel; else, and outside the table, the rule
-    assert FM.auto_scan_choice(8, 384, 4097, 2, True) == 'mamba'
-    assert FM.auto_scan_choice(8, 384, 4097, 2, False) == FM.rule_scan_choice(8, 384, 4097)
-    assert FM.auto_scan_choice(8, 768, 4097, 2, True) == FM.rule_scan_choice(8, 768, 4097)
-    assert not FM.auto_prefers_fused(8, 384, True, 4097)
-    assert FM.auto_prefers_fused(8, 384, False, 4097)
-    assert FM.auto_prefers_fused(8, 384, True, 1025)
+    assert SC.auto_scan_choice(8, 384, 4097, 2, True) == 'mamba'
+    assert SC.auto_scan_choice(8, 384, 4097, 2, False) == SC.rule_scan_choice(8, 384, 4097)
+    assert SC.auto_scan_choice(8, 768, 4097, 2, True) == SC.rule_scan_choice(8, 768, 4097)
+    assert not SC.auto_prefers_fused(8, 384, True, 4097)
+    assert SC.auto_prefers_fused(8, 384, False, 4097)
+    assert SC.auto_prefers_fused(8, 384, True, 1025)
     # launch_scan's automatic chunk: a 'mamba' entry counts as the rule's fused choice
-    assert FM.auto_scan_chunk(8, 384, 4097, 2) == FM.choice_chunk(
-        FM.rule_scan_choice(8, 384, 4097))
-    assert FM.auto_scan_chunk(6, 384, 1100, 2) == 128
+    assert SC.auto_scan_chunk(8, 384, 4097, 2) == SC.choice_chunk(
+        SC.rule_scan_choice(8, 384, 4097))
+    assert SC.auto_scan_chunk(6, 384, 1100, 2) == 128
 
 
 def test_choice_table_entries():
     """E = 384: the run-37 measurement (the fused scans beat mamba-ssm everywhere); E = 768,
     not measured yet: the fallback rule's choice at every point. No entry names mamba-ssm,
     every chunk length is one the kernels were timed with."""
-    for (E, L), row in FM.SCAN_CHOICE_TABLE.items():
+    for (E, L), row in SC.SCAN_CHOICE_TABLE.items():
         assert L in (197, 1025, 2305, 4097)
         for batch, choice in row.items():
-            assert choice == 'seq' or FM.choice_chunk(choice) in FM.CHUNK_SIZES, choice
+            assert choice == 'seq' or SC.choice_chunk(choice) in SC.CHUNK_SIZES, choice
             if E == 768:
-                assert choice == FM.rule_scan_choice(batch, E, L, 2), (E, L, batch)
-    assert FM.SCAN_CHOICE_TABLE[(384, 1025)][8] == 'chunk32'
-    assert {E for E, _ in FM.SCAN_CHOICE_TABLE} == {384, 768}
+                assert choice == SC.rule_scan_choice(batch, E, L, 2), (E, L, batch)
+    assert SC.SCAN_CHOICE_TABLE[(384, 1025)][8] == 'chunk32'
+    assert {E for E, _ in SC.SCAN_CHOICE_TABLE} == {384, 768}
 
 
 def test_scan_chunk_setting_and_dt_in_kernel(monkeypatch):
     monkeypatch.setenv('AMVIM_FUSED_SCAN_CHUNK', '0')
-    assert FM.auto_scan_chunk(1, 384, 4097, 2) == 0
+    assert SC.auto_scan_chunk(1, 384, 4097, 2) == 0
     monkeypatch.setenv('AMVIM_FUSED_SCAN_CHUNK', '96')
-    assert FM.auto_scan_chunk(128, 384, 197, 2) == 96
+    assert SC.auto_scan_chunk(128, 384, 197, 2) == 96
     monkeypatch.setenv('AMVIM_FUSED_SCAN_CHUNK', 'auto')
-    assert FM.auto_scan_chunk(1, 384, 4097, 2) == 64
+    assert SC.auto_scan_chunk(1, 384, 4097, 2) == 64
     with runtime.override(scan_chunk=32):
-        assert FM.auto_scan_chunk(1, 384, 4097, 2) == 32
+        assert SC.auto_scan_chunk(1, 384, 4097, 2) == 32
     with runtime.override(scan_config='64,2,1'):     # dt_proj in the kernel: not chunked
-        assert FM.auto_scan_chunk(1, 384, 4097, 2) == 0
+        assert SC.auto_scan_chunk(1, 384, 4097, 2) == 0
     monkeypatch.setenv('AMVIM_FUSED_SCAN_CHUNK', '-4')
     with pytest.raises(ConfigError, match='AMVIM_FUSED_SCAN_CHUNK=.-4.: use auto, 0'):
         runtime.settings()

@@ -231,7 +231,7 @@ def test_embed_config_env_is_validated(monkeypatch):
 
 
 def test_fused_scan_config_env_is_validated(monkeypatch):
-    from amvim_mm.ops.fused_mixer import DEFAULT_SCAN_CONFIG, scan_config
+    from amvim_mm.ops.scan_choice import DEFAULT_SCAN_CONFIG, scan_config
     assert scan_config(12345) == DEFAULT_SCAN_CONFIG and scan_config(384) == (64, 2, False)
     monkeypatch.setenv('AMVIM_FUSED_SCAN_CONFIG', '16,2,0')
     assert scan_config(384) == (16, 2, False)
@@ -241,20 +241,20 @@ def test_fused_scan_config_env_is_validated(monkeypatch):
 
 
 def test_auto_choice_takes_mamba_only_where_the_table_says(monkeypatch):
-    from amvim_mm.ops import fused_mixer as FM
+    from amvim_mm.ops import scan_choice as SC
     # the small batches at long sequences that kept the mamba-ssm kernels before the chunked
     # scan (resolution sweep: 768 / 1024 px at batch 11 / 6) now take the chunked fused scan
-    assert FM.auto_prefers_fused(11, 384, True, 2305) and FM.auto_prefers_fused(6, 384, True, 4097)
-    assert FM.auto_scan_choice(11, 384, 2305, 2, True).startswith('chunk')
-    assert FM.auto_scan_choice(6, 384, 4097, 2, True).startswith('chunk')
-    assert FM.auto_prefers_fused(128, 384, True, 197) and FM.auto_prefers_fused(1, 384, True, 197)
-    assert FM.auto_scan_choice(16, 384, 197, 2, True) == 'seq'
+    assert SC.auto_prefers_fused(11, 384, True, 2305) and SC.auto_prefers_fused(6, 384, True, 4097)
+    assert SC.auto_scan_choice(11, 384, 2305, 2, True).startswith('chunk')
+    assert SC.auto_scan_choice(6, 384, 4097, 2, True).startswith('chunk')
+    assert SC.auto_prefers_fused(128, 384, True, 197) and SC.auto_prefers_fused(1, 384, True, 197)
+    assert SC.auto_scan_choice(16, 384, 197, 2, True) == 'seq'
     # a measured 'mamba' entry is honoured when the kernel is installed (nearest batch: 8)
-    monkeypatch.setitem(FM.SCAN_CHOICE_TABLE, (384, 4097),
-                        {**FM.SCAN_CHOICE_TABLE[(384, 4097)], 8: 'mamba'})
-    assert not FM.auto_prefers_fused(6, 384, True, 4097)
-    assert FM.auto_prefers_fused(6, 384, False, 4097)   # no mamba-ssm: the fused scan
-    assert FM.auto_prefers_fused(6, 768, True, 4097)    # another width's row
+    monkeypatch.setitem(SC.SCAN_CHOICE_TABLE, (384, 4097),
+                        {**SC.SCAN_CHOICE_TABLE[(384, 4097)], 8: 'mamba'})
+    assert not SC.auto_prefers_fused(6, 384, True, 4097)
+    assert SC.auto_prefers_fused(6, 384, False, 4097)   # no mamba-ssm: the fused scan
+    assert SC.auto_prefers_fused(6, 768, True, 4097)    # another width's row
 
 
 def test_reduction_kernels_switch_is_validated(monkeypatch):
