@@ -60,7 +60,6 @@ INTERPRETER_SCRIPT = REFERENCE + textwrap.dedent('''
     from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.layout.scan_orders import normalize_order
     from amvim_mm.ops import fused_mixer as FM
-from amvim_mm.ops import scan_choice as SC
 
     def rel(a, b):
         return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
