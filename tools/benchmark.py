@@ -25,7 +25,9 @@ Suites:
        (plainmamba) PlainMamba-L1/L3 classifiers; (plainmamba-reduction) L3 at the
        8.44-GFLOPs schedule of ToP-ViM: speed-up against the FLOPs ratio;
        (learned-reduction) Vim-S DynamicViT-style pruning at 3.56 GFLOPs against ToP at the
-       same GFLOPs.
+       same GFLOPs; (reduction-table) every family x reducer at its published budget in three
+       modes (whole-model CUDA graph, the default eager call, eager with the backbone's graphs
+       off): speed-up against the FLOPs ratio, printed as a markdown table.
   dense: the dense tasks (amvim_mm/bench/dense/): ADE20K UperNet training
        step (512, batch 8), slide and whole-image inference (512-1024), the COCO backbone +
        simple feature pyramid forward + backward (1024, batch 2) and the ImageNet fine-tuning

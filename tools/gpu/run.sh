@@ -3,6 +3,7 @@
 #   bash tools/gpu/run.sh [build] [tests] [bench] [bench-main] [bench-reduction] [bench-resolution]
 #                         [bench-vmamba] [bench-vmamba-profile] [build-scan] [bench-plainmamba]
 #                         [bench-plainmamba-reduction] [bench-learned-reduction] [bench-dense]
+#                         [bench-reduction-table]
 #                         [bench-tune-bwd] [bench-train] [bench-train-profile]
 #                         [bench-tune-chunk]
 # (build-scan: mamba-ssm only, without causal-conv1d, which VMamba and PlainMamba do not use)
@@ -129,6 +130,7 @@ has bench-vmamba-profile && parts+=(vmamba-profile)
 has bench-plainmamba && parts+=(plainmamba)
 has bench-plainmamba-reduction && parts+=(plainmamba-reduction)
 has bench-learned-reduction && parts+=(learned-reduction)
+has bench-reduction-table && parts+=(reduction-table)
 has bench-tune-bwd && parts+=(tune-bwd)
 has bench-train && parts+=(train)
 has bench-train-profile && parts+=(train-profile)

@@ -3,6 +3,7 @@
 from .families import (gpu_learned_reduction, gpu_plainmamba, gpu_plainmamba_reduction,
                        gpu_vmamba)
 from .profile import gpu_dense_profile, gpu_profile, gpu_train_profile, gpu_vmamba_profile
+from .reduction_table import gpu_reduction_table
 from .speed import gpu_main, gpu_reduction, gpu_resolution, gpu_train
 from .tune import gpu_tune, gpu_tune_bwd, gpu_tune_chunk, gpu_tune_embed, gpu_tune_match
 
@@ -30,4 +31,6 @@ GPU_PARTS = [
      gpu_plainmamba_reduction),
     ('learned-reduction', 'Vim-S DynamicViT-style vs ToP at 3.56 GFLOPs, bf16, batch 128, 224',
      gpu_learned_reduction),
+    ('reduction-table', 'every family x reducer at its published budget: graph / default / '
+     'eager, bf16, batch 128, 224', gpu_reduction_table),
 ]
