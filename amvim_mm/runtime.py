@@ -28,7 +28,7 @@ variable                           field                     values
 ``AMVIM_EMBED_CONFIG``             ``embed_config``          "BLOCK_M,BLOCK_N,warps,stages"
 ``AMVIM_UNSAFE_LOAD``              ``unsafe_load``           checkpoint paths, ``os.pathsep``
 ``AMVIM_CPU_KERNELS``              ``cpu_kernels``           1 (default), 0
-``AMVIM_CUDA_GRAPH``               ``cuda_graph``            0 (default), 1
+``AMVIM_CUDA_GRAPH``               ``cuda_graph``            1 (default), 0
 ``AMVIM_CACHE``                    ``cache_dir``             directory (``~/.cache/amvim_mm``)
 ``CXX``                            ``cxx``                   C++ compiler of the CPU kernels (g++)
 =================================  ========================  =================================
@@ -65,7 +65,7 @@ class Settings:
     embed_config: Optional[Tuple[int, int, int, int]] = None
     unsafe_load: Tuple[str, ...] = ()
     cpu_kernels: bool = True
-    cuda_graph: bool = False
+    cuda_graph: bool = True
     cache_dir: str = os.path.abspath(os.path.expanduser('~/.cache/amvim_mm'))
     cxx: str = 'g++'
 
@@ -168,7 +168,7 @@ VARIABLES = {
                              '64,128,4,4')),
     'unsafe_load': ('AMVIM_UNSAFE_LOAD', _paths),
     'cpu_kernels': ('AMVIM_CPU_KERNELS', _switch('AMVIM_CPU_KERNELS')),
-    'cuda_graph': ('AMVIM_CUDA_GRAPH', _switch('AMVIM_CUDA_GRAPH', default=False)),
+    'cuda_graph': ('AMVIM_CUDA_GRAPH', _switch('AMVIM_CUDA_GRAPH', default=True)),
     'cache_dir': ('AMVIM_CACHE', _cache_dir),
     'cxx': ('CXX', lambda raw: raw.strip() or 'g++'),
 }

@@ -20,10 +20,12 @@ def build(**kw):
 
 def test_switch_and_argument(monkeypatch):
     monkeypatch.delenv('AMVIM_CUDA_GRAPH', raising=False)
-    assert runtime.settings().cuda_graph is False
-    with runtime.override(cuda_graph=True):
-        assert graphs_requested(None) is True and graphs_requested(False) is False
-    assert graphs_requested(None) is False and graphs_requested(True) is True
+    assert runtime.settings().cuda_graph is True      # on by default (CUDA inference only)
+    assert graphs_requested(None) is True and graphs_requested(False) is False
+    with runtime.override(cuda_graph=False):
+        assert graphs_requested(None) is False and graphs_requested(True) is True
+    monkeypatch.setenv('AMVIM_CUDA_GRAPH', '0')
+    assert runtime.settings().cuda_graph is False and graphs_requested(None) is False
     monkeypatch.setenv('AMVIM_CUDA_GRAPH', '1')
     assert runtime.settings().cuda_graph is True and graphs_requested(None) is True
     monkeypatch.setenv('AMVIM_CUDA_GRAPH', 'maybe')

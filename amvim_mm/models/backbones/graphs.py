@@ -1,11 +1,14 @@
-"""CUDA-graph inference for a backbone's forward (``cuda_graph=True``, ``AMVIM_CUDA_GRAPH=1``).
+"""CUDA-graph inference for a backbone's forward, on by default (``cuda_graph=None`` follows
+``AMVIM_CUDA_GRAPH``, 1 unless set to 0; ``cuda_graph=False`` turns one backbone off).
 
 Why: at the shapes of the dense tasks (a 512 x 512 window at batch 1-8) an eager Vim-T
 forward on an H200 is bound by the host: Python, the mixers' decisions and about 120 kernel
 launches take many times the GPU work of the fused path (measured in ``benchmarks/runs/``,
 see ``benchmarks/README.md``). A user's
 mmseg / mmdet pipeline stays eager; this replays the backbone's forward from a CUDA graph
-instead, with the same kernels and the same numbers.
+instead, with the same kernels and the same numbers. On by default because the libraries'
+test loops call the backbone eagerly, where a token-reduced forward (more launches and host
+work per block, less GPU work) was slower than the full one (benchmarks/README.md).
 
 How: :class:`InferenceGraphs` keeps, per key (input shape, dtype, autocast state, the runtime
 switches, the mixers' ``fused`` settings, the token reducer's configuration and every

@@ -159,7 +159,7 @@ class PlainMamba(MambaBackbone):
         norm_eps: the layers' LayerNorm epsilon (1e-5 as the official code).
         scan_backend: selective-scan backend (``None``: automatic).
         cuda_graph: replay CUDA inference forwards from captured CUDA graphs (``None``: the
-            ``AMVIM_CUDA_GRAPH`` switch), as the Vim family (see
+            ``AMVIM_CUDA_GRAPH`` switch, on by default), as the Vim family (see
             :mod:`amvim_mm.models.backbones.graphs`).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads a released file (mmcls
             layout: ``state_dict`` with ``backbone.*``, ``head.*``) or a bare backbone state

@@ -118,7 +118,7 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
         fused_mixer: the fused Triton inference path of the mixers (``None``: automatic, on
             for CUDA inference when Triton imports; see :class:`BiMambaMixer`).
         cuda_graph: replay CUDA inference forwards from captured CUDA graphs (``None``: the
-            ``AMVIM_CUDA_GRAPH`` switch, off by default): the same kernels and numbers
+            ``AMVIM_CUDA_GRAPH`` switch, on by default; False: off): the same kernels and numbers
             without the host's launch overhead, which bounds an eager forward at the dense
             tasks' small batches; a shape is captured the second time it is seen, training,
             gradients, hooks and reducers off the allow-list stay eager (see

@@ -181,7 +181,7 @@ class VMamba(MambaBackbone):
         reduction_stage: the stage that token reduction acts in (default 2, the third stage:
             ToP-ViM and the Swin pruning works; 57 % (T) to 71 % (S, B) of the block FLOPs).
         cuda_graph: replay CUDA inference forwards from captured CUDA graphs (``None``: the
-            ``AMVIM_CUDA_GRAPH`` switch), as the Vim family (see
+            ``AMVIM_CUDA_GRAPH`` switch, on by default), as the Vim family (see
             :mod:`amvim_mm.models.backbones.graphs`: training, gradients, hooks and reducers
             off the allow-list stay eager).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads an official VMamba file
