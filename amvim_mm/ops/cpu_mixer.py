@@ -10,12 +10,14 @@ FMAs per step instead of a skinny GEMM), reads ``B`` and ``C`` straight out of `
 ``out_proj``). The GEMMs (one per path and the two shared projections) are ATen's, called with
 the kernels from one compiled op (``amvim_cpu::mixer_forward``): at ToMe's short sequences the
 dozen Python-level calls and slices a path took cost more than the scan they fed.
+ToP's hidden-state alignment (the pruned positions' zero-input decay folded into each kept
+token's decay, ``gaps``) and ToP's importance score run inside the same op.
 The unfused mixer on a CPU spent most of its time in the depthwise ``conv1d`` (oneDNN), the
 flips and copies of the reversed path and the (batch, E, L, N) intermediates of the scan.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -39,7 +41,9 @@ def cpu_mixer_misfit(hidden: Tensor, grad: bool) -> Optional[str]:
 
 
 def cpu_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight: Tensor,
-                      stacked: Tuple[Tensor, ...], perms: Tensor) -> Tensor:
+                      stacked: Tuple[Tensor, ...], perms: Tensor, gaps: Optional[Tensor] = None,
+                      gap_delta: str = 'bias', importance: bool = False
+                      ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """The mixer (``in_proj``, every path's conv, projections and gated scan, the paths' mean,
     ``out_proj``) for ``hidden`` (B, L, D) float32 on a CPU, without autograd.
 
@@ -47,11 +51,28 @@ def cpu_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight: T
     :func:`~amvim_mm.ops.fused_mixer.pack_mixer_weights` stacks them (conv weight (P, E, K),
     conv bias, ``x_proj`` (P, R'+2N+pad, E) with ``R`` padded to ``R'``, ``dt_proj`` (P, E, R'),
     its bias, ``A`` (P, E, N), ``D``); ``perms`` (P, 1 or B, L) int: the token at each step of
-    each path. Returns (B, L, D).
+    each path. ``gaps`` (P, B (or 1), L): ToP's hidden-state alignment, the pruned positions
+    right before each step of path ``p`` in path ``p``'s order (aligned with ``perms[p]``),
+    each decaying the state with zero input at the step size ``softplus(dt_bias)``
+    (``gap_delta='bias'``) or the next kept token's own (``'token'``), as
+    :meth:`BiMambaMixer.scan_path <amvim_mm.models.backbones.mixer.BiMambaMixer.scan_path>`.
+    Returns (B, L, D); with ``importance``, ``(output, importance)``: ToP's importance (B, L)
+    float32, the sum over paths and channels of ``max(0, y_p)`` (each path's gated output,
+    token order, before the paths' mean).
     """
     conv_w, conv_b, x_proj, dt_w, dt_b, A, D = stacked
-    length, P = hidden.shape[1], A.shape[0]
+    bsz, length, P = hidden.shape[0], hidden.shape[1], A.shape[0]
     if perms.shape[0] != P or perms.shape[-1] != length:
         raise ConfigError(f'perms must be (P={P}, 1 or B, L={length}); got {tuple(perms.shape)}')
-    return torch.ops.amvim_cpu.mixer_forward(hidden, in_proj_weight, out_proj_weight, conv_w,
-                                             conv_b, x_proj, dt_w, dt_b, A, D, perms)
+    if gap_delta not in ('bias', 'token'):
+        raise ConfigError(f"gap_delta must be 'bias' or 'token'; got {gap_delta!r}")
+    if gaps is not None:
+        if gaps.dim() != 3 or gaps.shape[0] != P or gaps.shape[1] not in (1, bsz) \
+                or gaps.shape[2] != length:
+            raise ConfigError(f'gaps must be (P={P}, B={bsz}, L={length}); '
+                              f'got {tuple(gaps.shape)}')
+        gaps = gaps.to(torch.float32).contiguous()
+    out, imp = torch.ops.amvim_cpu.mixer_forward(hidden, in_proj_weight, out_proj_weight, conv_w,
+                                                 conv_b, x_proj, dt_w, dt_b, A, D, perms, gaps,
+                                                 gap_delta == 'token', importance)
+    return (out, imp) if importance else out

@@ -265,6 +265,115 @@ def test_mixer_op_equals_its_kernels_one_by_one(arch, L, per_sample):
         cpu_mixer_forward(h, in_w, mixer.out_proj.weight, stacked, perms[:, :, :-1])
 
 
+def _aligned_mixer_reference(hidden, in_w, out_w, stacked, perms, gaps, gap_delta):
+    """The mixer with ToP's alignment in float64 PyTorch, independent of the kernels: per path,
+    x and z gathered into the path's order, conv + SiLU, ``x_proj``, ``dt_proj``,
+    ``aligned_selective_scan`` (the gaps' step sizes as ``BiMambaMixer.scan_path`` forms them),
+    scattered back to token order. Returns ``(output, per-path outputs (B, L, E) each)``."""
+    conv_w, conv_b, x_proj, dt_w, dt_b, A, D = (t.double() for t in stacked)
+    P, E, N = A.shape
+    r = dt_w.shape[-1]
+    bsz, L, _ = hidden.shape
+    xz = hidden.double() @ in_w.double().t()
+    ys = []
+    for k in range(P):
+        idx = perms[k].long().expand(bsz, L)[..., None].expand(-1, -1, E)
+        x, z = xz[..., :E].gather(1, idx), xz[..., E:].gather(1, idx)      # path order
+        u = causal_conv1d_torch(x.transpose(1, 2), conv_w[k], conv_b[k], activation='silu')
+        x_dbl = u.transpose(1, 2) @ x_proj[k].t()
+        dt = (x_dbl[..., :r] @ dt_w[k].t()).transpose(1, 2)                    # (B, E, L)
+        Bm, Cm = x_dbl[..., r:r + N].transpose(1, 2), x_dbl[..., r + N:r + 2 * N].transpose(1, 2)
+        g = gaps[k].double()[:, None, :]
+        step = (torch.nn.functional.softplus(dt_b[k])[None, :, None] if gap_delta == 'bias'
+                else torch.nn.functional.softplus(dt + dt_b[k][None, :, None]))
+        y = aligned_selective_scan(u, dt, A[k], Bm, Cm, D[k], z.transpose(1, 2),
+                                   delta_bias=dt_b[k], gap_delta=g * step, backend='torch')
+        ys.append(torch.zeros(bsz, L, E, dtype=torch.float64).scatter_(1, idx, y.transpose(1, 2)))
+    return (sum(ys) / P) @ out_w.double().t(), ys
+
+
+@pytest.mark.parametrize('arch,L,per_sample', [('Vim', 37, False), ('Vim', 40, True),
+                                               ('AMVim', 65, True), ('AMVim', 26, False)])
+def test_mixer_op_aligned_scan_and_importance_equal_pytorch(arch, L, per_sample):
+    """ToP's hidden-state alignment and importance inside ``amvim_cpu::mixer_forward``: random
+    gap counts (0, small and large) in both step-size modes, batch 2, shared and per-sample
+    path orders, two and four paths, against the float64 PyTorch mixer built on
+    ``aligned_selective_scan`` (1e-5); the importance is the sum over paths and channels of
+    max(0, each path's gated output) in token order."""
+    from amvim_mm.ops.cpu_mixer import cpu_mixer_forward
+    torch.manual_seed(1)
+    m = MODELS.build(dict(type=arch, arch='test', img_size=64)).eval()
+    mixer = m.layers[0].mixer
+    P = mixer.num_paths
+    h = torch.randn(2, L, m.embed_dims)
+    perms = torch.stack([torch.randperm(L) for _ in range(P * (2 if per_sample else 1))])
+    perms = perms.view(P, 2 if per_sample else 1, L)
+    gaps = torch.randint(0, 4, (P, 2, L)) * (torch.rand(P, 2, L) < 0.5)
+    gaps[:, :, ::7] = 40                                                  # long gaps
+    gaps[:, 1, :3] = 0
+    with torch.no_grad():
+        in_w, stacked, _ = mixer.fused_params()
+        stacked = stacked[:3] + (stacked[3] * 20, ) + stacked[4:]   # token-dependent step sizes
+        for mode in ('bias', 'token'):
+            ref, ys = _aligned_mixer_reference(h, in_w, mixer.out_proj.weight, stacked, perms,
+                                               gaps, mode)
+            out, imp = cpu_mixer_forward(h, in_w, mixer.out_proj.weight, stacked, perms,
+                                         gaps=gaps, gap_delta=mode, importance=True)
+            assert out.shape == h.shape and imp.shape == (2, L) and imp.dtype == torch.float32
+            assert _rel(out, ref) < 1e-5
+            assert _rel(imp, sum(y.clamp_min(0).sum(-1) for y in ys)) < 1e-5
+            alone = cpu_mixer_forward(h, in_w, mixer.out_proj.weight, stacked, perms,
+                                      gaps=gaps.float(), gap_delta=mode)
+            assert torch.equal(alone, out)               # the importance changes no output bit
+        bias_out = cpu_mixer_forward(h, in_w, mixer.out_proj.weight, stacked, perms, gaps=gaps)
+        plain = cpu_mixer_forward(h, in_w, mixer.out_proj.weight, stacked, perms)
+    assert _rel(bias_out, out) > 3e-4 and _rel(plain, out) > 3e-4   # the gaps and modes matter
+
+
+@pytest.mark.parametrize('arch,per_sample', [('Vim', False), ('AMVim', True)])
+def test_mixer_op_without_gaps_is_unchanged(arch, per_sample):
+    """No gaps (or all-zero gaps), with or without the importance: the output is the unaligned
+    kernels' one by one, bit for bit; the importance equals PyTorch's."""
+    from amvim_mm.ops.cpu_mixer import cpu_mixer_forward
+    torch.manual_seed(2)
+    m = MODELS.build(dict(type=arch, arch='test', img_size=64)).eval()
+    mixer = m.layers[0].mixer
+    P, L = mixer.num_paths, 30
+    h = torch.randn(2, L, m.embed_dims)
+    perms = torch.stack([torch.randperm(L) for _ in range(P * (2 if per_sample else 1))])
+    perms = perms.view(P, 2 if per_sample else 1, L)
+    with torch.no_grad():
+        in_w, stacked, _ = mixer.fused_params()
+        args = (h, in_w, mixer.out_proj.weight, stacked, perms)
+        ref = _mixer_op_by_op(*args)
+        out, imp = cpu_mixer_forward(*args, importance=True)
+        zero = torch.zeros(P, 1, L)
+        assert torch.equal(cpu_mixer_forward(*args), ref)
+        assert torch.equal(out, ref)
+        assert torch.equal(cpu_mixer_forward(*args, gaps=zero, gap_delta='token'), ref)
+        _, ys = _aligned_mixer_reference(*args, zero.expand(P, 2, L), 'bias')
+    assert _rel(imp, sum(y.clamp_min(0).sum(-1) for y in ys)) < 1e-5
+
+
+def test_mixer_op_gap_errors():
+    """A wrong gaps shape or step-size mode is a one-line ConfigError naming the expected form."""
+    from amvim_mm.errors import ConfigError
+    from amvim_mm.ops.cpu_mixer import cpu_mixer_forward
+    m = MODELS.build(dict(type='Vim', arch='test', img_size=32)).eval()
+    mixer = m.layers[0].mixer
+    h = torch.randn(2, 9, m.embed_dims)
+    perms = torch.arange(9).expand(2, 1, 9)
+    with torch.no_grad():
+        in_w, stacked, _ = mixer.fused_params()
+        args = (h, in_w, mixer.out_proj.weight, stacked, perms)
+        with pytest.raises(ConfigError, match=r'^gaps must be \(P=2, B=2, L=9\); got \(2, 2, 8\)$'):
+            cpu_mixer_forward(*args, gaps=torch.zeros(2, 2, 8))
+        with pytest.raises(ConfigError, match=r'gaps must be .*got \(2, 9\)'):
+            cpu_mixer_forward(*args, gaps=torch.zeros(2, 9))
+        with pytest.raises(ConfigError, match="^gap_delta must be 'bias' or 'token'; got 'mean'$"):
+            cpu_mixer_forward(*args, gaps=torch.zeros(2, 2, 9), gap_delta='mean')
+
+
 def test_fused_params_follow_every_parameter_change():
     """The packed weights of the fused CPU mixer are rebuilt after an in-place write, a
     state-dict load, a replaced parameter, and (a mixer keeping a kernel parameter deeper than

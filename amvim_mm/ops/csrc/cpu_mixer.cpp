@@ -2,7 +2,9 @@
 // depthwise conv + SiLU, both over token-major (batch, L, E) activations.
 //
 // Registered as torch ops ``amvim_cpu::selective_scan`` and ``amvim_cpu::conv_silu`` (the
-// Python side, amvim_mm/ops/cpu_ops.py, builds and loads this file and checks the arguments).
+// Python side, amvim_mm/ops/cpu_ops.py, builds and loads this file and checks the arguments),
+// and the whole mixer ``amvim_cpu::mixer_forward`` (amvim_mm/ops/cpu_mixer.py), ToP's
+// hidden-state alignment and importance score included.
 // Inference only (no autograd formula): the callers take them without an autograd graph.
 //
 // Vectorisation runs across 16 channels with AVX-512, else 8 (GCC/Clang vector extensions:
@@ -17,6 +19,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Optional.h>
 #include <torch/library.h>
@@ -25,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 
 #if defined(__AVX512F__)
@@ -226,13 +230,23 @@ Order make_order(const c10::optional<at::Tensor>& order, int64_t bsz, int64_t le
 //   dt = softplus(delta + delta_bias) (or delta + delta_bias)
 //   h_t = exp(dt_t A) h_{t-1} + dt_t B_t u_t;  y_t = <C_t, h_t> + D u_t;  y_t *= silu(z_t)
 // want_last = false: no last state (an undefined tensor is returned; the fused mixer has no use
-// for it)
+// for it).
+// gaps (1 or batch, L) float32 in scan order, or absent: ToP's hidden-state alignment, G_t
+// pruned positions right before step t decaying the state with zero input. They compose into
+// the step's decay only: exp(dt'_t A) with dt'_t = dt_t + G_t softplus(delta_bias)
+// (gap_token = false; delta_bias itself without delta_softplus) or dt_t (1 + G_t)
+// (gap_token = true), the input term dt_t B_t u_t unchanged.
+// imp: a (batch, ceil(E / VW), Lo) float32 buffer or null; each channel block adds the sum over
+// its channels of max(0, y_t) (gated, before scale) at row order[t] of its own slice (ToP's
+// importance; the caller sums over the blocks).
 at::Tensor scan_into(const at::Tensor& u, const at::Tensor& delta, const at::Tensor& A,
                      const at::Tensor& B, const at::Tensor& C, const c10::optional<at::Tensor>& D,
                      const c10::optional<at::Tensor>& z,
                      const c10::optional<at::Tensor>& delta_bias, bool delta_softplus,
                      const c10::optional<at::Tensor>& order, at::Tensor out, bool accumulate,
-                     double scale, const c10::optional<at::Tensor>& dt_proj, bool want_last) {
+                     double scale, const c10::optional<at::Tensor>& dt_proj, bool want_last,
+                     const c10::optional<at::Tensor>& gaps = c10::nullopt,
+                     bool gap_token = false, float* imp = nullptr) {
   check_f32(u, "u", 3);
   check_f32(delta, "delta", 3);
   check_f32(A, "A", 2);
@@ -290,6 +304,16 @@ at::Tensor scan_into(const at::Tensor& u, const at::Tensor& delta, const at::Ten
   }
   TORCH_CHECK(n_state >= 1 && n_state <= kMaxState, "amvim_cpu: state size N must be 1..",
               kMaxState);
+  const float* gapp = nullptr;
+  int64_t gsb = 0;
+  if (gaps.has_value()) {
+    check_f32(*gaps, "gaps", 2);
+    TORCH_CHECK((gaps->size(0) == 1 || gaps->size(0) == bsz) && gaps->size(1) == len &&
+                    gaps->stride(1) == 1,
+                "amvim_cpu: gaps must be (1 or batch, L) with unit stride along L");
+    gapp = gaps->data_ptr<float>();
+    gsb = gaps->size(0) == 1 ? 0 : gaps->stride(0);
+  }
   const Order ord = make_order(order, bsz, len);
   at::Tensor last = want_last ? at::empty({bsz, dim, n_state}, u.options()) : at::Tensor();
   const float* up = u.data_ptr<float>();
@@ -306,9 +330,12 @@ at::Tensor scan_into(const at::Tensor& u, const at::Tensor& delta, const at::Ten
                 osb = out.stride(0), ost = out.stride(1);
   const int64_t blocks = (dim + VW - 1) / VW;
   const float fscale = static_cast<float>(scale);
-  // the walk of one (sample, channel block); NS > 0: the state size known at compile time
-  auto walk = [&](auto ns_tag, int64_t b, int64_t e0) {
+  const int64_t imp_rows = out.size(1);
+  // the walk of one (sample, channel block); NS > 0: the state size known at compile time;
+  // GAPS, IMP: gaps given, importance wanted (compiled apart: the plain walk is unchanged)
+  auto walk = [&](auto ns_tag, auto gaps_tag, auto imp_tag, int64_t b, int64_t e0) {
     constexpr int NS = decltype(ns_tag)::value;
+    constexpr bool GAPS = decltype(gaps_tag)::value, IMP = decltype(imp_tag)::value;
     const int64_t ns = NS > 0 ? NS : n_state;
     vf h[NS > 0 ? NS : kMaxState], Av[NS > 0 ? NS : kMaxState], Wv[64];
     const int nc = static_cast<int>(std::min<int64_t>(VW, dim - e0));
@@ -322,12 +349,17 @@ at::Tensor scan_into(const at::Tensor& u, const at::Tensor& delta, const at::Ten
     }
     const vf Dv = Dp ? load(Dp + e0, nc) : vf{};
     const vf biasv = biasp ? load(biasp + e0, nc) : vf{};
+    // a gap's step per pruned position: dt * tokv + stepv (the token's own dt, or the bias's)
+    const vf tokv = splat(gap_token ? 1.f : 0.f);
+    const vf stepv = gap_token ? vf{} : (delta_softplus ? vsoftplus(biasv) : biasv);
+    float* impb = IMP ? imp + (b * blocks + e0 / VW) * imp_rows : nullptr;
     // chunks of kChunk steps in two passes: first every step's size dt (the low-rank
     // projection and the softplus) and gate silu(z), then the recurrence. Both are the same
     // operations as one pass, but the first pass has no dependency between steps, so its long
     // chains (exp, division, polynomial) overlap; inside the recurrence they were on the
     // critical path of each step (benchmarks/README.md, "CPU a third time").
     vf dts[kChunk], gates[kChunk];
+    [[maybe_unused]] vf decays[GAPS ? kChunk : 1];  // dt' of the aligned scan's decay
     for (int64_t t0 = 0; t0 < len; t0 += kChunk) {
       const int64_t tn = std::min<int64_t>(kChunk, len - t0);
       for (int64_t i = 0; i < tn; ++i) {
@@ -345,24 +377,33 @@ at::Tensor scan_into(const at::Tensor& u, const at::Tensor& delta, const at::Ten
           dt += load(dp + b * dsb + t * dst + e0, nc);
         }
         dts[i] = delta_softplus ? vsoftplus(dt) : dt;
+        if constexpr (GAPS) decays[i] = dts[i] + gapp[b * gsb + t] * (dts[i] * tokv + stepv);
         if (zp) gates[i] = vsilu(load(zp + b * zsb + ord.at(b, t) * zst + e0, nc));
       }
       for (int64_t i = 0; i < tn; ++i) {
         const int64_t t = t0 + i;
         const vf uv = load(up + b * usb + t * ust + e0, nc);
         const vf dt = dts[i];
+        vf dtd = dt;  // the decay's step size
+        if constexpr (GAPS) dtd = decays[i];
         const vf du = dt * uv;
         const float* bp = Bp + b * bsb + g * bsg + t * bst;
         const float* cp = Cp + b * csb + g * csg + t * cst;
         vf y{};
 #pragma GCC unroll 16
         for (int64_t n = 0; n < ns; ++n) {
-          h[n] = vexp2(dt * Av[n]) * h[n] + du * bp[n * bsn];
+          h[n] = vexp2(dtd * Av[n]) * h[n] + du * bp[n * bsn];
           y += h[n] * cp[n * csn];
         }
         y += Dv * uv;
         const int64_t row = ord.at(b, t);
         if (zp) y *= gates[i];
+        if constexpr (IMP) {
+          const vf pos = y > 0.0f ? y : vf{};
+          float s = 0.f;
+          for (int j = 0; j < VW; ++j) s += pos[j];
+          impb[row] += s;
+        }
         y *= fscale;
         float* o = op + b * osb + row * ost + e0;
         if (accumulate) y += load(o, nc);
@@ -373,13 +414,21 @@ at::Tensor scan_into(const at::Tensor& u, const at::Tensor& delta, const at::Ten
       for (int j = 0; j < nc; ++j)
         for (int64_t n = 0; n < ns; ++n) lastp[(b * dim + e0 + j) * ns + n] = h[n][j];
   };
+  using yes = std::true_type;
+  using no = std::false_type;
+  auto pick = [&](auto ns_tag, int64_t b, int64_t e0) {
+    if (gapp)
+      imp ? walk(ns_tag, yes{}, yes{}, b, e0) : walk(ns_tag, yes{}, no{}, b, e0);
+    else
+      imp ? walk(ns_tag, no{}, yes{}, b, e0) : walk(ns_tag, no{}, no{}, b, e0);
+  };
   at::parallel_for(0, bsz * blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t job = begin; job < end; ++job) {
       const int64_t b = job / blocks, e0 = (job % blocks) * VW;
       if (n_state == 16)
-        walk(std::integral_constant<int, 16>{}, b, e0);
+        pick(std::integral_constant<int, 16>{}, b, e0);
       else
-        walk(std::integral_constant<int, 0>{}, b, e0);
+        pick(std::integral_constant<int, 0>{}, b, e0);
     }
   });
   return last;
@@ -460,10 +509,16 @@ at::Tensor conv_silu(const at::Tensor& x, const at::Tensor& weight,
 // hidden (batch, L, D); in_w (2E, D); out_w (D', E); conv_w (P, E, K); conv_b (P, E) or absent;
 // x_proj (P, W, E) with the columns [R' step-size ranks | N B | N C | padding]; dt_w (P, E, R');
 // dt_b, D (P, E); A (P, E, N); perms (P, 1 or batch, L): the token at each step of each path.
-at::Tensor mixer_forward(const at::Tensor& hidden, const at::Tensor& in_w, const at::Tensor& out_w,
-                         const at::Tensor& conv_w, const c10::optional<at::Tensor>& conv_b,
-                         const at::Tensor& x_proj, const at::Tensor& dt_w, const at::Tensor& dt_b,
-                         const at::Tensor& A, const at::Tensor& D, const at::Tensor& perms) {
+// gaps (P, 1 or batch, L) float32 or absent: ToP's alignment, path p's gap counts in path p's
+// order (scan_into; gap_token picks the gaps' step size). want_importance: also ToP's
+// importance (batch, L), the sum over paths and channels of max(0, gated y_p) in token order
+// (before the paths' mean), else an empty tensor; the output is the same either way.
+std::tuple<at::Tensor, at::Tensor> mixer_forward(
+    const at::Tensor& hidden, const at::Tensor& in_w, const at::Tensor& out_w,
+    const at::Tensor& conv_w, const c10::optional<at::Tensor>& conv_b, const at::Tensor& x_proj,
+    const at::Tensor& dt_w, const at::Tensor& dt_b, const at::Tensor& A, const at::Tensor& D,
+    const at::Tensor& perms, const c10::optional<at::Tensor>& gaps, bool gap_token,
+    bool want_importance) {
   check_f32(hidden, "hidden", 3);
   check_f32(A, "A", 3);
   check_f32(x_proj, "x_proj", 3);
@@ -475,22 +530,33 @@ at::Tensor mixer_forward(const at::Tensor& hidden, const at::Tensor& in_w, const
               "amvim_cpu: x_proj must be (P, R' + 2N + pad, E), dt_proj (P, E, R')");
   TORCH_CHECK(perms.dim() == 3 && perms.size(0) == P && perms.size(2) == L,
               "amvim_cpu: perms must be (P, 1 or batch, L)");
+  const int64_t bsz = hidden.size(0);
+  if (gaps.has_value())
+    TORCH_CHECK(gaps->dim() == 3 && gaps->size(0) == P && gaps->size(2) == L,
+                "amvim_cpu: gaps must be (P, 1 or batch, L)");
+  // the importance of each (sample, channel block), summed over the blocks at the end
+  at::Tensor part = want_importance ? at::zeros({bsz, (E + VW - 1) / VW, L}, hidden.options())
+                                    : at::Tensor();
   const at::Tensor order = perms.to(at::kInt);
   const at::Tensor xz = at::linear(hidden, in_w);  // (batch, L, 2E)
   const at::Tensor x = xz.narrow(-1, 0, E), z = xz.narrow(-1, E, E);
-  at::Tensor y = at::empty({hidden.size(0), L, E}, hidden.options());
+  at::Tensor y = at::empty({bsz, L, E}, hidden.options());
   for (int64_t k = 0; k < P; ++k) {
     const at::Tensor o = order.select(0, k).contiguous();
     c10::optional<at::Tensor> bias;
     if (conv_b.has_value()) bias = conv_b->select(0, k);
     const at::Tensor u = conv_silu(x, conv_w.select(0, k), bias, o, L);
     const at::Tensor x_dbl = at::linear(u, x_proj.select(0, k));  // (batch, L, W)
+    c10::optional<at::Tensor> gap;
+    if (gaps.has_value()) gap = gaps->select(0, k).contiguous();
     scan_into(u, x_dbl.narrow(-1, 0, rank), A.select(0, k),
               x_dbl.narrow(-1, rank, N).unsqueeze(1), x_dbl.narrow(-1, rank + N, N).unsqueeze(1),
               D.select(0, k), z, dt_b.select(0, k), true, o, y, k > 0,
-              1.0 / static_cast<double>(P), dt_w.select(0, k), false);
+              1.0 / static_cast<double>(P), dt_w.select(0, k), false, gap, gap_token,
+              want_importance ? part.data_ptr<float>() : nullptr);
   }
-  return at::linear(y, out_w);
+  return {at::linear(y, out_w),
+          want_importance ? at::sum(part, 1) : at::empty({0}, hidden.options())};
 }
 
 }  // namespace
@@ -503,7 +569,8 @@ TORCH_LIBRARY(amvim_cpu, m) {
   m.def("conv_silu(Tensor x, Tensor weight, Tensor? bias, Tensor? order, int length) -> Tensor");
   m.def(
       "mixer_forward(Tensor hidden, Tensor in_w, Tensor out_w, Tensor conv_w, Tensor? conv_b, "
-      "Tensor x_proj, Tensor dt_w, Tensor dt_b, Tensor A, Tensor D, Tensor perms) -> Tensor");
+      "Tensor x_proj, Tensor dt_w, Tensor dt_b, Tensor A, Tensor D, Tensor perms, "
+      "Tensor? gaps=None, bool gap_token=False, bool want_importance=False) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(amvim_cpu, CPU, m) {
