@@ -334,14 +334,25 @@ def _add_norm(f: ForwardFacts, i: int, fused: bool, grad: bool) -> Choice:
     return Choice(CPU, 'CPU inference') if why == 'ok' else Choice(TORCH, why)
 
 
-def _mixer(f: ForwardFacts, i: int, fused: bool, grad: bool) -> Choice:
+def _top_work(f: ForwardFacts, i: int) -> Optional[str]:
+    """What ToP asks of block ``i``'s mixer: its importance scores, or its scan aligned over
+    the pruned positions (None: nothing). The inference routes (Triton, compiled CPU) do both;
+    the training route (grad recorded) leaves them to the PyTorch mixer."""
     red = f.reducer
     if red is not None and i in red.importance:
-        return Choice(TORCH, 'ToP importance')
+        return 'ToP importance'
     if red is not None and red.align_from is not None and i >= red.align_from:
-        return Choice(TORCH, 'hidden-state alignment')
+        return 'hidden-state alignment'
+    return None
+
+
+def _mixer(f: ForwardFacts, i: int, fused: bool, grad: bool) -> Choice:
+    top = _top_work(f, i)
     if fused:
-        return Choice(TRITON_TRAIN, 'grad recorded') if grad else Choice(TRITON, 'inference')
+        if grad:
+            return Choice(TORCH, f'{top} under autograd') if top else \
+                Choice(TRITON_TRAIN, 'grad recorded')
+        return Choice(TRITON, f'inference with {top}' if top else 'inference')
     m = f.mixer
     if m is None:
         return Choice(TORCH, 'no mixer')
@@ -357,7 +368,7 @@ def _mixer(f: ForwardFacts, i: int, fused: bool, grad: bool) -> Choice:
     if why != 'ok':
         return Choice(TORCH, why)
     log_choice_once('mixer', 'fused cpu', 'inference')
-    return Choice(CPU, 'CPU inference')
+    return Choice(CPU, f'CPU inference with {top}' if top else 'CPU inference')
 
 
 def _step(f: ForwardFacts, i: int, fused: bool, grads: Tuple[bool, bool, bool]) -> StepPlan:

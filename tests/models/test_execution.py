@@ -93,20 +93,33 @@ def test_plan_reasons_grad_training_and_switches():
     assert {(s.match, s.merge, s.fold) for s in steps} == {('torch', 'torch', False)}
 
 
-def test_top_blocks_take_the_torch_mixer():
-    """ToP: the block before the step scores the tokens, every block after it scans aligned:
-    both on the PyTorch mixer, from the schedule alone; the others keep their route."""
+def test_top_blocks_keep_the_inference_route():
+    """ToP: the block before the step scores the tokens, every block after it scans aligned,
+    both on the compiled CPU mixer in inference (from the schedule alone); under autograd the
+    Triton training route leaves them to the PyTorch mixer."""
     m = _model(token_reduction=dict(type='ToP', keep_rate=0.7, locations=(1, )))
+    x = torch.randn(1, 3, 48, 48)
     with torch.no_grad():
-        plan = m.execution_plan(torch.randn(1, 3, 48, 48))
-    whys = [b.mixer.why for b in plan.blocks]
-    assert whys[1] == 'ToP importance' and whys[2:] == ['hidden-state alignment'] * 2
-    assert plan.block(0).mixer.route == ('cpu' if _kernels() else 'torch')
+        plan = m.execution_plan(x)
+    cpu = 'cpu' if _kernels() else 'torch'
+    assert [b.mixer.route for b in plan.blocks] == [cpu] * 4
+    if _kernels():
+        whys = [b.mixer.why for b in plan.blocks]
+        assert whys == ['CPU inference', 'CPU inference with ToP importance'] + \
+            ['CPU inference with hidden-state alignment'] * 2
+    # the Triton routes of the same blocks (the plan's rule, as a CUDA forward would ask it)
+    routes = [execution._mixer(plan.facts, i, True, True) for i in range(3)]
+    assert routes[0] == ('triton-train', 'grad recorded')
+    assert routes[1] == ('torch', 'ToP importance under autograd')
+    assert routes[2] == ('torch', 'hidden-state alignment under autograd')
+    assert [execution._mixer(plan.facts, i, True, False) for i in (1, 2)] == \
+        [('triton', 'inference with ToP importance'),
+         ('triton', 'inference with hidden-state alignment')]
 
 
 def test_direct_calls_plan_for_themselves():
     """A mixer called without a plan: ``fused=False`` keeps the compiled CPU route open (the
-    caller's Triton decision only), a ToP context forces the PyTorch mixer."""
+    caller's Triton decision only); a ToP context keeps it (autograd: the PyTorch mixer)."""
     m = _model()
     mixer = m.layers[0].mixer
     h = torch.randn(1, 10, m.embed_dims)
@@ -114,5 +127,7 @@ def test_direct_calls_plan_for_themselves():
     with torch.no_grad():
         assert mixer.route(h, ctx, False) == ('cpu' if _kernels() else 'torch')
         assert mixer.use_fused(h, ctx) is False
-        ctx.want_importance = True
-        assert mixer.route(h, ctx, True) == 'torch'
+        ctx.want_importance = True      # ToP's scores: the inference routes compute them
+        assert mixer.route(h, ctx, False) == ('cpu' if _kernels() else 'torch')
+        assert mixer.route(h, ctx, True) == 'triton'
+    assert mixer.route(h, ctx, True) == 'torch'     # under autograd: the PyTorch mixer

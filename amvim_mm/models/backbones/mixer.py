@@ -47,8 +47,8 @@ class BiMambaMixer(nn.Module):
             activation memory; CPU tensors then run Triton's interpreter, for tests) or
             ``False`` (never; the fused CPU mixer stays off too). ``AMVIM_FUSED_MIXER=0/1``
             overrides ``None``. Which route a call takes is the forward's execution plan's
-            (:mod:`amvim_mm.models.execution`); ToP alignment and importance scores always
-            take the PyTorch path.
+            (:mod:`amvim_mm.models.execution`); ToP's alignment and importance scores run on
+            every inference route (under autograd on the PyTorch path).
     """
 
     #: the fused path computes the mean of the paths; subclasses that merge otherwise say False
@@ -235,8 +235,6 @@ class BiMambaMixer(nn.Module):
         """This call's route ('triton', 'triton-train', 'cpu' or 'torch'): the forward's
         plan's (``fused`` an :class:`~amvim_mm.models.execution.ExecutionPlan`), else a plan
         made for the call (``fused`` True / False: the caller's Triton decision)."""
-        if not isinstance(fused, ExecutionPlan) and _needs_torch(ctx):
-            return TORCH       # ToP's scores and alignment: no Triton decision asked
         plan = as_plan(fused, lambda f: self.plan_call(hidden, ctx, f))
         return plan.block(ctx.block).mixer.route
 
@@ -246,9 +244,8 @@ class BiMambaMixer(nn.Module):
         the call; ``ctx=None``: the forward's decision, without the scan context's ToP
         conditions). ``seq_len``: the length the automatic choice is told (default
         ``hidden.shape[1]``)."""
-        if ctx is not None and _needs_torch(ctx):
-            return False
-        return self.plan_call(hidden, ctx, seq_len=seq_len).fused
+        plan = self.plan_call(hidden, ctx, seq_len=seq_len)
+        return plan.block(0).mixer.route in (TRITON, TRITON_TRAIN)
 
     def flops(self, L: int, convention: str = 'mamba') -> int:
         """FLOPs of the mixer on ``L`` tokens: in/out projections and per path the conv,
@@ -328,18 +325,20 @@ class BiMambaMixer(nn.Module):
             return fused_mixer_train(hidden, in_w, *stacked, ctx.path_perms(paths), out_cat)
         if route == TRITON:
             in_w, stacked, out_cat = self.fused_params(autocast_dtype(hidden.device.type))
-            return fused_mixer_forward(hidden, in_w, self.out_proj.weight, *stacked,
-                                       ctx.path_perms(paths), out_proj_cat=out_cat)
+            return _top_out(ctx, fused_mixer_forward(
+                hidden, in_w, self.out_proj.weight, *stacked, ctx.path_perms(paths),
+                out_proj_cat=out_cat, **_top_kwargs(ctx, paths)))
         if route == CPU:
             in_w, stacked, _ = self.fused_params()
-            return cpu_mixer_forward(hidden, in_w, self.out_proj.weight, stacked,
-                                     ctx.path_perms(paths))
+            return _top_out(ctx, cpu_mixer_forward(hidden, in_w, self.out_proj.weight, stacked,
+                                                   ctx.path_perms(paths),
+                                                   **_top_kwargs(ctx, paths)))
         return self.forward_torch(hidden, ctx, paths)
 
     def forward_torch(self, hidden: torch.Tensor, ctx: ScanContext, paths: Sequence
                       ) -> torch.Tensor:
-        """The unfused mixer in PyTorch (the reference of the other routes; ToP's importance
-        and hidden-state alignment exist on it only)."""
+        """The unfused mixer in PyTorch (the reference of the other routes, and ToP's route
+        under autograd)."""
         Bsz, L, _ = hidden.shape
         # (2E, D) @ (D, B*L) -> (B, 2E, L) view with unit stride along L (official layout)
         xz = (self.in_proj.weight @ hidden.reshape(Bsz * L, -1).t()).view(-1, Bsz, L)
@@ -355,6 +354,19 @@ class BiMambaMixer(nn.Module):
         return F.linear(self.merge_paths(ys).transpose(1, 2), self.out_proj.weight)
 
 
-def _needs_torch(ctx: ScanContext) -> bool:
-    """ToP's importance scores and hidden-state alignment exist on the PyTorch mixer only."""
-    return ctx.want_importance or (ctx.align is not None and ctx.reduced)
+def _top_kwargs(ctx: ScanContext, paths: Sequence) -> dict:
+    """ToP's work for a fused mixer call: the paths' pruned-gap counts (P, B, L) in each path's
+    order (hidden-state alignment, ``gap_delta`` as the reducer sets it) and whether the
+    importance scores are wanted."""
+    kw = dict(importance=True) if ctx.want_importance else {}
+    if ctx.align is not None and ctx.reduced:
+        kw.update(gaps=torch.stack([ctx.path_gaps(k) for k in paths]).to(torch.float32),
+                  gap_delta=ctx.align)
+    return kw
+
+
+def _top_out(ctx: ScanContext, out):
+    """A fused call's output, the importance scores (when wanted) stored on ``ctx``."""
+    if ctx.want_importance:
+        out, ctx.importance = out
+    return out
