@@ -15,7 +15,9 @@ same input tensors and the same starting weights:
   (the automatic choice takes the unfused kernels at these small batches);
 * ``auto-graphs`` / ``unfused-graphs`` (eager inference rows): ``auto`` / ``unfused`` with the
   backbone's ``cuda_graph=True`` (:mod:`amvim_mm.models.backbones.graphs`): the pipeline stays
-  eager, the backbone's forward is replayed from a CUDA graph (captured in the warm-up). Their
+  eager, the backbone's forward is replayed from a CUDA graph (captured in the warm-up).
+  ``auto-graphs`` is the default path (graphs are on by default for CUDA inference); the other
+  impls set ``cuda_graph=False``, so ``auto`` is the plain eager forward. Their
   ``fused_over_unfused`` divides one by the other (both graphed); ``over_unfused_no_graphs``
   divides ``auto-graphs`` by the plain eager ``unfused`` row: what a user of the official
   code's speed gains by switching both on;

@@ -258,7 +258,7 @@ class DenseSuite:
             if case.model != 'peer':
                 set_fused_mixer(net, IMPLS[case.impl])
                 backbone = net.backbone
-                backbone.cuda_graph = case.impl in GRAPH_IMPLS or None
+                backbone.cuda_graph = case.impl in GRAPH_IMPLS    # False: plain eager
                 backbone.set_token_reduction(case.reduction)
             step, info, inputs = self._step(case, net, optim_cfg)
             row.update(info)
