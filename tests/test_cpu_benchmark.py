@@ -41,3 +41,18 @@ def test_tiny_run_interleaves_and_reports(capsys):
     assert res['rows'][2]['flops_ratio'] > 1 and res['rows'][2]['paired_over_ideal'] > 0
     assert all(len(r['rounds_ms']) == 2 for r in res['rows'])
     assert capsys.readouterr().out.count('round') == 2
+
+
+def test_reducer_rows_summary():
+    """``--cpu-rows reduction``: reducer rows against the unreduced row of their batch, and
+    ToP's aligned latency over its unaligned one."""
+    base = dict(model='vim-t', kernels='compiled', tome=0.0, reducer='', gflops=1.8,
+                latency_ms=330.0, batch=8)
+    rows = [base] + [dict(base, reducer=label, gflops=g, latency_ms=t) for label, g, t in (
+        ('ToP 0.7', 1.44, 300.0), ('ToP 0.7 noalign', 1.44, 275.0), ('ToMe 0.46', 0.99, 200.0))]
+    s = CB.summarize(rows)
+    assert s['ToP_0.7_aligned_over_unaligned'] == round(300 / 275, 3)
+    assert s['ToMe_0.46_speedup'] == 1.65 and s['ToMe_0.46_over_ideal'] == round(1.65 / 1.818, 3)
+    assert 'ToP_0.7_noalign_aligned_over_unaligned' not in s
+    labels = [r[3][0] for r in CB.REDUCTION_ROWS[1:]]
+    assert CB.REDUCTION_ROWS[0][3] is None and 'ToP 0.7' in labels and 'ToP 0.7 noalign' in labels

@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='cpu suite: interleaved rounds (median and spread over them)')
     p.add_argument('--cpu-threads', type=int, default=os.cpu_count() or 1,
                    help='cpu suite: torch.set_num_threads (default: every core)')
+    p.add_argument('--cpu-rows', choices=['main', 'reduction'], default='main',
+                   help='cpu suite: the peers and kernels (main) or Vim-T at batch 8 with '
+                        'every reducer at its published budget (reduction)')
     p.add_argument('--out-dir', default='benchmarks')
     _dense_flags(p)
     return p

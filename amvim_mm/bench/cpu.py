@@ -47,17 +47,44 @@ ROWS = (
     ('vim-t', 'vim-t', 'compiled', 0.46, EVAL_BATCH),
 )
 
+#: ToP-ViM's Tiny locations (after 0-based blocks 9 and 19) and DynamicViT's (before 6, 12, 18)
+_TOP_LOCS, _DYN_LOCS = (9, 19), (5, 11, 17)
+#: ``--cpu-rows reduction``: Vim-T at prune_eval's CPU batch with every reducer at its published
+#: budget (ToMe 0.46; EViT / ToP keep 0.8 after ToP-ViM's blocks, DynamicViT at the same
+#: GFLOPs), and ToP keep 0.7 with and without alignment; (label, reducer config) in place of
+#: the ToMe ratio
+REDUCTION_ROWS = (('vim-t', 'vim-t', 'compiled', None, EVAL_BATCH), ) + tuple(
+    ('vim-t', 'vim-t', 'compiled', (label, red), EVAL_BATCH) for label, red in (
+        ('ToMe 0.46', dict(type='ToMe', ratio=0.46)),
+        ('EViT 0.8', dict(type='EViT', keep_rate=0.8, locations=_TOP_LOCS)),
+        ('ToP 0.8', dict(type='ToP', keep_rate=0.8, locations=_TOP_LOCS)),
+        ('ToP 0.8 noalign', dict(type='ToP', keep_rate=0.8, locations=_TOP_LOCS, align=False)),
+        ('ToP 0.7', dict(type='ToP', keep_rate=0.7, locations=_TOP_LOCS)),
+        ('ToP 0.7 noalign', dict(type='ToP', keep_rate=0.7, locations=_TOP_LOCS, align=False)),
+        ('DynamicViT 0.88', dict(type='DynamicViT', keep_rate=0.88, locations=_DYN_LOCS))))
+ROW_SETS = {'main': ROWS, 'reduction': REDUCTION_ROWS}
+
 #: how a row runs -> the runtime settings it runs under
 SETTINGS = {'compiled': dict(cpu_kernels=True), 'torch': dict(cpu_kernels=False),
             'reference': dict(cpu_kernels=False, scan_backend='reference'), 'timm': {}}
 
 
-def _row_model(model: str, how: str, ratio: Optional[float]) -> torch.nn.Module:
+def _row_model(model: str, how: str, reduction) -> torch.nn.Module:
+    """A row's model; ``reduction``: None, a ToMe ratio or (label, reducer config)."""
     if how == 'timm':
         import timm
         return timm.create_model(model, pretrained=False).eval()
-    red = dict(type='ToMe', ratio=ratio) if ratio else None
+    red = reduction[1] if isinstance(reduction, tuple) else \
+        dict(type='ToMe', ratio=reduction) if reduction else None
     return B.build(model, 224, head=True, token_reduction=red, device='cpu').eval()
+
+
+def _row_fields(name: str, how: str, reduction, batch) -> dict:
+    """A row's identity: model, kernels, ToMe ratio (0: none) or reducer label, batch."""
+    label = reduction[0] if isinstance(reduction, tuple) else ''
+    tome = reduction if isinstance(reduction, float) else 0.0
+    return dict(model=name, kernels=how, tome=tome, reducer=label,
+                batch=batch[0] if batch else 1)
 
 
 def run_cpu_suite(threads: int, iters: int = 3, repeats: int = 5, warmup: int = 2,
@@ -67,9 +94,9 @@ def run_cpu_suite(threads: int, iters: int = 3, repeats: int = 5, warmup: int = 
     torch.manual_seed(0)
     images = torch.randn(max(r[4] if len(r) > 4 else 1 for r in rows), 3, 224, 224)
     built = []
-    for name, model, how, ratio, *batch in rows:
-        m = _row_model(model, how, ratio)
-        row = dict(model=name, kernels=how, tome=ratio or 0.0, batch=batch[0] if batch else 1)
+    for name, model, how, reduction, *batch in rows:
+        m = _row_model(model, how, reduction)
+        row = _row_fields(name, how, reduction, batch)
         if how != 'timm':
             fl = backbone_flops(m.backbone, 224, 'model')
             row['gflops'] = round(fl['gflops'], 3)
@@ -91,6 +118,7 @@ def run_cpu_suite(threads: int, iters: int = 3, repeats: int = 5, warmup: int = 
             times[i].append((time.perf_counter() - t0) / iters)
         log(f'  round {rep + 1}/{repeats}: ' + ', '.join(
             f'{r["model"]}/{r["kernels"]}{"+ToMe" + str(r["tome"]) if r["tome"] else ""}'
+            f'{"+" + r["reducer"] if r["reducer"] else ""}'
             f'{"/b" + str(r["batch"]) if r["batch"] > 1 else ""} {1e3 * t[-1]:.0f}'
             for (r, _), t in zip(built, times)) + ' ms')
     out = []
@@ -103,10 +131,10 @@ def run_cpu_suite(threads: int, iters: int = 3, repeats: int = 5, warmup: int = 
                 repeats=repeats)
 
 
-def _find(rows, model, kernels, tome=0.0, batch=1):
+def _find(rows, model, kernels, tome=0.0, batch=1, reducer=''):
     for r in rows:
         if r['model'] == model and r['kernels'] == kernels and r['tome'] == tome \
-                and r.get('batch', 1) == batch:
+                and r.get('batch', 1) == batch and r.get('reducer', '') == reducer:
             return r
     return None
 
@@ -119,11 +147,11 @@ def summarize(rows: List[dict]) -> Dict[str, object]:
         b = r.get('batch', 1)
         if deit is not None and b == 1:
             r['vs_deit_tiny'] = round(r['latency_ms'] / deit['latency_ms'], 2)
-        before = _find(rows, r['model'], 'torch', r['tome'], b)
+        before = _find(rows, r['model'], 'torch', r['tome'], b, r.get('reducer', ''))
         if before is not None and r['kernels'] != 'torch':
             r['speedup_vs_torch'] = round(before['latency_ms'] / r['latency_ms'], 2)
         base = _find(rows, r['model'], r['kernels'], batch=b)
-        if r['tome'] and base is not None:
+        if (r['tome'] or r.get('reducer')) and base is not None:
             r['speedup'] = round(base['latency_ms'] / r['latency_ms'], 3)
             r['flops_ratio'] = round(base['gflops'] / r['gflops'], 3)
             r['speedup_over_ideal'] = round(r['speedup'] / r['flops_ratio'], 3)
@@ -146,9 +174,31 @@ def summarize(rows: List[dict]) -> Dict[str, object]:
                 s[f'{name}_{key}'] = tome[key]
     if vim and 'speedup_vs_torch' in vim:
         s['vim_t_compiled_over_torch'] = vim['speedup_vs_torch']
+    s.update(_reducer_summary(rows))
     return s
 
 
-COLUMNS = ['model', 'kernels', 'tome', 'batch', 'gflops', 'latency_ms', 'min_ms', 'spread_pct',
+def _reducer_summary(rows: List[dict]) -> Dict[str, object]:
+    """Per reducer row (``--cpu-rows reduction``): its speed-up and speed-up / FLOPs ratio;
+    ToP's aligned latency over its unaligned one at the same keep rate."""
+    s: Dict[str, object] = {}
+    for r in rows:
+        if r.get('reducer') and 'speedup' in r:
+            key = r['reducer'].replace(' ', '_')
+            s[f'{key}_speedup'] = r['speedup']
+            s[f'{key}_over_ideal'] = r['speedup_over_ideal']
+    for r in rows:
+        label = r.get('reducer', '')
+        if label.startswith('ToP') and not label.endswith('noalign'):
+            plain = _find(rows, r['model'], r['kernels'], r['tome'], r['batch'],
+                          label + ' noalign')
+            if plain is not None:
+                s[f'{label.replace(" ", "_")}_aligned_over_unaligned'] = round(
+                    r['latency_ms'] / plain['latency_ms'], 3)
+    return s
+
+
+COLUMNS = ['model', 'kernels', 'tome', 'reducer', 'batch', 'gflops', 'latency_ms', 'min_ms',
+           'spread_pct',
            'vs_deit_tiny', 'speedup_vs_torch', 'speedup', 'flops_ratio', 'speedup_over_ideal',
            'paired_over_ideal']

@@ -29,7 +29,7 @@ DENSE_OPTIONS = ('workloads', 'whole_sizes', 'budget_s', 'repeats', 'warmup', 't
 def cpu_suite(args: Namespace) -> dict:
     """The CPU suite (:mod:`amvim_mm.bench.cpu`)."""
     return CB.run_cpu_suite(args.cpu_threads, iters=args.cpu_iters, repeats=args.cpu_repeats,
-                            log=log)
+                            rows=CB.ROW_SETS[args.cpu_rows], log=log)
 
 
 def _dense_options(args: Namespace) -> dict:
