@@ -32,6 +32,8 @@ from .. import measure as B
 from .common import add_speedup, attempt, log
 
 MODES = ('graph', 'default', 'eager')
+#: the part's models (``--models`` picks among them; none of them named: all)
+TABLE_MODELS = ('vim-t', 'vim-s', 'plainmamba-l3', 'vmamba-t')
 #: ToP-ViM's pruning locations (after these 0-based blocks) and keep rate
 TOP_LOCATIONS = {'vim-t': (9, 19), 'vim-s': (4, 9, 14)}
 TOP_KEEP = 0.8
@@ -100,10 +102,11 @@ def _measure(m, mode: str) -> dict:
 
 
 def gpu_reduction_table(args):
-    """Every family x reducer (module docstring), graph / default / eager; the rows and, in
-    the log, the markdown table of speed-ups against FLOPs ratios."""
+    """Every family x reducer (module docstring) of the models of :data:`TABLE_MODELS` that
+    ``--models`` names (none named: all), graph / default / eager; the rows and, in the log,
+    the markdown table of speed-ups against FLOPs ratios."""
     rows = []
-    for name in ('vim-t', 'vim-s', 'plainmamba-l3', 'vmamba-t'):
+    for name in [n for n in TABLE_MODELS if n in args.models] or TABLE_MODELS:
         torch.manual_seed(0)
         m = B.build(name, 224, head=True)
         bb = m.backbone
