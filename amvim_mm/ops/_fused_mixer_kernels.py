@@ -15,6 +15,18 @@ def softplus(raw):
 
 
 @triton.jit
+def gap_step(dt, g, gbias, GAP_TOKEN: tl.constexpr):
+    """The decay's step size ``delta'`` of a kept token that follows ``g`` pruned positions of
+    its path (ToP's hidden-state alignment: each pruned position decays the state with zero
+    input): ``delta + g * delta`` (``GAP_TOKEN``: a pruned position's step is the token's own)
+    or ``delta + g * softplus(dt_bias)`` (``gbias``). The input term keeps ``delta``."""
+    if GAP_TOKEN:
+        return dt + g * dt
+    else:
+        return dt + g * gbias
+
+
+@triton.jit
 def conv_tap(x_ptr, perm_ptr, b, p, offs_l, offs_e, ml, me, j, s_xb, s_xl, s_pp, s_pb,
              K: tl.constexpr):
     """Tap ``j`` of path p's causal conv at path positions ``offs_l``: the rows
@@ -63,14 +75,17 @@ def conv_kernel(x_ptr, perm_ptr, w_ptr, b_ptr, out_ptr, L, E, n_lblocks, s_xb, s
 
 
 def scan_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, wdt_ptr, dtb_ptr, a_ptr, d_ptr, out_ptr,
-                L, E, R, s_cp, s_cb, s_cl, s_dp, s_db, s_dl, s_lp, s_lb, s_ll, s_zb, s_zl, s_pp,
-                s_pb, s_ob, s_ol, N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_R: tl.constexpr,
-                DT_IN_KERNEL: tl.constexpr):
+                gap_ptr, L, E, R, s_cp, s_cb, s_cl, s_dp, s_db, s_dl, s_lp, s_lb, s_ll, s_zb, s_zl,
+                s_pp, s_pb, s_ob, s_ol, s_gp, s_gb, N: tl.constexpr, BLOCK_E: tl.constexpr,
+                BLOCK_R: tl.constexpr, DT_IN_KERNEL: tl.constexpr, HAS_GAPS: tl.constexpr,
+                GAP_TOKEN: tl.constexpr):
     """One program: sample b, channels [eb * BLOCK_E, ...), path p; walks the path step by step.
 
     ``out[b, t, p * E + e]`` receives path p's gated output at token t (token order), so the
     paths' mean is one ``out_proj`` over the concatenation. ``delta`` is ``dt_proj`` of the
     low-rank ``x_dbl[..., :R]`` computed here (``DT_IN_KERNEL``) or read from ``dl_ptr``.
+    ``HAS_GAPS``: ``gap[p, b, i]`` (fp32) pruned positions precede step i of the path; the
+    decay then uses :func:`gap_step`'s step size (ToP's alignment), the rest is unchanged.
     """
     b = tl.program_id(0)
     eb = tl.program_id(1)
@@ -104,6 +119,10 @@ def scan_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, wdt_ptr, dtb_ptr, a_ptr
     b_n = tl.load(xd_row + R + offs_n)
     c_n = tl.load(xd_row + R + N + offs_n)
     z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me, other=0.)
+    if HAS_GAPS:
+        gbias = softplus(dtb)       # a pruned position's step size with gap_delta='bias'
+        gp_row = gap_ptr + p * s_gp + b * s_gb
+        g_n = tl.load(gp_row)
     for i in range(L):
         t = t_n
         u = u_n.to(tl.float32)
@@ -122,22 +141,30 @@ def scan_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, wdt_ptr, dtb_ptr, a_ptr
         b_n = tl.load(xd_row + nx * s_dl + R + offs_n, mask=(offs_n < N) & more, other=0.)
         c_n = tl.load(xd_row + nx * s_dl + R + N + offs_n, mask=(offs_n < N) & more, other=0.)
         z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me & more, other=0.)
+        if HAS_GAPS:
+            g = g_n
+            g_n = tl.load(gp_row + nx, mask=more, other=0.)
         # delta = softplus(dt_proj(dt_low) + bias), softplus as mamba: x > 20 -> x
         if DT_IN_KERNEL:
             dt = softplus(tl.sum(wdt * dr[None, :], axis=1) + dtb)
         else:
             dt = softplus(dr + dtb)
-        h = tl.exp2(dt[:, None] * a2) * h + (dt * u)[:, None] * bv[None, :]
+        if HAS_GAPS:
+            dA = gap_step(dt, g, gbias, GAP_TOKEN)
+        else:
+            dA = dt
+        h = tl.exp2(dA[:, None] * a2) * h + (dt * u)[:, None] * bv[None, :]
         y = tl.sum(h * cv[None, :], axis=1) + dsk * u
         y = y * (zv / (1. + tl.exp(-zv)))
         tl.store(out_row + t * s_ol + offs_e, y.to(out_ptr.dtype.element_ty), mask=me)
 
 
 def chunk_scan_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dtb_ptr, a_ptr, d_ptr, out_ptr,
-                      st_ptr, ds_ptr, L, E, R, n_grid_chunks, s_cp, s_cb, s_cl, s_dp, s_db, s_dl,
-                      s_lp, s_lb, s_ll, s_zb, s_zl, s_pp, s_pb, s_ob, s_ol, s_sp, s_sb, s_sc,
-                      s_qp, s_qb, s_qc, N: tl.constexpr, BLOCK_E: tl.constexpr, T: tl.constexpr,
-                      OUTPUT: tl.constexpr):
+                      st_ptr, ds_ptr, gap_ptr, L, E, R, n_grid_chunks, s_cp, s_cb, s_cl, s_dp,
+                      s_db, s_dl, s_lp, s_lb, s_ll, s_zb, s_zl, s_pp, s_pb, s_ob, s_ol, s_sp,
+                      s_sb, s_sc, s_qp, s_qb, s_qc, s_gp, s_gb, N: tl.constexpr,
+                      BLOCK_E: tl.constexpr, T: tl.constexpr, OUTPUT: tl.constexpr,
+                      HAS_GAPS: tl.constexpr, GAP_TOKEN: tl.constexpr):
     """Passes 1 and 3 of the chunked scan: one program per (sample b and chunk c, block of
     channels, path p) walks steps ``[c * T, min((c + 1) * T, L))`` of the path.
 
@@ -146,7 +173,9 @@ def chunk_scan_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dtb_ptr, a_ptr, d
     total decay is ``exp(A * ds)``, formed by :func:`chunk_carry_kernel`). ``OUTPUT=True``
     (pass 3): from the chunk's initial state ``st[p, b, c]`` (after the carry), writing the
     gated outputs exactly as :func:`scan_kernel` does. The step's math is scan_kernel's (delta
-    read pre-bias from ``dl_ptr``; dt_proj in the kernel is not supported here).
+    read pre-bias from ``dl_ptr``; dt_proj in the kernel is not supported here), gaps
+    (``HAS_GAPS``) included: both passes decay with :func:`gap_step`'s step size, so ``ds``
+    sums those.
     """
     pid = tl.program_id(0)
     eb = tl.program_id(1)
@@ -181,6 +210,10 @@ def chunk_scan_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dtb_ptr, a_ptr, d
         t_n = tl.load(pm_row)
         c_n = tl.load(xd_row + R + N + offs_n)
         z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me, other=0.)
+    if HAS_GAPS:
+        gbias = softplus(dtb)
+        gp_row = gap_ptr + p * s_gp + b * s_gb + i0
+        g_n = tl.load(gp_row)
     for i in range(n_steps):
         u = u_n.to(tl.float32)
         dr = r_n.to(tl.float32)
@@ -198,15 +231,22 @@ def chunk_scan_kernel(xc_ptr, xd_ptr, dl_ptr, z_ptr, perm_ptr, dtb_ptr, a_ptr, d
             c_n = tl.load(xd_row + nx * s_dl + R + N + offs_n, mask=(offs_n < N) & more,
                           other=0.)
             z_n = tl.load(z_ptr + b * s_zb + t_n * s_zl + offs_e, mask=me & more, other=0.)
+        if HAS_GAPS:
+            g = g_n
+            g_n = tl.load(gp_row + nx, mask=more, other=0.)
         # delta = softplus(dt + bias) as in scan_kernel
         dt = softplus(dr + dtb)
-        h = tl.exp2(dt[:, None] * a2) * h + (dt * u)[:, None] * bv[None, :]
+        if HAS_GAPS:
+            dA = gap_step(dt, g, gbias, GAP_TOKEN)
+        else:
+            dA = dt
+        h = tl.exp2(dA[:, None] * a2) * h + (dt * u)[:, None] * bv[None, :]
         if OUTPUT:
             y = tl.sum(h * cv[None, :], axis=1) + dsk * u
             y = y * (zv / (1. + tl.exp(-zv)))
             tl.store(out_row + t * s_ol + offs_e, y.to(out_ptr.dtype.element_ty), mask=me)
         else:
-            dsum += dt
+            dsum += dA
     if not OUTPUT:
         tl.store(st, h, mask=me[:, None])
         tl.store(ds_ptr + p * s_qp + b * s_qb + c * s_qc + offs_e, dsum, mask=me)

@@ -35,19 +35,21 @@ scan runs, and whether the fused path beats the mamba-ssm kernels at all, comes 
 measured per batch x E x L (:mod:`amvim_mm.ops.scan_choice`, re-exported here).
 
 It computes exactly the mixer's math (fp32 state and accumulation; bf16 or fp32 storage like the
-inputs). This module is the inference path (no autograd): on CUDA when Triton imports, no
-hidden-state alignment gaps and no importance scores are needed (and, automatically, where the
-table does not name the mamba-ssm kernels: :func:`auto_prefers_fused`). Under autograd the same
-forward kernels run inside :class:`~amvim_mm.ops.fused_mixer_autograd.FusedSSM`, which has
-backward kernels of its own. Everything else runs the unfused path. On CPU tensors the same
-kernels run in Triton's interpreter when ``TRITON_INTERPRET=1`` is set before Python starts
-(slow; for tests). ``fused_add_rmsnorm`` is the block's residual add + RMSNorm in one kernel,
-for the same inference path (:mod:`amvim_mm.ops.fused_add_rmsnorm` has the trainable one).
+inputs), ToP's hidden-state alignment included (``gaps``: pruned positions before each kept
+token decay the state with zero input; the scan kernels' ``HAS_GAPS``) and its importance score
+(``importance``). This module is the inference path (no autograd): on CUDA when Triton imports
+(and, automatically, where the table does not name the mamba-ssm kernels:
+:func:`auto_prefers_fused`). Under autograd the same forward kernels run inside
+:class:`~amvim_mm.ops.fused_mixer_autograd.FusedSSM`, which has backward kernels of its own.
+Everything else runs the unfused path. On CPU tensors the same kernels run in Triton's
+interpreter when ``TRITON_INTERPRET=1`` is set before Python starts (slow; for tests).
+``fused_add_rmsnorm`` is the block's residual add + RMSNorm in one kernel, for the same
+inference path (:mod:`amvim_mm.ops.fused_add_rmsnorm` has the trainable one).
 """
 from __future__ import annotations
 
 import functools
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -210,7 +212,9 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
                         conv_weight: Tensor, conv_bias: Tensor, x_proj_weight: Tensor,
                         dt_proj_weight: Tensor, dt_proj_bias: Tensor, A: Tensor, D: Tensor,
                         perm: Tensor, out_proj_cat: Optional[Tensor] = None,
-                        chunk: Optional[int] = None) -> Tensor:
+                        chunk: Optional[int] = None, gaps: Optional[Tensor] = None,
+                        gap_delta: str = 'bias', importance: bool = False
+                        ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """The Vim-family mixer with ``P`` paths, fused (inference only, no autograd).
 
     Args:
@@ -225,9 +229,17 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
         out_proj_cat: (Dm, P * E) ``cat([out_proj_weight] * P, 1) / P`` (Vim's mean of the
             paths folded into the projection); built here when not given (callers cache it).
         chunk: the scan, as :func:`launch_scan` takes it (None: automatic).
+        gaps: (P, B or 1, L) float, ToP's hidden-state alignment: ``gaps[p, b, i]`` pruned
+            positions precede position ``i`` of path ``p`` (aligned with ``perm``); the scan
+            runs as if they were there with zero input. None: no gaps.
+        gap_delta: a pruned position's step size: 'bias' (``softplus(dt_proj_bias)``) or
+            'token' (the following kept token's own), as ``BiMambaMixer.scan_path`` forms it.
+        importance: also return ToP's importance score of every token.
 
     Returns:
-        (B, L, Dm) in the dtype ``F.linear`` gives under the current autocast state.
+        (B, L, Dm) in the dtype ``F.linear`` gives under the current autocast state; with
+        ``importance``, also (B, L) fp32: the sum over the paths and channels of ``max(0, y)``,
+        ``y`` each path's gated output at the token (before the paths' mean).
     """
     Bsz, L, _ = hidden.shape
     P, E, K = conv_weight.shape
@@ -237,6 +249,10 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
                           f'got {tuple(perm.shape)}')
     if N & (N - 1):
         raise ConfigError(f'the fused mixer needs a power-of-two d_state; got {N}')
+    if gap_delta not in ('bias', 'token'):
+        raise ConfigError(f"gap_delta must be 'bias' or 'token'; got {gap_delta!r}")
+    if gaps is not None:
+        gaps = _check_gaps(gaps, P, Bsz, L, hidden.device)
     xz = F.linear(hidden, in_proj_weight)                       # (B, L, 2E), channel-last
     if xz.stride(-1) != 1:
         xz = xz.contiguous()
@@ -245,10 +261,14 @@ def fused_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight:
                                    dt_proj_weight)
     y = torch.empty(Bsz, L, P * E, device=xz.device, dtype=x_dbl.dtype)
     launch_scan(xc, x_dbl, delta, xz[..., E:], perm, dt_proj_weight, dt_proj_bias, A, D, y,
-                chunk=chunk)
+                chunk=chunk, gaps=gaps, gap_token=gap_delta == 'token')
     if out_proj_cat is None:
         out_proj_cat = torch.cat([out_proj_weight] * P, dim=1) / P
-    return F.linear(y, out_proj_cat)
+    out = F.linear(y, out_proj_cat)
+    if not importance:
+        return out
+    # clamping is exact in y's dtype; the sum accumulates in fp32
+    return out, y.clamp_min(0).sum(-1, dtype=torch.float32)
 
 
 def _scan_operands(xc: Tensor, x_dbl: Tensor, delta: Optional[Tensor], dt_proj_bias: Tensor,
@@ -271,7 +291,27 @@ def _scan_operands(xc: Tensor, x_dbl: Tensor, delta: Optional[Tensor], dt_proj_b
     return P, Bsz, L, E, N, dt_proj_bias.float().contiguous(), A.float().contiguous()
 
 
-def _chunk_passes_1_2(chunk_k, carry_k, xc, x_dbl, delta, dtb, A, R, chunk, block_e, warps):
+def _check_gaps(gaps: Tensor, P: int, Bsz: int, L: int, device) -> Tensor:
+    """ToP's gap counts (P, B or 1, L), checked, as fp32 contiguous on ``device``."""
+    if gaps.dim() != 3 or gaps.shape[0] != P or gaps.shape[1] not in (1, Bsz) or \
+            gaps.shape[2] != L:
+        raise ConfigError(f'gaps must have shape (P={P}, 1 or B={Bsz}, L={L}); '
+                          f'got {tuple(gaps.shape)}')
+    return gaps.to(device=device, dtype=torch.float32).contiguous()
+
+
+def _gap_args(gaps: Optional[Tensor], gap_token: bool, xc: Tensor) -> Tuple[Tuple, dict]:
+    """The scan kernels' gap operands: ``((pointer, s_gp, s_gb), constexprs)`` for gaps
+    matching ``xc`` (P, B, L, E) (None: no gaps)."""
+    if gaps is None:
+        return (xc, 0, 0), dict(HAS_GAPS=False, GAP_TOKEN=False)
+    g = _check_gaps(gaps, *xc.shape[:3], xc.device)
+    return (g, g.stride(0), g.stride(1) if g.shape[1] > 1 else 0), dict(
+        HAS_GAPS=True, GAP_TOKEN=bool(gap_token))
+
+
+def _chunk_passes_1_2(chunk_k, carry_k, xc, x_dbl, delta, dtb, A, R, chunk, block_e, warps,
+                      gap_args):
     """Passes 1 and 2 of the chunked scan: (P, B, n_chunks, E, N) fp32 initial states."""
     import triton
     P, Bsz, L, E = xc.shape
@@ -282,12 +322,13 @@ def _chunk_passes_1_2(chunk_k, carry_k, xc, x_dbl, delta, dtb, A, R, chunk, bloc
     states = torch.empty(P, Bsz, nc, E, N, device=xc.device, dtype=torch.float32)
     dsum = torch.empty(P, Bsz, nc - 1, E, device=xc.device, dtype=torch.float32)
     n_eb = triton.cdiv(E, block_e)
+    (gap, s_gp, s_gb), gap_flags = gap_args
     # pass 1 over chunks 0 .. nc - 2 (the last chunk's end state starts no chunk)
     chunk_k[(Bsz * (nc - 1), n_eb, P)](
-        xc, x_dbl, delta, xc, xc, dtb, A, dtb, xc, states, dsum, L, E, R, nc - 1,
+        xc, x_dbl, delta, xc, xc, dtb, A, dtb, xc, states, dsum, gap, L, E, R, nc - 1,
         *xc.stride()[:3], *x_dbl.stride()[:3], *delta.stride()[:3], 0, 0, 0, 0, 0, 0,
-        *states.stride()[:3], *dsum.stride()[:3], N=N, BLOCK_E=block_e, T=chunk, OUTPUT=False,
-        num_warps=warps)
+        *states.stride()[:3], *dsum.stride()[:3], s_gp, s_gb, N=N, BLOCK_E=block_e, T=chunk,
+        OUTPUT=False, num_warps=warps, **gap_flags)
     carry_k[(Bsz, n_eb, P)](states, dsum, A, E, nc, *states.stride()[:3], *dsum.stride()[:3],
                             N=N, BLOCK_E=block_e, num_warps=warps)
     return states
@@ -301,14 +342,17 @@ def _scan_block(E: int) -> Tuple[int, int, bool]:
 
 
 def chunk_initial_states(xc: Tensor, x_dbl: Tensor, delta: Tensor, dt_proj_bias: Tensor,
-                         A: Tensor, R: int, chunk: int) -> Tensor:
+                         A: Tensor, R: int, chunk: int, gaps: Optional[Tensor] = None,
+                         gap_token: bool = False) -> Tensor:
     """The state of every path's scan before the first step of each chunk of ``chunk`` steps.
 
     The scan is the fused mixer's (and Mamba's): along path p of sample b, at step i,
     ``delta_i = softplus(delta[p, b, i] + dt_proj_bias[p])`` (softplus as mamba: x > 20 -> x)
     and ``h_i = exp(delta_i * A[p]) * h_{i-1} + delta_i * xc[p, b, i, :, None] * B_i[None, :]``
     with ``B_i = x_dbl[p, b, i, R:R + N]`` and ``h_{-1} = 0``. Chunk c holds steps
-    ``c * chunk .. min((c + 1) * chunk, L) - 1``.
+    ``c * chunk .. min((c + 1) * chunk, L) - 1``. With ``gaps`` (ToP's alignment) the decay
+    ``exp(delta_i * A)`` becomes ``exp(delta'_i * A)``, ``delta'_i = delta_i + gaps[p, b, i] *
+    s`` with ``s = delta_i`` (``gap_token``) or ``softplus(dt_proj_bias[p])``.
 
     Args:
         xc: (P, B, L, E) the conv output in path order (the scan's ``u``).
@@ -318,6 +362,8 @@ def chunk_initial_states(xc: Tensor, x_dbl: Tensor, delta: Tensor, dt_proj_bias:
         dt_proj_bias: (P, E). A: (P, E, N) real (``-exp(A_log)``), N a power of two.
         R: the column where ``B`` starts in ``x_dbl`` (the padded low rank R').
         chunk: the chunk length T >= 1.
+        gaps: (P, B or 1, L) pruned positions before each path position, or None.
+        gap_token: a pruned position's step size is the following token's (else the bias's).
 
     Returns:
         (P, B, ceil(L / chunk), E, N) fp32: ``out[p, b, c] = h_{c * chunk - 1}`` (zero for
@@ -331,15 +377,32 @@ def chunk_initial_states(xc: Tensor, x_dbl: Tensor, delta: Tensor, dt_proj_bias:
     if chunk < 1:
         raise ConfigError(f'chunk must be >= 1; got {chunk}')
     *_, E, _, dtb, A32 = _scan_operands(xc, x_dbl, delta, dt_proj_bias, A, R)
+    gap_args = _gap_args(gaps, gap_token, xc)
     _, _, _, _, chunk_k, carry_k = _kernels(xc.device.type != 'cuda')
     block_e, warps, _ = _scan_block(E)
     return _chunk_passes_1_2(chunk_k, carry_k, xc, x_dbl, delta, dtb, A32, R, chunk, block_e,
-                             warps)
+                             warps, gap_args)
+
+
+def _check_scan_io(perm: Tensor, y: Tensor, z: Tensor, P: int, Bsz: int, L: int, E: int
+                   ) -> Tuple[Tensor, int]:
+    """``launch_scan``'s perm (as int32 contiguous, with its batch stride: 0 when shared), y
+    and z, checked."""
+    perm = perm.to(device=y.device, dtype=torch.int32).contiguous()
+    if perm.dim() != 3 or perm.shape[0] != P or perm.shape[1] not in (1, Bsz) or \
+            perm.shape[2] != L:
+        raise ConfigError(f'perm must have shape (P={P}, 1 or B={Bsz}, L={L}); '
+                          f'got {tuple(perm.shape)}')
+    if y.shape != (Bsz, L, P * E) or y.stride(-1) != 1 or z.stride(-1) != 1:
+        raise ConfigError(f'y must be (B, L, P * E) = {(Bsz, L, P * E)} and y, z need unit '
+                          f'stride along the last dimension; got y {tuple(y.shape)}')
+    return perm, perm.stride(1) if perm.shape[1] > 1 else 0
 
 
 def launch_scan(xc: Tensor, x_dbl: Tensor, delta: Optional[Tensor], z: Tensor, perm: Tensor,
                 dt_proj_weight: Tensor, dt_proj_bias: Tensor, A: Tensor, D: Tensor, y: Tensor,
-                chunk: Optional[int] = None) -> Tensor:
+                chunk: Optional[int] = None, gaps: Optional[Tensor] = None,
+                gap_token: bool = False) -> Tensor:
     """The fused mixer's scan of every path, gated, into token order: fills and returns ``y``.
 
     ``y[b, perm[p, b, i], p * E + e] = (C_i . h_i[e] + D[p, e] * xc[p, b, i, e]) *
@@ -362,6 +425,8 @@ def launch_scan(xc: Tensor, x_dbl: Tensor, delta: Optional[Tensor], z: Tensor, p
             chunked scan does about twice the sequential one's arithmetic but has
             ``ceil(L / T)`` times its programs: faster where the sequential grid leaves the GPU
             idle (long sequences, small batches).
+        gaps, gap_token: ToP's hidden-state alignment, as :func:`chunk_initial_states` takes
+            them (gaps (P, B or 1, L) in path order, any float dtype; None: no gaps).
     """
     import triton
     P, Bsz, L, E = xc.shape
@@ -378,35 +443,30 @@ def launch_scan(xc: Tensor, x_dbl: Tensor, delta: Optional[Tensor], z: Tensor, p
         delta = torch.bmm(x_dbl.reshape(P, Bsz * L, -1)[..., :R],
                           dt_proj_weight.to(x_dbl.dtype).transpose(1, 2)).view(P, Bsz, L, E)
     *_, dtb, A32 = _scan_operands(xc, x_dbl, delta, dt_proj_bias, A, R)
-    perm = perm.to(device=xc.device, dtype=torch.int32).contiguous()
-    if perm.dim() != 3 or perm.shape[0] != P or perm.shape[1] not in (1, Bsz) or \
-            perm.shape[2] != L:
-        raise ConfigError(f'perm must have shape (P={P}, 1 or B={Bsz}, L={L}); '
-                          f'got {tuple(perm.shape)}')
-    if y.shape != (Bsz, L, P * E) or y.stride(-1) != 1 or z.stride(-1) != 1:
-        raise ConfigError(f'y must be (B, L, P * E) = {(Bsz, L, P * E)} and y, z need unit '
-                          f'stride along the last dimension; got y {tuple(y.shape)}')
-    s_pb = perm.stride(1) if perm.shape[1] > 1 else 0
+    perm, s_pb = _check_scan_io(perm, y, z, P, Bsz, L, E)
+    gap_args = _gap_args(gaps, gap_token, xc)
+    (gap, s_gp, s_gb), gap_flags = gap_args
     D32 = D.float().contiguous()
     _, scan_k, _, _, chunk_k, carry_k = _kernels(xc.device.type != 'cuda')
     if delta is None:
         delta = x_dbl      # unused (dt_proj in the kernel)
     if not chunk:
         scan_k[(Bsz, triton.cdiv(E, block_e), P)](
-            xc, x_dbl, delta, z, perm, dt_proj_weight.contiguous(), dtb, A32, D32, y, L, E, R,
-            *xc.stride()[:3], *x_dbl.stride()[:3], *delta.stride()[:3], z.stride(0),
-            z.stride(1), perm.stride(0), s_pb, y.stride(0), y.stride(1), N=A.shape[-1],
-            BLOCK_E=block_e, BLOCK_R=max(triton.next_power_of_2(R), 2),
-            DT_IN_KERNEL=dt_in_kernel, num_warps=warps)
+            xc, x_dbl, delta, z, perm, dt_proj_weight.contiguous(), dtb, A32, D32, y, gap, L,
+            E, R, *xc.stride()[:3], *x_dbl.stride()[:3], *delta.stride()[:3], z.stride(0),
+            z.stride(1), perm.stride(0), s_pb, y.stride(0), y.stride(1), s_gp, s_gb,
+            N=A.shape[-1], BLOCK_E=block_e, BLOCK_R=max(triton.next_power_of_2(R), 2),
+            DT_IN_KERNEL=dt_in_kernel, num_warps=warps, **gap_flags)
         return y
     states = _chunk_passes_1_2(chunk_k, carry_k, xc, x_dbl, delta, dtb, A32, R, chunk,
-                               block_e, warps)
+                               block_e, warps, gap_args)
     nc = states.shape[2]
     chunk_k[(Bsz * nc, triton.cdiv(E, block_e), P)](
-        xc, x_dbl, delta, z, perm, dtb, A32, D32, y, states, states, L, E, R, nc,
+        xc, x_dbl, delta, z, perm, dtb, A32, D32, y, states, states, gap, L, E, R, nc,
         *xc.stride()[:3], *x_dbl.stride()[:3], *delta.stride()[:3], z.stride(0), z.stride(1),
-        perm.stride(0), s_pb, y.stride(0), y.stride(1), *states.stride()[:3], 0, 0, 0,
-        N=A.shape[-1], BLOCK_E=block_e, T=chunk, OUTPUT=True, num_warps=warps)
+        perm.stride(0), s_pb, y.stride(0), y.stride(1), *states.stride()[:3], 0, 0, 0, s_gp,
+        s_gb, N=A.shape[-1], BLOCK_E=block_e, T=chunk, OUTPUT=True, num_warps=warps,
+        **gap_flags)
     return y
 
 

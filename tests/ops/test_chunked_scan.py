@@ -1,7 +1,8 @@
 """The chunked fused scan (amvim_mm.ops.fused_mixer: ``launch_scan`` with a chunk length,
 ``chunk_initial_states``) against a plain sequential PyTorch loop, the sequential fused kernel
-and the unfused mixer; and the automatic choice of the scan (amvim_mm.ops.scan_choice:
-``SCAN_CHOICE_TABLE`` and its fallback rule).
+and the unfused mixer; ToP's hidden-state alignment (``gaps``) and importance score in both
+scans (``fused_mixer_forward``) against ``aligned_selective_scan``; and the automatic choice of
+the scan (amvim_mm.ops.scan_choice: ``SCAN_CHOICE_TABLE`` and its fallback rule).
 
 On CPU the kernels run in Triton's interpreter, switched on before Python starts, so those
 checks run in a subprocess with ``TRITON_INTERPRET=1`` (tiny sizes: E = 16, N = 4-8, L <= 72).
@@ -138,7 +139,67 @@ INTERPRETER_SCRIPT = REFERENCE + textwrap.dedent('''
                           unfused={T: rel(o, ref) for T, o in outs.items()},
                           seq={T: rel(o, outs[0]) for T, o in outs.items()},
                           auto_equal=torch.equal(auto, outs[0])))
-    print('RESULT' + json.dumps(dict(kernel=kernel, model=model)))
+
+    # ToP's hidden-state alignment and importance in fused_mixer_forward (sequential and chunked
+    # scans) against an independent PyTorch reference: per path gather, conv + silu, x_proj,
+    # dt_proj, aligned_selective_scan (torch backend), scatter into token order, mean, out_proj
+    from amvim_mm.ops.selective_scan import aligned_selective_scan
+
+    def reference_mixer(h, w, perm, gaps, mode):
+        in_w, out_w, conv_w, conv_b, xp_w, dt_w, dt_b, A, D = w
+        P, E, K = conv_w.shape
+        Bn, L, _ = h.shape
+        R, N = dt_w.shape[-1], A.shape[-1]
+        xz = h @ in_w.t()
+        ys = []
+        for p in range(P):
+            idx = perm[p].long().expand(Bn, L)[..., None].expand(Bn, L, 2 * E)
+            x, z = xz.gather(1, idx).transpose(1, 2).chunk(2, 1)        # (B, E, L) path order
+            x = F.silu(F.conv1d(x, conv_w[p, :, None], conv_b[p], padding=K - 1, groups=E)
+                       [..., :L])
+            x_dbl = x.transpose(1, 2) @ xp_w[p].t()                      # (B, L, R + 2N)
+            dt = (x_dbl[..., :R] @ dt_w[p].t()).transpose(1, 2)          # (B, E, L)
+            Bm, Cm = (x_dbl[..., R + i * N:R + (i + 1) * N].transpose(1, 2) for i in (0, 1))
+            gd = None
+            if gaps is not None:
+                step = F.softplus(dt_b[p])[None, :, None] if mode == 'bias' else \\
+                    F.softplus(dt + dt_b[p][None, :, None])
+                gd = gaps[p].expand(Bn, L)[:, None] * step
+            y = aligned_selective_scan(x, dt, A[p], Bm, Cm, D[p], z, delta_bias=dt_b[p],
+                                       gap_delta=gd, backend='torch')
+            ys.append(torch.zeros(Bn, L, E).scatter(
+                1, perm[p].long().expand(Bn, L)[..., None].expand(Bn, L, E), y.transpose(1, 2)))
+        imp = sum(y.clamp_min(0).sum(-1) for y in ys)
+        return (sum(ys) / P) @ out_w.t(), imp
+
+    torch.manual_seed(5)
+    P, Bn, L, Dm, E, K, N, R = 2, 2, 29, 8, 16, 4, 8, 3
+    w = (torch.randn(2 * E, Dm) * 0.4, torch.randn(Dm, E) * 0.3, torch.randn(P, E, K) * 0.5,
+         torch.randn(P, E) * 0.2, torch.randn(P, R + 2 * N, E) * 0.3, torch.randn(P, E, R) * 0.5,
+         torch.randn(P, E) * 0.5 - 1., -(torch.rand(P, E, N) * 1.5 + 0.1), torch.randn(P, E))
+    h = torch.randn(Bn, L, Dm)
+    perm = torch.stack([torch.stack([torch.randperm(L) for _ in range(Bn)]) for _ in range(P)])
+    perm = perm.to(torch.int32)
+    gaps = torch.randint(0, 4, (P, Bn, L)).to(torch.float16)      # any float dtype
+    gap_res, plains = [], {}
+    nogap, _ = reference_mixer(h, w, perm, None, 'bias')
+    for mode in ('bias', 'token'):
+        ref, ref_imp = reference_mixer(h, w, perm, gaps, mode)
+        # sequential; chunks of 8 (4 chunks, the last one short); sequential, dt_proj in it
+        for T, cfg in ((0, None), (8, None), (0, '16,1,1')):
+            with runtime.override(scan_config=cfg):
+                out, imp = FM.fused_mixer_forward(h, *w, perm, chunk=T, gaps=gaps,
+                                                  gap_delta=mode, importance=True)
+                if (T, cfg) not in plains:      # no gaps: the same in both modes
+                    plains[T, cfg] = FM.fused_mixer_forward(h, *w, perm, chunk=T)
+                plain = plains[T, cfg]
+                zero = FM.fused_mixer_forward(h, *w, perm, chunk=T, gaps=torch.zeros(P, Bn, L),
+                                              gap_delta=mode)
+            gap_res.append(dict(case=[mode, T, cfg], out=rel(out, ref), imp=rel(imp, ref_imp),
+                                imp_dtype=str(imp.dtype), imp_shape=list(imp.shape),
+                                plain=rel(plain, nogap), zero_equal=torch.equal(zero, plain),
+                                gap_effect=rel(ref, nogap)))
+    print('RESULT' + json.dumps(dict(kernel=kernel, model=model, gaps=gap_res)))
 ''')
 
 
@@ -168,6 +229,15 @@ def test_chunked_scan_matches_references_in_triton_interpreter():
         assert r['auto_equal'], r
     assert out['model'][2]['perm_shape'] == [2, 2, 61]     # per-sample (reduced) paths
     assert out['model'][0]['perm_shape'] == [2, 1, 64]
+    # ToP's alignment (gap_delta 'bias' / 'token', sequential / chunked) and importance
+    assert [r['case'] for r in out['gaps']] == [
+        [mode, T, cfg] for mode in ('bias', 'token')
+        for T, cfg in ((0, None), (8, None), (0, '16,1,1'))]
+    for r in out['gaps']:
+        assert r['gap_effect'] > 0.05, r     # the gaps change the output: they were applied
+        assert r['out'] < 1e-5 and r['imp'] < 1e-5 and r['plain'] < 1e-5, r
+        assert r['imp_dtype'] == 'torch.float32' and r['imp_shape'] == [2, 29], r
+        assert r['zero_equal'], r            # zero gaps: bit for bit the no-gap kernels
 
 
 # ------------------------------------------------------------------- the automatic choice
@@ -272,6 +342,30 @@ def test_chunked_scan_refuses_dt_in_kernel_and_bad_chunks():
         FM.chunk_initial_states(xc, x_dbl, delta, bias, A, R, 0)
     with pytest.raises(ConfigError, match='x_dbl must be'):
         FM.chunk_initial_states(xc, x_dbl[..., :R + N], delta, bias, A, R, 4)
+
+
+@needs_triton
+def test_gap_arguments_are_checked():
+    """ToP's gaps must be (P, B or 1, L) and gap_delta 'bias' or 'token' (checked before any
+    kernel runs)."""
+    P, B, L, E, N, R, Dm = 2, 3, 10, 16, 4, 8, 8
+    xc, delta = torch.zeros(P, B, L, E), torch.zeros(P, B, L, E)
+    x_dbl = torch.zeros(P, B, L, R + 2 * N)
+    A, bias = -torch.ones(P, E, N), torch.zeros(P, E)
+    perm = torch.arange(L, dtype=torch.int32).expand(P, 1, L)
+    with pytest.raises(ConfigError, match=r'gaps must have shape \(P=2, 1 or B=3, L=10\); '
+                                          r'got \(2, 2, 10\)'):
+        FM.launch_scan(xc, x_dbl, delta, xc[0], perm, torch.zeros(P, E, R), bias, A, bias,
+                       torch.empty(B, L, P * E), chunk=0, gaps=torch.zeros(P, 2, L))
+    with pytest.raises(ConfigError, match='gaps must have shape'):
+        FM.chunk_initial_states(xc, x_dbl, delta, bias, A, R, 4, gaps=torch.zeros(P, L))
+    w = (torch.zeros(2 * E, Dm), torch.zeros(Dm, E), torch.zeros(P, E, 4), bias,
+         torch.zeros(P, R + 2 * N, E), torch.zeros(P, E, R), bias, A, bias)
+    h = torch.zeros(B, L, Dm)
+    with pytest.raises(ConfigError, match="gap_delta must be 'bias' or 'token'; got 'mean'"):
+        FM.fused_mixer_forward(h, *w, perm, gap_delta='mean')
+    with pytest.raises(ConfigError, match='gaps must have shape'):
+        FM.fused_mixer_forward(h, *w, perm, gaps=torch.zeros(P, B, L + 1))
 
 
 def test_backbone_asks_with_the_token_count():
