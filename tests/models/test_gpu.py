@@ -93,6 +93,34 @@ def test_gpu_reducers_match_cpu(red):
     assert_same_outputs(cpu, gpu, x, 1e-3)
 
 
+@pytest.mark.parametrize('typ', ['Vim', 'AMVim'])
+@pytest.mark.parametrize('red', [dict(type='ToP', keep_rate=0.7, locations=(5, 11)),
+                                 dict(type='ToP', keep_rate=0.7, locations=(5, 11),
+                                      gap_delta='token'),
+                                 dict(type='EViT', keep_rate=0.7, locations=(5, 11))],
+                         ids=['top-bias', 'top-token', 'evit'])
+def test_gpu_top_on_the_fused_mixer_equals_the_pytorch_mixer(typ, red):
+    """ToP's importance and aligned scans inside the fused Triton mixer (the plan keeps the
+    Triton route for those blocks) against the PyTorch mixer (fp32, no TF32): same kept
+    tokens, same outputs."""
+    torch.manual_seed(0)
+    cfg = dict(type=typ, arch='tiny', img_size=224, out_type='featmap', out_indices=(5, 23),
+               token_reduction=red)
+    fused = MODELS.build(dict(cfg, fused_mixer=True)).eval().cuda()
+    ref = MODELS.build(dict(cfg, fused_mixer=False, scan_backend='torch')).eval().cuda()
+    ref.load_state_dict(fused.state_dict())
+    x = torch.randn(4, 3, 224, 224, device='cuda')
+    with torch.no_grad():
+        plan = fused.execution_plan(x)
+        assert {b.mixer.route for b in plan.blocks} == {'triton'}, plan.describe()
+        assert {b.mixer.route for b in ref.execution_plan(x).blocks} == {'torch'}
+        a, b = fused(x), ref(x)
+    assert fused.token_counts == ref.token_counts
+    assert torch.equal(fused.last_context.source, ref.last_context.source)   # same survivors
+    for p, q in zip(a, b, strict=True):
+        assert p.shape == q.shape and rel(p, q) < 1e-4, rel(p, q)
+
+
 @needs_kernel
 def test_gpu_training_step_with_tome():
     _, gpu = pair('Vim', token_reduction=dict(type='ToMe', r=5))
@@ -270,7 +298,9 @@ def assert_replays_equal_the_eager_forward(eager, graphed, tol, bf16=True):
             assert rel(q, p) < tol, rel(q, p)
 
 
-@pytest.mark.parametrize('red', [None, dict(type='ToMe', ratio=0.3)], ids=['none', 'tome'])
+@pytest.mark.parametrize('red', [None, dict(type='ToMe', ratio=0.3),
+                                 dict(type='ToP', keep_rate=0.7, locations=(5, 11))],
+                         ids=['none', 'tome', 'top'])
 def test_gpu_cuda_graph_backbone_replays_equal_the_eager_forward(red):
     """cuda_graph=True: the first call of a shape eager, the second captured and replayed,
     later ones replayed; every output equals the eager model's on new images (bf16, fused

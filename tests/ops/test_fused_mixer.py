@@ -170,6 +170,45 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
 ''')
 
 
+TOP_SCRIPT = textwrap.dedent('''
+    import json
+    import torch
+    import amvim_mm
+    from amvim_mm.registry import MODELS
+    torch.manual_seed(0)
+    out = []
+    for typ, size, red in [('Vim', 48, dict(type='ToP', keep_rate=0.7, locations=(0, 1))),
+                           ('AMVim', 64, dict(type='ToP', keep_rate=0.6, locations=(1, ),
+                                              gap_delta='token'))]:
+        cfg = dict(type=typ, arch='test', img_size=size, out_type='featmap', out_indices=(-1, ),
+                   token_reduction=red)
+        fused = MODELS.build(dict(cfg, fused_mixer=True)).eval()
+        ref = MODELS.build(dict(cfg, fused_mixer=False, scan_backend='torch')).eval()
+        ref.load_state_dict(fused.state_dict())
+        x = torch.randn(2, 3, size, size)
+        with torch.no_grad():
+            routes = sorted({b.mixer.route for b in fused.execution_plan(x).blocks})
+            a, b = fused(x)[0], ref(x)[0]
+        out.append(dict(routes=routes, err=((a - b).abs().max() / b.abs().max()).item(),
+                        same=torch.equal(fused.last_context.source, ref.last_context.source)))
+    print('RESULT' + json.dumps(out))
+''')
+
+
+@needs_triton
+def test_top_on_the_triton_route_equals_the_pytorch_mixer_in_the_interpreter():
+    """ToP's importance (the block before each step) and aligned scans (every later block,
+    gap_delta bias and token, Vim's two paths and AMVim's four) on the fused Triton route of
+    the whole backbone, against the PyTorch mixer: same survivors, outputs to 1e-5 (fp32)."""
+    env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1')
+    proc = subprocess.run([sys.executable, '-c', FAST_INTERPRETER + TOP_SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
+    for r in json.loads(line[len('RESULT'):]):
+        assert r['routes'] == ['triton'] and r['same'] and r['err'] < 1e-5, r
+
+
 @needs_triton
 # dt_proj in the kernel / as matmul; ToMe matching and reduced paths in PyTorch / Triton (opt-in)
 # and the matching kernel's launch configurations (BLOCK_D, warps, pipeline stages)
