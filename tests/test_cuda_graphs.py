@@ -10,7 +10,7 @@ import torch
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.models.backbones.base import MambaBackbone
-from amvim_mm.models.backbones.graphs import InferenceGraphs, graphs_requested
+from amvim_mm.models.backbones.graphs import InferenceGraphs, graphs_requested, reducer_misfit
 from amvim_mm.registry import MODELS
 
 
@@ -125,3 +125,19 @@ def test_every_family_takes_cuda_graph_and_stays_eager_on_the_cpu(typ):
     assert InferenceGraphs.why_eager(graphed, x) == 'not a CUDA tensor'
     graphed.graph_misfit = lambda: f'{typ} cannot be captured'
     assert InferenceGraphs.why_eager(graphed, x) == f'{typ} cannot be captured'
+
+
+def test_reducer_allow_list():
+    """Reducers that decide once per batch on the GPU with scheduled counts are captured
+    (DynamicViT included: its inference keeps a scheduled count); a CPU-drawn or data-dependent
+    count stays eager."""
+    m = build().eval()
+    for cfg in (dict(type='ToMe', ratio=0.2), dict(type='EViT', keep_rate=0.7, locations=(1, )),
+                dict(type='ToP', keep_rate=0.7, locations=(1, )),
+                dict(type='DynamicViT', keep_rate=0.8, locations=(0, ))):
+        m.set_token_reduction(cfg)
+        assert reducer_misfit(m.token_reducer) is None, cfg
+    assert reducer_misfit(None) is None
+    for cfg in (dict(type='RandomPrune', ratio=0.2), dict(type='LTMP')):
+        m.set_token_reduction(cfg)
+        assert 'not on the graph allow-list' in reducer_misfit(m.token_reducer), cfg

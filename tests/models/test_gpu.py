@@ -299,8 +299,9 @@ def assert_replays_equal_the_eager_forward(eager, graphed, tol, bf16=True):
 
 
 @pytest.mark.parametrize('red', [None, dict(type='ToMe', ratio=0.3),
-                                 dict(type='ToP', keep_rate=0.7, locations=(5, 11))],
-                         ids=['none', 'tome', 'top'])
+                                 dict(type='ToP', keep_rate=0.7, locations=(5, 11)),
+                                 dict(type='DynamicViT', keep_rate=0.8, locations=(5, 11))],
+                         ids=['none', 'tome', 'top', 'dynamicvit'])
 def test_gpu_cuda_graph_backbone_replays_equal_the_eager_forward(red):
     """cuda_graph=True: the first call of a shape eager, the second captured and replayed,
     later ones replayed; every output equals the eager model's on new images (bf16, fused

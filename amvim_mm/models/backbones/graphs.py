@@ -26,7 +26,7 @@ already running (an outer graph, e.g. the benchmarks'), forward hooks on the bac
 of its modules (a hook would run only at capture), the final stream being recorded, or a token
 reducer that is not on the allow-list :data:`GRAPH_SAFE_REDUCERS` (reducers whose choices are
 made on the GPU from the tensors alone with fixed token counts; RandomPrune draws on a CPU
-generator, learned and threshold reducers can change their counts with the data). A capture
+generator, threshold reducers such as LTMP change their counts with the data). A capture
 that fails (e.g. an operation that synchronizes with the host) logs one warning and keeps that
 key eager. Each replay restores what the eager forward leaves on the backbone (its
 ``last_record``: the token counts; the context is the captured one, whose tensors the replays
@@ -46,16 +46,29 @@ import torch.nn as nn
 from amvim_mm import runtime
 from amvim_mm.ops.cpu_ops import tracing
 
-__all__ = ['InferenceGraphs', 'GRAPH_SAFE_REDUCERS', 'graphs_requested']
+__all__ = ['InferenceGraphs', 'GRAPH_SAFE_REDUCERS', 'graphs_requested', 'reducer_misfit']
 
 #: token reducers whose inference forward is a fixed sequence of GPU kernels with fixed token
-#: counts (tested in a replay against the eager forward: tests/models/test_gpu.py)
-GRAPH_SAFE_REDUCERS = ('ToMe', 'EViT', 'ToP')
+#: counts (tested in a replay against the eager forward: tests/models/test_gpu.py); DynamicViT's
+#: inference drops a scheduled count of tokens by its predictors' scores (its training forward
+#: is not captured: training mode runs eagerly)
+GRAPH_SAFE_REDUCERS = ('ToMe', 'EViT', 'ToP', 'DynamicViTReducer')
 
 
 def graphs_requested(setting: Optional[bool]) -> bool:
     """A backbone's ``cuda_graph`` argument, ``None`` deferring to ``AMVIM_CUDA_GRAPH``."""
     return runtime.settings().cuda_graph if setting is None else bool(setting)
+
+
+def reducer_misfit(reducer) -> Optional[str]:
+    """Why a forward with token reducer ``reducer`` cannot be captured, or None (no reducer,
+    or one of :data:`GRAPH_SAFE_REDUCERS` that decides once per batch)."""
+    if reducer is None:
+        return None
+    name = type(reducer).__name__
+    if name not in GRAPH_SAFE_REDUCERS or reducer.dynamic:
+        return f'token reducer {name} is not on the graph allow-list'
+    return None
 
 
 class _Entry:
@@ -135,11 +148,9 @@ class InferenceGraphs:
             return 'a CUDA graph capture is running'
         if getattr(module, 'record_final_stream', False):
             return 'the final stream is recorded'
-        reducer = getattr(module, 'token_reducer', None)
-        if reducer is not None:
-            name = type(reducer).__name__
-            if name not in GRAPH_SAFE_REDUCERS or reducer.dynamic or reducer.learned:
-                return f'token reducer {name} is not on the graph allow-list'
+        reason = reducer_misfit(getattr(module, 'token_reducer', None))
+        if reason is not None:
+            return reason
         hooked = (survey or _survey(module))[0]
         return None if hooked is None else f'forward hooks on {hooked}'
 
