@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.cross_scan import cross_merge, cross_scan
+from amvim_mm.ops.plain_aligned import aligned_inputs_torch, at_steps, step_lookup
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from ..layout.grid_conv import grid_depthwise_conv, whole_grid
 from ..layout.scan_context import ScanContext
@@ -235,12 +236,10 @@ class PlainMamba2D(nn.Module):
         ``dt = dt_proj(0)`` is the bias (delta ``softplus(2 b)``), its B the direction bias
         and its C zero. A survivor visited at full-grid step ``s`` therefore takes delta, B, C
         of raster cell ``s`` (a survivor's, or an absent cell's), and the absent steps between
-        two survivors (u = 0) fold into its step size
-        (:func:`~amvim_mm.ops.selective_scan.aligned_selective_scan`). Nothing full-length is
-        formed: raster cell ``t`` is found among the stored survivors (raster-ascending) by a
-        search, a gap's present cells are summed by a scatter-add (no prefix-sum
-        differences) and its absent cells count ``softplus(2 b)`` each.
-        ``gap_delta='token'`` uses the survivor's own step size for every skipped step instead.
+        two survivors (u = 0) fold into its step size (``ctx.align``: ``'bias'`` their own step
+        sizes, ``'token'`` the survivor's for each;
+        :func:`~amvim_mm.ops.plain_aligned.aligned_inputs_torch`). Nothing full-length is
+        formed.
         """
         B, K, E, L = xs.shape
         N, R = self.d_state, self.dt_rank
@@ -253,45 +252,14 @@ class PlainMamba2D(nn.Module):
         steps = torch.gather(steps_tab.unsqueeze(0).expand(B, -1, -1), 2, index_cells)
         codes = torch.gather(cell_codes.unsqueeze(0).expand(B, -1, -1), 2, index_cells)
         pos = cell.contiguous()                                   # (B, L) raster-ascending
-        # the stored survivor at raster cell s (if any) for every kept step s: (B, K, L)
-        flat = steps.reshape(B, K * L)
-        idx = torch.searchsorted(pos, flat).clamp(max=L - 1)
-        here = (torch.gather(pos, 1, idx) == flat).view(B, K, L)
-        idx = idx.view(B, K, L)
+        idx, here = step_lookup(pos, steps)     # the survivor at raster cell s of each step s
         dt_low, Bm, Cm = torch.split(x_dbl, [R, N, N], dim=-1)
         dt = self.dt_proj(dt_low).to(ct)                          # (B, L, E), one bias
-
-        def at_steps(t: torch.Tensor, absent) -> torch.Tensor:   # (B, L, X) -> (B, K, X, L)
-            X = t.shape[-1]
-            g = torch.gather(t, 1, idx.reshape(B, K * L, 1).expand(-1, -1, X))
-            g = g.view(B, K, L, X).transpose(2, 3)
-            return torch.where(here.unsqueeze(2), g, absent)
-
-        b1 = bias[:E]
-        delta = at_steps(dt, b1.view(1, 1, E, 1)).reshape(B, K * E, L)   # absent: dt = b
-        Bk = at_steps(Bm.to(ct), 0.0) + self.direction_Bs.to(ct)[codes].transpose(-1, -2)
-        Ck = at_steps(Cm.to(ct), 0.0)
-        prev = torch.cat([steps.new_full((B, K, 1), -1), steps[..., :-1]], -1)
-        skipped = (steps - prev - 1).to(ct)                          # (B, K, L)
-        if ctx.align == 'token':
-            own = F.softplus(delta + bias[None, :, None]).view(B, K, E, L)
-            gap = skipped.unsqueeze(2) * own
-        else:
-            # survivor i (raster cell pos_i = a step) lies in the gap before the first kept
-            # step after it; the kept step at its own cell, or none after it, is no gap (slot L)
-            seg = torch.searchsorted(steps.reshape(B * K, L),
-                                     pos.unsqueeze(1).expand(B, K, L).reshape(B * K, L))
-            own_step = torch.gather(steps.reshape(B * K, L), 1, seg.clamp(max=L - 1)) == \
-                pos.unsqueeze(1).expand(B, K, L).reshape(B * K, L)
-            seg = torch.where(own_step | (seg >= L), torch.full_like(seg, L), seg).view(B, K, L)
-            d = F.softplus(dt + b1).transpose(1, 2)                           # (B, E, L)
-            present = d.new_zeros(B, K, E, L + 1).scatter_add_(
-                3, seg.unsqueeze(2).expand(B, K, E, L), d.unsqueeze(1).expand(B, K, E, L))
-            n_present = skipped.new_zeros(B, K, L + 1).scatter_add_(
-                2, seg, torch.ones_like(skipped))
-            absent = (skipped - n_present[..., :L]).unsqueeze(2)
-            gap = present[..., :L] + absent * F.softplus(b1 + b1).view(1, 1, E, 1)
-        return aligned_selective_scan(xs.reshape(B, K * E, L), delta, A, Bk, Ck,
-                                      self.D.to(ct).repeat(K), None, delta_bias=bias,
-                                      gap_delta=gap.reshape(B, K * E, L),
+        Bk = (at_steps(Bm.to(ct), idx, here, 0.0)
+              + self.direction_Bs.to(ct)[codes].transpose(-1, -2))          # (B, K, N, L)
+        Ck = at_steps(Cm.to(ct), idx, here, 0.0)
+        D = self.D.to(ct).repeat(K)
+        delta, gap = aligned_inputs_torch(dt, bias, steps, pos, idx, here, ctx.align)
+        return aligned_selective_scan(xs.reshape(B, K * E, L), delta, A, Bk, Ck, D, None,
+                                      delta_bias=bias, gap_delta=gap,
                                       backend=self.scan_backend)
