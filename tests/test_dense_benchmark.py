@@ -16,6 +16,7 @@ import torch
 
 from amvim_mm.bench import dense as DB
 from amvim_mm.apis.cli import run_cli
+from amvim_mm.errors import ConfigError
 from amvim_mm.ops import cpu_ops
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -311,3 +312,9 @@ def test_ratios_within_one_mode_and_the_backbone_share():
     assert graph_auto['ratio_cap'] == 2.0          # 12 ms / (12 - 6) ms outside the backbone
     assert 'ratio_cap' not in graph_unfused and 'backbone_share' not in eager_auto
     assert 'backbone_share' not in bb_auto and bb_auto['fused_over_unfused'] == 1.5
+
+
+def test_impls_option_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match="unknown dense impl 'bogus'"):
+        DB.run_dense(out_dir=str(tmp_path), root='.', command='x', smoke=True,
+                     workloads=['ade-backbone'], impls=['auto', 'bogus'])

@@ -137,6 +137,9 @@ def _dense_flags(p: argparse.ArgumentParser) -> None:
                        help='training steps per timed repeat (default 5)')
     dense.add_argument('--infer-iters', metavar='N',
                        help='inference calls per timed repeat (default 10)')
+    dense.add_argument('--impls', nargs='+', metavar='IMPL',
+                       help='only these implementations\' rows (auto, unfused, forced, '
+                            'auto-graphs, unfused-graphs, peer; default: all)')
     dense.add_argument('--infer-modes', nargs='+', metavar='MODE',
                        help=f'inference rows in these modes: {", ".join(DB.INFER_MODES)} '
                             '(graph: replays of one CUDA graph); default eager')

@@ -23,7 +23,7 @@ from .markdown import results_markdown
 
 #: the options of the dense suite only (``args`` attributes)
 DENSE_OPTIONS = ('workloads', 'whole_sizes', 'budget_s', 'repeats', 'warmup', 'train_iters',
-                 'infer_iters', 'infer_modes')
+                 'infer_iters', 'infer_modes', 'impls')
 
 
 def cpu_suite(args: Namespace) -> dict:

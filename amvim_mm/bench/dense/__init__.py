@@ -79,6 +79,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from amvim_mm.errors import ConfigError
+
 from .config import (ADE_CONFIGS, COCO_BACKBONE, COCO_NECK, FULL, GRAPH_IMPLS, IMPLS,
                      IN1K_BACKBONE, IN1K_HEAD, IN1K_OPTIM, INFER_MODES, PEER_NOTE, SMOKE,
                      TOME_RATIOS, TOP_KEEP_RATE, TRAINING, WORKLOADS, DenseSizes,
@@ -106,9 +108,11 @@ def run_dense(*, out_dir: str, root: str, command: str, smoke: bool,
               budget_s: Optional[str] = None, repeats: Optional[str] = None,
               warmup: Optional[str] = None, train_iters: Optional[str] = None,
               infer_iters: Optional[str] = None, infer_modes: Optional[Sequence[str]] = None,
+              impls: Optional[Sequence[str]] = None,
               log: Callable[[str], None] = print) -> dict:
     """Check the options, plan and run the suite; write ``benchmark_dense.json`` and
-    ``benchmark_dense.md`` to ``out_dir``; return the result."""
+    ``benchmark_dense.md`` to ``out_dir``; return the result. ``impls``: only these rows'
+    implementations (``peer`` for mmseg's ViT; default: every one)."""
     cuda = torch.cuda.is_available()
     sizes, chosen, budget, modes = resolve_options(
         smoke=smoke, workloads=workloads, whole_sizes=whole_sizes, budget_s=budget_s,
@@ -116,6 +120,13 @@ def run_dense(*, out_dir: str, root: str, command: str, smoke: bool,
         infer_modes=infer_modes, cuda=cuda)
     device = 'cpu' if smoke else 'cuda'
     cases = plan_cases(sizes, chosen, ours_depth(sizes), infer_modes=modes)
+    if impls is not None:
+        known = set(IMPLS) | set(GRAPH_IMPLS) | {'peer'}
+        bad = [i for i in impls if i not in known]
+        if bad:
+            raise ConfigError(f'unknown dense impl {bad[0]!r}; choose from '
+                              f'{", ".join(sorted(known))}')
+        cases = [c for c in cases if c.impl in impls]
     suite = DenseSuite(sizes=sizes, workloads=chosen, device=device, out_dir=out_dir,
                        root=root, command=command, budget_s=budget, smoke=smoke,
                        infer_modes=modes, log=log)
