@@ -5,22 +5,42 @@ full-length pass with zero input at the absent cells would. In that pass step ``
 direction takes delta, B, C of RASTER cell ``t`` (the official first quirk) and the dt bias
 twice (the second quirk); an absent cell's ``dt`` is the bias itself. The zero-input steps
 between two kept steps fold into the later one's step size
-(:func:`~amvim_mm.ops.selective_scan.aligned_selective_scan`): kept step ``j`` (at full-grid
-step ``s_j``) takes ``delta_j``, the ``dt`` of raster cell ``s_j``, and ``gap_j``: ``'bias'``:
-the step sizes of the raster cells strictly between ``s_{j-1}`` and ``s_j``
-(``softplus(dt_c + b)`` at a present cell, ``softplus(b + b)`` at an absent one); ``'token'``:
-``(s_j - s_{j-1} - 1) * softplus(delta_j + b)``. :func:`aligned_inputs_torch` forms them with
-PyTorch ops.
+(:func:`~amvim_mm.ops.selective_scan.aligned_selective_scan`): the folded scan takes
+
+* ``d'_j = softplus(delta_j + b) + gap_j`` and ``u'_j = u_j * softplus(delta_j + b) / d'_j``,
+  ``delta_j`` the ``dt`` of raster cell ``s_j`` (kept step ``j`` at full-grid step ``s_j``);
+* ``gap_j``: ``'bias'``: the step sizes of the raster cells strictly between ``s_{j-1}`` and
+  ``s_j`` (``softplus(dt_c + b)`` at a present cell, ``softplus(b + b)`` at an absent one);
+  ``'token'``: ``(s_j - s_{j-1} - 1) * softplus(delta_j + b)``.
+
+:func:`aligned_inputs_torch` forms ``delta`` and ``gap`` with PyTorch ops (the CPU path and the
+reference; :func:`~amvim_mm.ops.selective_scan.aligned_selective_scan` folds them);
+:func:`aligned_scan` writes ``d'`` and ``u'`` with one Triton kernel
+(:mod:`._plain_aligned_kernels`) and runs the folded scan. The kernel runs on CUDA tensors, and
+on CPU tensors in Triton's interpreter when ``TRITON_INTERPRET=1`` is set before Python starts
+(tests); :func:`use_kernels` decides, :func:`override_kernels` forces either path (tests).
 """
 from __future__ import annotations
 
-from typing import Tuple
+import contextlib
+import functools
+import threading
+from typing import Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ['aligned_inputs_torch', 'at_steps', 'step_lookup']
+from amvim_mm.errors import ConfigError
+from .selective_scan import _finish, selective_scan_fn
+
+__all__ = ['ALIGN_MODES', 'aligned_inputs', 'aligned_inputs_torch', 'aligned_scan', 'at_steps',
+           'override_kernels', 'step_lookup', 'use_kernels']
+
+#: ``ctx.align``: how a gap's zero-input steps size their decay
+ALIGN_MODES = ('bias', 'token')
+BLOCK_T, BLOCK_E = 64, 32
+_forced = threading.local()
 
 
 def step_lookup(pos: Tensor, steps: Tensor) -> Tuple[Tensor, Tensor]:
@@ -76,3 +96,92 @@ def aligned_inputs_torch(dt: Tensor, bias: Tensor, steps: Tensor, pos: Tensor, i
     absent = (skipped - n_present[..., :L]).unsqueeze(2)
     gap = present[..., :L] + absent * F.softplus(b1 + b1).view(1, 1, E, 1)
     return delta, gap.reshape(B, K * E, L)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(interpret: bool):
+    import triton
+
+    from . import _plain_aligned_kernels as k
+    if interpret and not triton.knobs.runtime.interpret:
+        raise ConfigError("PlainMamba's aligned-scan kernel runs on CPU tensors in Triton's "
+                          'interpreter only: set TRITON_INTERPRET=1 before starting Python')
+    return triton.jit(k.plain_aligned_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _available(device_type: str) -> bool:
+    try:
+        _kernels(device_type != 'cuda')
+    except Exception:   # no triton, or CPU tensors without the interpreter
+        return False
+    return device_type != 'cuda' or torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def override_kernels(on: Optional[bool]) -> Iterator[None]:
+    """Within the block :func:`use_kernels` answers ``on`` (None: decide as usual) for fp32
+    inputs that record no autograd graph (tests compare the two paths in one process)."""
+    old = getattr(_forced, 'on', None)
+    _forced.on = on
+    try:
+        yield
+    finally:
+        _forced.on = old
+
+
+def use_kernels(u: Tensor, dt: Tensor) -> bool:
+    """Whether :func:`aligned_scan` (the kernel) takes these inputs: fp32 ``dt``, no autograd
+    graph (the kernel has no backward), and CUDA tensors or Triton's interpreter."""
+    if dt.dtype != torch.float32 or u.dtype == torch.float64:
+        return False
+    if torch.is_grad_enabled() and (u.requires_grad or dt.requires_grad):
+        return False
+    forced = getattr(_forced, 'on', None)
+    return forced if forced is not None else _available(u.device.type)
+
+
+def aligned_inputs(u: Tensor, dt: Tensor, b1: Tensor, steps: Tensor, pos: Tensor, M: int,
+                   align: str, block_t: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+    """``(d', u')`` (B, K*E, L) fp32 of the folded scan, written by the Triton kernel.
+
+    u (B, K, E, L) the directions' kept steps; dt (B, L, E) fp32 the stored survivors'
+    ``dt_proj`` outputs; b1 (E,) the dt bias; steps (B, K, L) the full-grid step of each kept
+    step (ascending); pos (B, L) the survivors' raster cells (ascending); M = H * W;
+    ``block_t``: full-grid steps per block of the kernel's walk (a power of 2; tests)."""
+    import triton
+    if align not in ALIGN_MODES:
+        raise ConfigError(f'aligned_inputs: align must be one of {ALIGN_MODES}, got {align!r}')
+    B, K, E, L = u.shape
+    dev = u.device
+    ar = torch.arange(L, device=dev, dtype=torch.int32)
+    slot = torch.full((B, M), -1, device=dev, dtype=torch.int32).scatter_(
+        1, pos, ar.expand(B, L))
+    jtab = torch.full((B, K, M), -1, device=dev, dtype=torch.int32).scatter_(
+        2, steps, ar.expand(B, K, L))
+    d2 = torch.empty(B, K * E, L, device=dev, dtype=torch.float32)
+    u2 = torch.empty_like(d2)
+    block_t = block_t or min(BLOCK_T, triton.next_power_of_2(M))
+    block_e = min(BLOCK_E, triton.next_power_of_2(E))
+    n_eb = triton.cdiv(E, block_e)
+    _kernels(not u.is_cuda)[(B * K * n_eb, )](
+        u.contiguous(), dt.float().contiguous(), b1.float().contiguous(), slot, jtab,
+        steps.long().contiguous(), d2, u2, L, M, E, K, n_eb, GAP_TOKEN=align == 'token',
+        BLOCK_T=block_t, BLOCK_E=block_e)
+    return d2, u2
+
+
+def aligned_scan(u: Tensor, dt: Tensor, bias: Tensor, steps: Tensor, pos: Tensor, M: int,
+                 A: Tensor, Bk: Tensor, Ck: Tensor, D: Optional[Tensor], align: str,
+                 backend: Optional[str] = None) -> Tensor:
+    """PlainMamba's aligned scan on the kernel's ``(d', u')``: ``y + D * u`` (B, K*E, L) of
+    ``u.dtype``, as :func:`~amvim_mm.ops.selective_scan.aligned_selective_scan` returns it on
+    :func:`aligned_inputs_torch`'s ``delta`` and ``gap``. ``bias`` (K*E,) the dt bias per
+    direction (each direction's the same); Bk, Ck (B, K, N, L); other arguments as in
+    :func:`aligned_inputs`."""
+    B, K, E, L = u.shape
+    ct = torch.float32
+    d2, u2 = aligned_inputs(u, dt, bias[:E], steps, pos, M, align)
+    y = selective_scan_fn(u2, d2, A.to(ct), Bk.to(ct), Ck.to(ct), None, None, None,
+                          delta_softplus=False, backend=backend)
+    return _finish(y.to(ct), u.reshape(B, K * E, L).to(ct), D, None, ct, u.dtype)

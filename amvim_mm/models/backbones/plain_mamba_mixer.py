@@ -37,7 +37,8 @@ import torch.nn.functional as F
 
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.cross_scan import cross_merge, cross_scan
-from amvim_mm.ops.plain_aligned import aligned_inputs_torch, at_steps, step_lookup
+from amvim_mm.ops.plain_aligned import (aligned_inputs_torch, aligned_scan, at_steps,
+                                        step_lookup, use_kernels)
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from ..layout.grid_conv import grid_depthwise_conv, whole_grid
 from ..layout.scan_context import ScanContext
@@ -237,9 +238,10 @@ class PlainMamba2D(nn.Module):
         and its C zero. A survivor visited at full-grid step ``s`` therefore takes delta, B, C
         of raster cell ``s`` (a survivor's, or an absent cell's), and the absent steps between
         two survivors (u = 0) fold into its step size (``ctx.align``: ``'bias'`` their own step
-        sizes, ``'token'`` the survivor's for each;
-        :func:`~amvim_mm.ops.plain_aligned.aligned_inputs_torch`). Nothing full-length is
-        formed.
+        sizes, ``'token'`` the survivor's for each; :mod:`amvim_mm.ops.plain_aligned`). Nothing
+        full-length is formed. The folded inputs come from one Triton kernel where
+        :func:`~amvim_mm.ops.plain_aligned.use_kernels` says so (CUDA), else from PyTorch ops
+        (:func:`~amvim_mm.ops.plain_aligned.aligned_inputs_torch`).
         """
         B, K, E, L = xs.shape
         N, R = self.d_state, self.dt_rank
@@ -259,6 +261,9 @@ class PlainMamba2D(nn.Module):
               + self.direction_Bs.to(ct)[codes].transpose(-1, -2))          # (B, K, N, L)
         Ck = at_steps(Cm.to(ct), idx, here, 0.0)
         D = self.D.to(ct).repeat(K)
+        if use_kernels(xs, dt):
+            return aligned_scan(xs, dt, bias, steps, pos, H * W, A, Bk, Ck, D, ctx.align,
+                                backend=self.scan_backend)
         delta, gap = aligned_inputs_torch(dt, bias, steps, pos, idx, here, ctx.align)
         return aligned_selective_scan(xs.reshape(B, K * E, L), delta, A, Bk, Ck, D, None,
                                       delta_bias=bias, gap_delta=gap,
