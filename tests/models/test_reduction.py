@@ -254,6 +254,9 @@ def test_path_gaps_match_bruteforce():
             seq = ctx.pos[b, perm[b]].tolist()
             for j, p in enumerate(seq):
                 assert gaps[b, j] == (expect[p] if p >= 0 else 0)
+        # the context's own answer (the neighbour-difference form on the raster paths)
+        ctx.align, ctx._gaps = 'bias', {}
+        assert torch.equal(ctx.path_gaps(spec), gaps)
 
 
 def test_aligned_mixer_scan_equals_full_length_with_zero_input():

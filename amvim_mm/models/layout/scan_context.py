@@ -144,7 +144,11 @@ class ScanContext:
             return None
         key = normalize_order(spec)
         if key not in self._gaps:
-            self._gaps[key] = path_gaps(self, spec, self.path_index(spec).indices(self.pos))
+            kind = self._trivial_kind(key) if not self.has_fused and self.pos.dim() == 2 \
+                else None
+            self._gaps[key] = raster_gaps(self.pos, self.grid[0] * self.grid[1],
+                                          kind == 'flip') if kind else \
+                path_gaps(self, spec, self.path_index(spec).indices(self.pos))
         return self._gaps[key]
 
     def path_perms(self, keys: Tuple[tuple, ...]) -> torch.Tensor:
@@ -260,6 +264,22 @@ def _full_grid_perms(grid: Tuple[int, int], cls_index: int, keys: tuple, device)
     """:meth:`ScanContext.path_perms` of the unreduced sequence, cached per grid and device."""
     M = grid[0] * grid[1] + (1 if cls_index >= 0 else 0)
     return _stack_perms([_full_grid_index(grid, cls_index, k, device) for k in keys], M, device)
+
+
+def raster_gaps(pos: torch.Tensor, n_cells: int, reverse: bool) -> torch.Tensor:
+    """:func:`path_gaps` of the raster path (``reverse``: its flip) on a reduced sequence in
+    raster order, ``pos`` (B, L) (-1: a class token), from neighbour differences: a patch's gap
+    is the number of grid cells between it and the previous present patch of the path (the
+    grid's edge for the first). Five element-wise ops instead of a sort and searches."""
+    patch = pos >= 0
+    if not reverse:
+        prev = torch.cummax(torch.where(patch, pos, torch.full_like(pos, -1)), dim=1).values
+        prev = torch.cat([prev.new_full((pos.shape[0], 1), -1), prev[:, :-1]], 1)
+        return torch.where(patch, pos - prev - 1, torch.zeros_like(pos))
+    nxt = torch.cummin(torch.where(patch, pos, torch.full_like(pos, n_cells)).flip(1),
+                       dim=1).values
+    nxt = torch.cat([nxt.new_full((pos.shape[0], 1), n_cells), nxt[:, :-1]], 1)
+    return torch.where(patch.flip(1), nxt - pos.flip(1) - 1, torch.zeros_like(pos))
 
 
 def path_gaps(ctx: ScanContext, spec, perm: torch.Tensor) -> torch.Tensor:
