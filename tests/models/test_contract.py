@@ -35,7 +35,8 @@ HIER_SCHEDULES = {
     'LTMP': (dict(merge_init=0.3, prune_init=0.8), dict(merge=False, prune_init=0.0)),
 }
 #: plain backbones without a class token (one stream, the Vim schedules over their layers)
-PLAIN = {'PlainMamba': dict(arch='test')}
+PLAIN = {'PlainMamba': dict(arch='test'), 'ViL': dict(arch='test', img_size=64),
+         'AMViL': dict(arch='test', img_size=64)}
 REDUCERS = sorted(TOKEN_REDUCERS.module_dict)
 #: learned reducers: trained with each backbone's masked forward (pruning reducers everywhere;
 #: merging ones on the Vim family only)
