@@ -35,10 +35,13 @@ from amvim_mm.errors import ConfigError
 
 __all__ = ['mlstm', 'mlstm_parallel', 'mlstm_chunkwise', 'PARALLEL_MAX_LEN', 'DEFAULT_CHUNK']
 
-# Automatic choice of :func:`mlstm`: the quadratic form up to this many steps, beyond it the
-# chunkwise form with DEFAULT_CHUNK steps per chunk.
-PARALLEL_MAX_LEN = 1024
+# Automatic choice of :func:`mlstm`: the quadratic form up to two chunks' worth of steps, beyond
+# it the chunkwise form with DEFAULT_CHUNK steps per chunk. On CPU (fp32, DH 96) the chunkwise
+# form with 64-step chunks was as fast as the parallel one at S ~ 200 and 10x faster at S = 1024;
+# the elementwise work on the S x S matrix dominates the parallel form there. Not yet measured
+# on GPU.
 DEFAULT_CHUNK = 64
+PARALLEL_MAX_LEN = 2 * DEFAULT_CHUNK
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, igate: Tensor, fgate: Tensor) -> None:
@@ -88,3 +91,93 @@ def mlstm_parallel(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_
     c = (q @ (k / math.sqrt(DH)).transpose(-2, -1)) * torch.exp(log_d - m)
     h = _normalise(c @ v, c.sum(dim=-1, keepdim=True), m, eps)
     return h.to(out)
+
+
+def _check_chunk(chunk) -> int:
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ConfigError(f'mlstm: chunk must be a positive int, got {chunk!r}')
+    return chunk
+
+
+def _chunked(x: Tensor, nc: int, size: int) -> Tensor:
+    """(B, NH, S, D) -> (B, NH, nc, size, D), zero-padded at the end."""
+    pad = nc * size - x.shape[-2]
+    if pad:
+        x = F.pad(x, (0, 0, 0, pad))
+    return x.reshape(x.shape[0], x.shape[1], nc, size, x.shape[-1])
+
+
+def _chunk_states(k: Tensor, v: Tensor, b: Tensor, ig: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """The recurrent state in front of every chunk: C (B, NH, NC, DH, DHV), n (B, NH, NC, DH),
+    m (B, NH, NC); C and n hold the true sums divided by exp(m), m the exact maximum of the log
+    weights of all earlier steps (-inf before the first chunk). The last chunk's own summary is
+    never needed."""
+    k, v, b, ig = k[:, :, :-1], v[:, :, :-1], b[:, :, :-1], ig[:, :, :-1]
+    a = b[..., -1:] - b + ig                       # log weight of step j at its chunk's end
+    m_loc = a.amax(dim=-1)                         # (B, NH, NC - 1)
+    kw = k * torch.exp(a - m_loc.unsqueeze(-1)).unsqueeze(-1)
+    kv_loc = kw.transpose(-2, -1) @ v              # (B, NH, NC - 1, DH, DHV)
+    n_loc = kw.sum(dim=-2)                         # (B, NH, NC - 1, DH)
+    g = b[..., -1]                                 # log decay over a whole chunk
+    B, NH, _, _, DH = k.shape
+    cs = [k.new_zeros(B, NH, DH, v.shape[-1])]
+    ns = [k.new_zeros(B, NH, DH)]
+    ms = [k.new_full((B, NH), -math.inf)]
+    for i in range(b.shape[2]):
+        m_new = torch.maximum(g[:, :, i] + ms[-1], m_loc[:, :, i])
+        decay = torch.exp(g[:, :, i] + ms[-1] - m_new)
+        scale = torch.exp(m_loc[:, :, i] - m_new)
+        cs.append(decay[..., None, None] * cs[-1] + scale[..., None, None] * kv_loc[:, :, i])
+        ns.append(decay[..., None] * ns[-1] + scale[..., None] * n_loc[:, :, i])
+        ms.append(m_new)
+    return torch.stack(cs, dim=2), torch.stack(ns, dim=2), torch.stack(ms, dim=2)
+
+
+def mlstm_chunkwise(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_preact: Tensor,
+                    eps: float = 1e-6, chunk: int = DEFAULT_CHUNK) -> Tensor:
+    """The mLSTM cell chunk by chunk: equal to :func:`mlstm_parallel` (to rounding), memory
+    O(S * chunk + S / chunk * DH * DHV) per head instead of O(S^2).
+
+    Inside a chunk of ``chunk`` steps the parallel form; the steps before it enter through the
+    recurrent state ``(C, n, m)`` at the chunk's start, weighted by the chunk's own cumulative
+    forget gate. Row ``t``'s stabiliser is the maximum over both parts, i.e. the parallel form's
+    ``m_t``. Any S (the last chunk is padded), S < chunk (one chunk) and chunk 1 (the recurrent
+    form) are allowed.
+    """
+    _check(q, k, v, igate_preact, fgate_preact)
+    size = min(_check_chunk(chunk), q.shape[-2])
+    out, ct = q.dtype, _compute_dtype(q)
+    B, NH, S, DH = q.shape
+    nc = -(-S // size)
+    qc, vc = _chunked(q.to(ct), nc, size), _chunked(v.to(ct), nc, size)
+    kc = _chunked(k.to(ct) / math.sqrt(DH), nc, size)
+    ig = _chunked(igate_preact.to(ct), nc, size).squeeze(-1)            # (B, NH, NC, L)
+    b = torch.cumsum(_chunked(F.logsigmoid(fgate_preact.to(ct)), nc, size).squeeze(-1), dim=-1)
+    c_st, n_st, m_st = _chunk_states(kc, vc, b, ig)
+    causal = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+    log_d = (b.unsqueeze(-1) - b.unsqueeze(-2) + ig.unsqueeze(-2)).masked_fill(~causal, -math.inf)
+    log_inter = b + m_st.unsqueeze(-1)                                  # (B, NH, NC, L)
+    m = torch.maximum(log_d.amax(dim=-1), log_inter)
+    c = (qc @ kc.transpose(-2, -1)) * torch.exp(log_d - m.unsqueeze(-1))
+    w_inter = torch.exp(log_inter - m).unsqueeze(-1)
+    num = c @ vc + w_inter * (qc @ c_st)
+    nsum = c.sum(dim=-1, keepdim=True) + w_inter * (qc @ n_st.unsqueeze(-1))
+    h = _normalise(num, nsum, m.unsqueeze(-1), eps)
+    return h.reshape(B, NH, nc * size, -1)[:, :, :S].to(out)
+
+
+def mlstm(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_preact: Tensor,
+          eps: float = 1e-6, chunk: Optional[int] = None) -> Tensor:
+    """The mLSTM cell, parallel or chunkwise (same result to rounding).
+
+    ``chunk=None`` (automatic): :func:`mlstm_parallel` for S <= ``PARALLEL_MAX_LEN`` steps
+    (128: at most two chunks, where the S x S matrix costs no more than the chunk loop's
+    overhead), else :func:`mlstm_chunkwise` with ``DEFAULT_CHUNK`` (64) steps per chunk. An int
+    ``chunk``: always the chunkwise form with that chunk length.
+    """
+    if chunk is None:
+        _check(q, k, v, igate_preact, fgate_preact)
+        if q.shape[-2] <= PARALLEL_MAX_LEN:
+            return mlstm_parallel(q, k, v, igate_preact, fgate_preact, eps)
+        chunk = DEFAULT_CHUNK
+    return mlstm_chunkwise(q, k, v, igate_preact, fgate_preact, eps, chunk)
