@@ -400,7 +400,7 @@ class ViL(MambaBackbone):
             f = measure() + head
         else:
             f = M * self.in_channels * P * P * D + head
-            f += sum(block.flops(int(L)) for block, L in zip(self.blocks, counts))
+            f += sum(block.flops(int(L)) for block, L in zip(self.blocks, counts, strict=True))
             if hasattr(reducer, 'extra_flops'):
                 f += reducer.extra_flops(M, depth)
         return dict(gflops=f / 1e9, tokens=counts, removals=removals, realised_ratio=realised,
