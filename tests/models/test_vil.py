@@ -186,13 +186,18 @@ def _reduced_ctx(grid, keep):
                                                source=source, frozen=None, step='reduce')
 
 
-@pytest.mark.parametrize('typ,arch', [('ViL', 'test'), ('AMViL', 'test'),
+V1_K1 = dict(version=1, embed_dims=32, num_layers=2, conv_kernel_size=1)
+
+
+@pytest.mark.parametrize('typ,arch', [('ViL', 'test'), ('AMViL', 'test'), ('ViL', V1_K1),
+                                      ('AMViL', dict(V1_K1, num_layers=4)),
                                       ('ViL', dict(version=1, embed_dims=32, num_layers=2))])
-def test_masked_forward_equals_the_reduced_sequence(typ, arch):
+@pytest.mark.parametrize('at', [0, 1])
+def test_masked_forward_equals_the_reduced_sequence(typ, arch, at):
     """A block's masked forward (a learned reducer's training) gives the kept tokens what the
     reduced sequence gives them (v2: the conv sees dropped cells as zero, the mLSTM skips
-    them; v1's causal conv reads the zeros of its window, so only the grid-conv version is
-    exact) and leaves the dropped tokens' streams alone; importance = the clipped cell output
+    them; v1's causal conv k4 reads the zeros in its window, so v1 is exact with k1 only)
+    and leaves the dropped tokens' streams alone; importance = the clipped cell output
     summed over the block's traversals."""
     torch.manual_seed(0)
     m = MODELS.build(dict(type=typ, arch=arch, img_size=64)).eval()
@@ -201,22 +206,23 @@ def test_masked_forward_equals_the_reduced_sequence(typ, arch):
     grid, B = (4, 4), 2
     keep = torch.rand(B, 16, generator=torch.Generator().manual_seed(3)).argsort(1) < 11
     x = torch.randn(B, 16, m.embed_dims)
-    block = m.blocks[0]
+    block = m.blocks[at]
     with torch.no_grad():
         full = block(x, ScanContext(grid, NO_CLS), keep=keep)
         rctx = _reduced_ctx(grid, keep)
         rctx.want_importance = True
         red = block(x[keep].view(B, 11, -1), rctx)
     assert torch.equal(full[~keep], x[~keep])
-    if m.version == 2:
+    if m.version == 2 or m.arch_settings['conv_kernel_size'] == 1:
         torch.testing.assert_close(full[keep].view(B, 11, -1), red, rtol=1e-5, atol=1e-5)
     cells = []
-    for sub in m.traversals()[:2 if m.version == 2 else 1]:
+    subs = m.traversals()[2 * at:2 * at + 2] if m.version == 2 else [m.blocks[at]]
+    for sub in subs:
         sub.layer.mlstm_cell.register_forward_hook(lambda mod, a, out: cells.append((mod, out)))
     with torch.no_grad():
         block(x[keep].view(B, 11, -1), rctx)
     want = 0
-    for sub, (_, out) in zip(m.traversals()[:len(cells)], cells, strict=True):
+    for sub, (_, out) in zip(subs, cells, strict=True):
         out = rctx.path_index(sub.path).to_tokens(out)
         want = want + out.clamp_min(0).sum(-1)
     torch.testing.assert_close(rctx.importance, want)

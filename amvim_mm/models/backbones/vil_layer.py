@@ -212,16 +212,13 @@ class ViLLayer(nn.Module):
         rotated (the flipped sub-block); ``keep``: the masked training forward's (B, L) mask."""
         idx = ctx.path_index(path)
         seq = self.conv_kind != '2d'       # v1: the whole layer in the path's order
-        keep_p = None
+        keep_p = None if keep is None else idx.to_path(keep.unsqueeze(-1)).squeeze(-1).bool()
         if seq:
             x = idx.to_path(x)
-        if keep is not None:
-            keep_p = keep.bool() if seq else idx.to_path(keep.unsqueeze(-1)).squeeze(-1).bool()
         u, z = self.proj_up(x).chunk(2, dim=-1)
+        uc = u
         if keep is not None:     # a dropped token enters the conv as an absent cell (zero)
             uc = u * (keep_p if seq else keep.bool()).unsqueeze(-1).to(u.dtype)
-        else:
-            uc = u
         c = F.silu(self.conv1d(uc) if seq else self._grid_conv(uc, ctx, rotate))
         qkv = torch.cat([self.q_proj(c), self.k_proj(c), self.v_proj(u)], dim=-1)
         h = self.mlstm_cell(qkv if seq else idx.to_path(qkv), keep_p)
