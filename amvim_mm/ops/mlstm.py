@@ -37,9 +37,9 @@ __all__ = ['mlstm', 'mlstm_parallel', 'mlstm_chunkwise', 'PARALLEL_MAX_LEN', 'DE
 
 # Automatic choice of :func:`mlstm`: the quadratic form up to two chunks' worth of steps, beyond
 # it the chunkwise form with DEFAULT_CHUNK steps per chunk. On CPU (fp32, DH 96) the chunkwise
-# form with 64-step chunks was as fast as the parallel one at S ~ 200 and 10x faster at S = 1024;
-# the elementwise work on the S x S matrix dominates the parallel form there. Not yet measured
-# on GPU.
+# form with 64-step chunks was as fast as the parallel one at S ~ 200 and much faster at long
+# sequences, where the elementwise work on the S x S matrix dominates the parallel form
+# (timings: benchmarks/README.md, issue 38). Not yet measured on GPU.
 DEFAULT_CHUNK = 64
 PARALLEL_MAX_LEN = 2 * DEFAULT_CHUNK
 
