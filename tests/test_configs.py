@@ -47,14 +47,17 @@ HIERARCHICAL_BACKBONES = ('VMamba', )
 # token), so not swappable with the Vim family; its official UperNet takes four maps without a
 # neck, our option adds PlainPyramidNeck
 PLAIN_MAMBA_BACKBONES = ('PlainMamba', )
-BACKBONES = PLAIN_BACKBONES + HIERARCHICAL_BACKBONES + PLAIN_MAMBA_BACKBONES
-FAMILIES = (PLAIN_BACKBONES, HIERARCHICAL_BACKBONES, PLAIN_MAMBA_BACKBONES)
+# Vision-LSTM: plain (stride-16 maps through the pyramid / SFP necks), its own arguments
+VIL_BACKBONES = ('ViL', 'AMViL')
+BACKBONES = PLAIN_BACKBONES + HIERARCHICAL_BACKBONES + PLAIN_MAMBA_BACKBONES + VIL_BACKBONES
+FAMILIES = (PLAIN_BACKBONES, HIERARCHICAL_BACKBONES, PLAIN_MAMBA_BACKBONES, VIL_BACKBONES)
 # constructor arguments that only one backbone type takes
 TYPE_SPECIFIC_KEYS = {
     'AMVim': ('window_size', 'windowed_path', 'inner', 'seed', 'shift_odd_blocks', 'paths'),
     'LocalVim': ('directions', ),
 }
 TINY_ARCH = dict(embed_dims=32, num_layers=4, d_state=8)
+TINY_VIL_ARCH = dict(embed_dims=32, num_layers=4)
 TINY_DIMS = 32
 # the hierarchical backbones' test architecture: C = 16, depths (1, 1, 2, 1)
 TINY_HIER_DIMS = (16, 32, 64, 128)
@@ -66,7 +69,7 @@ CLS_SIZE = 64
 # {backbone}_{neck}_{head}_{gpus}xb{batch}-{schedule}_{dataset}-{crop}[_tokenreduce|_dynamicvit|
 # _ltmp].py (the last two: a learned reducer's fine-tuning config)
 NAME_RE = re.compile(
-    r'^(?P<backbone>(?:vim|amvim|localvim|vmamba|plainmamba)-[a-z0-9]+)'
+    r'^(?P<backbone>(?:vim|amvim|localvim|vmamba|plainmamba|vil|amvil)-[a-z0-9]+)'
     r'(?:_(?P<neck>[a-z0-9]+(?:-[a-z0-9]+)*))?'
     r'_(?P<head>[a-z0-9]+(?:-[a-z0-9]+)*)'
     r'_(?P<gpus>\d+)xb(?P<batch>\d+)'
@@ -128,6 +131,8 @@ def shrink(cfg, arch=TINY_ARCH):
         return shrink_hierarchical(cfg)
     if cfg.model.backbone.type in PLAIN_MAMBA_BACKBONES:
         return shrink_plain_mamba(cfg)
+    if cfg.model.backbone.type in VIL_BACKBONES and arch is TINY_ARCH:
+        arch = TINY_VIL_ARCH
     scope = cfg.default_scope
     model = cfg.model
     bb = model.backbone
@@ -155,7 +160,8 @@ def shrink(cfg, arch=TINY_ARCH):
         _shrink_det_test_cfg(model)
     elif scope == 'mmpretrain':
         bb.img_size = CLS_SIZE
-        model.head.in_channels = TINY_DIMS
+        # ViL v2's pooled features: the first and the last token side by side
+        model.head.in_channels = TINY_DIMS * (2 if bb.get('out_type') == 'pooled' else 1)
     else:
         raise AssertionError(f'unexpected default_scope {scope!r}')
     _sync_bn_to_bn(model)

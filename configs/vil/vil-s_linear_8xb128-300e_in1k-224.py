@@ -1,0 +1,11 @@
+# ViL-S (Vision-LSTM v2) ImageNet-1k classifier: the official head as LinearClsHead on the
+# pooled features (bilateral concat of the first and last token, 2 x 384). Evaluate the
+# released checkpoint (published top-1 81.5 %):
+#   python tools/test.py THIS_CONFIG vil2-small.th
+# Training recipe: the DeiT/Vim one of ../_base_/imagenet_linear-224.py (the official ViL v2
+# pre-trains at 192 px, then fine-tunes at 224: not reproduced here).
+_base_ = ['../_base_/imagenet_linear-224.py']
+embed_dims = 384
+model = dict(backbone=dict(_delete_=True, type='ViL', arch='small', img_size=224,
+                           out_type='pooled', drop_path_rate=0.0),
+             head=dict(in_channels=2 * embed_dims))
