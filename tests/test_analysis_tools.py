@@ -71,6 +71,15 @@ def test_get_flops_tool():
     assert r.returncode == 2 and "unknown Vim arch 'huge'" in r.stderr
 
 
+def test_draw_scan_orders_draws_amvil_windows(tmp_path):
+    """AMViL's traversals are drawn from its blocks: the top-left raster order and AMVim's
+    windowed order in place of the flip."""
+    out = tmp_path / 'amvil.png'
+    r = run('tools/draw_scan_orders.py', '--model', 'AMViL', '--grid', 6, 6, '--out', out)
+    assert r.returncode == 0 and out.stat().st_size > 0, r.stderr
+    assert 'raster' in r.stdout and 'window' in r.stdout, r.stdout
+
+
 def test_draw_scan_orders_tool(tmp_path):
     out = tmp_path / 'o.png'
     r = run('tools/draw_scan_orders.py', '--model', 'AMVim', '--grid', 5, 7, '--out', out,

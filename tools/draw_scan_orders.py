@@ -37,9 +37,21 @@ def describe(spec) -> str:
 
 
 def vim_family() -> list:
-    """The registered Vim-family backbones (the ones whose blocks scan along ``paths``)."""
+    """The registered backbones whose blocks scan along scan-order dicts: the Vim family
+    (``layers[i].paths``) and the ones that name their traversals (``block_paths(i)``: ViL,
+    AMViL)."""
     return sorted(n for n, c in MODELS.module_dict.items()
-                  if isinstance(c, type) and issubclass(c, VimFamilyBackbone))
+                  if isinstance(c, type) and (issubclass(c, VimFamilyBackbone)
+                                              or callable(getattr(c, 'block_paths', None))))
+
+
+def block_paths(model, block: int) -> list:
+    """The scan-order dicts of block ``block`` of ``model`` (see :func:`vim_family`)."""
+    if callable(getattr(model, 'block_paths', None)):
+        if not 0 <= block < model.num_layers:
+            raise IndexError(f'block {block} is out of range (0..{model.num_layers - 1})')
+        return model.block_paths(block)
+    return model.layers[block].paths
 
 
 def main(argv=None) -> int:
@@ -62,7 +74,7 @@ def main(argv=None) -> int:
     try:
         model = MODELS.build(dict(type=args.model, arch='test' if args.model != 'LocalVim'
                                   else 'tiny', img_size=(16 * H, 16 * W), **kw))
-        paths = model.layers[args.block].paths
+        paths = block_paths(model, args.block)
     except (TypeError, ValueError, KeyError, IndexError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
@@ -86,6 +98,8 @@ def main(argv=None) -> int:
     import os
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     fig.savefig(args.out)
+    for k, spec in enumerate(paths):
+        print(f'path {k}: {describe(spec)}')
     print(f'wrote {args.out}')
     return 0
 
