@@ -37,3 +37,16 @@ def test_vil_train_then_prune_eval_next_to_amvil(tmp_path):
             assert 0 <= cut['metric'] <= 100
         # ratio 0 is the unreduced model whatever the method
         assert len({by[(m, k, 0.0)]['metric'] for k in ('tome', 'evit', 'top')}) == 1
+
+
+def test_demo_families_option_adds_vil_models():
+    """``tools/demo.py --families vil amvil`` adds the ViL and AMViL demo models (their configs
+    exist) to the segmentation task only; an unknown family is refused by the parser."""
+    from tests.test_tools_e2e import _load_tool
+    demo = _load_tool('demo')
+    seg = demo.task_models('segmentation', ['vil', 'amvil'])
+    assert [n for n, _ in seg[-2:]] == ['vil-demo', 'amvil-demo']
+    assert all(osp.isfile(osp.join(ROOT, c)) for _, c in seg)
+    assert demo.task_models('detection', ['vil']) == demo.task_models('detection')
+    rc, out = run_tool(['demo.py', '--families', 'vim'], cwd=ROOT, check=False)
+    assert rc == 2 and "invalid choice: 'vim'" in out
