@@ -1,4 +1,4 @@
-"""GFLOPs of a backbone (Vim family, VMamba, PlainMamba), with or without token reduction.
+"""GFLOPs of a backbone (Vim family, VMamba, PlainMamba, ViL), with or without token reduction.
 
     python tools/get_flops.py --model Vim --arch tiny [--size 224] [--ratios 0 0.17 0.27 0.36 0.46]
                               [--method ToMe] [--num-classes 1000]

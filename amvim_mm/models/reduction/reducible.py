@@ -40,8 +40,8 @@ class ReducibleBackbone:
         if reducer is not None and reducer.learned and not self.supports_learned_reduction:
             raise ConfigError(
                 f'{type(self).__name__}: the learned reducer {type(reducer).__name__} needs a '
-                'masked training forward, which the Vim family (Vim, AMVim, LocalVim) and '
-                'PlainMamba have, not this backbone yet')
+                'masked training forward, which the Vim family (Vim, AMVim, LocalVim), '
+                'PlainMamba and ViL / AMViL have, not this backbone yet')
         if reducer is not None:
             M, depth = self.reduction_domain()
             try:
