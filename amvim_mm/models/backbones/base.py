@@ -183,6 +183,41 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
         (:meth:`InferenceGraphs.why_eager` asks)."""
         return None
 
+    # ----------------------------------------------------------------- training helpers
+    def frozen_parts(self) -> list:
+        """What ``frozen_stages`` freezes: modules (kept in eval mode, no gradients) and
+        parameters (no gradients). None by default; the families list theirs."""
+        return []
+
+    def _freeze_stages(self) -> None:
+        for part in self.frozen_parts():
+            if isinstance(part, nn.Parameter):
+                part.requires_grad = False
+                continue
+            part.eval()
+            for p in part.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    def plain_layer_depth(self, param_name: str, prefix: str, embeddings: Tuple[str, ...],
+                          blocks: str) -> Tuple[int, int]:
+        """``get_layer_depth`` of a plain stack (layer-wise learning-rate decay):
+        ``(depth, num_layers + 2)`` with the parameters under ``embeddings`` at 0, block ``i``
+        of ``blocks`` (e.g. ``'layers.'``) at ``i + 1`` and everything after (norms) last."""
+        n = self.num_layers + 2
+        if not param_name.startswith(prefix):
+            return n - 1, n
+        name = param_name[len(prefix):]
+        if name.startswith(embeddings):
+            return 0, n
+        if name.startswith(blocks):
+            return int(name[len(blocks):].split('.')[0]) + 1, n
+        return n - 1, n
+
     # ----------------------------------------------------------------- forward
     def reset_cuda_graphs(self) -> None:
         """Drop the captured inference graphs (``cuda_graph=True``) and their memory. Loads,

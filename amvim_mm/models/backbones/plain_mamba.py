@@ -307,34 +307,17 @@ class PlainMamba(MambaBackbone):
                                        'patch_embed.projection.weight')
 
     # ----------------------------------------------------------------- training helpers
-    def _freeze_stages(self) -> None:
+    def frozen_parts(self) -> list:
         if self.frozen_stages < 0:
-            return
-        self.pos_embed.requires_grad = False
-        frozen = [self.patch_embed] + [self.layers[i] for i in
-                                       range(min(self.frozen_stages, self.num_layers))]
-        for m in frozen:
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        return self
+            return []
+        return [self.pos_embed, self.patch_embed] + \
+            list(self.layers[:min(self.frozen_stages, self.num_layers)])
 
     def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
         """``(layer_depth, num_layers + 2)``: embeddings 0, layer ``i`` ``i + 1``, the norms
         after the layers the last."""
-        num_layers = self.num_layers + 2
-        if not param_name.startswith(prefix):
-            return num_layers - 1, num_layers
-        name = param_name[len(prefix):]
-        if name.startswith(('patch_embed', 'pos_embed')):
-            return 0, num_layers
-        if name.startswith('layers.'):
-            return int(name.split('.')[1]) + 1, num_layers
-        return num_layers - 1, num_layers
+        return self.plain_layer_depth(param_name, prefix, ('patch_embed', 'pos_embed'),
+                                      'layers.')
 
     # ----------------------------------------------------------------- token reduction
     def reduction_domain(self) -> Tuple[int, int]:

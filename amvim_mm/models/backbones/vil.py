@@ -312,33 +312,17 @@ class ViL(MambaBackbone):
                 state_dict[name] = PosEmbed2d.resize(ckpt, own.shape[1:3])
 
     # ----------------------------------------------------------------- training helpers
-    def _freeze_stages(self) -> None:
+    def frozen_parts(self) -> list:
         if self.frozen_stages < 0:
-            return
-        frozen = [self.patch_embed, self.pos_embed] + \
+            return []
+        return [self.patch_embed, self.pos_embed] + \
             list(self.blocks[:min(self.frozen_stages, self.num_layers)])
-        for m in frozen:
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        return self
 
     def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
         """``(layer_depth, num_layers + 2)``: embeddings 0, block ``i`` ``i + 1``, the norms
         after the blocks the last."""
-        n = self.num_layers + 2
-        if not param_name.startswith(prefix):
-            return n - 1, n
-        name = param_name[len(prefix):]
-        if name.startswith(('patch_embed', 'pos_embed')):
-            return 0, n
-        if name.startswith('blocks.'):
-            return int(name.split('.')[1]) + 1, n
-        return n - 1, n
+        return self.plain_layer_depth(param_name, prefix, ('patch_embed', 'pos_embed'),
+                                      'blocks.')
 
     # ----------------------------------------------------------------- forward
     def reduction_domain(self) -> Tuple[int, int]:

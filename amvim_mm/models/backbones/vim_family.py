@@ -299,29 +299,12 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
                                             self.interpolate_mode)
 
     # ----------------------------------------------------------------- training helpers
-    def _freeze_stages(self) -> None:
+    def frozen_parts(self) -> list:
         if self.frozen_stages < 0:
-            return
-        self.pos_embed.requires_grad = False
-        self.cls_token.requires_grad = False
-        self.patch_embed.eval()
-        for p in self.patch_embed.parameters():
-            p.requires_grad = False
-        self.drop_after_pos.eval()
-        for i in range(min(self.frozen_stages, self.num_layers)):
-            m = self.layers[i]
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-        if self.frozen_stages >= self.num_layers:
-            self.norm_f.eval()
-            for p in self.norm_f.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        return self
+            return []
+        parts = [self.pos_embed, self.cls_token, self.patch_embed, self.drop_after_pos]
+        parts += list(self.layers[:min(self.frozen_stages, self.num_layers)])
+        return parts + ([self.norm_f] if self.frozen_stages >= self.num_layers else [])
 
     def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
         """Layer depth of a parameter for layer-wise learning-rate decay.
@@ -329,15 +312,8 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
         Returns ``(layer_depth, num_layers)`` with ``num_layers = depth + 2``: the embeddings
         are depth 0, block ``i`` is ``i + 1``, ``norm_f`` and anything after is the last.
         """
-        num_layers = self.num_layers + 2
-        if not param_name.startswith(prefix):
-            return num_layers - 1, num_layers
-        name = param_name[len(prefix):]
-        if name in ('cls_token', 'pos_embed') or name.startswith('patch_embed'):
-            return 0, num_layers
-        if name.startswith('layers.'):
-            return int(name.split('.')[1]) + 1, num_layers
-        return num_layers - 1, num_layers
+        return self.plain_layer_depth(param_name, prefix, ('cls_token', 'pos_embed',
+                                                           'patch_embed'), 'layers.')
 
     # ----------------------------------------------------------------- forward
     def reduction_domain(self) -> Tuple[int, int]:

@@ -368,23 +368,15 @@ class VMamba(MambaBackbone):
         self.keep_missing_output_norms(state_dict, prefix, 'outnorm', 'patch_embed.0.weight')
 
     # ----------------------------------------------------------------- training helpers
-    def _freeze_stages(self) -> None:
+    def frozen_parts(self) -> list:
         if self.frozen_stages < 0:
-            return
+            return []
         frozen = [self.patch_embed]
         for i in range(min(self.frozen_stages, self.num_stages)):
             frozen.append(self.layers[i])
             if hasattr(self, f'outnorm{i}'):
                 frozen.append(getattr(self, f'outnorm{i}'))
-        for m in frozen:
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        return self
+        return frozen
 
     def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
         """Layer depth for layer-wise learning-rate decay (mmpretrain's Swin convention).
