@@ -379,7 +379,8 @@ def sweeps(args, seeds_of: dict, ckpts: dict, opts: dict, cores: int) -> int:
                '(docs/statistics.md); realised ratios next to the asked ones.', '']
     for task, (_, _, _, metric, _) in TASKS.items():
         pe_args, names, groups = [], [], []
-        for name, config in task_models(task, args.families):
+        models = task_models(task, args.families)
+        for name, config in models:
             for seed in seeds_of[task]:
                 pe_args += [config, ckpts[(task, name, seed)]]
                 names.append(f'{name}-s{seed}')
