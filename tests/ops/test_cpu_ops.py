@@ -246,18 +246,24 @@ def _mixer_op_by_op(hidden, in_w, out_w, stacked, perms):
     return torch.nn.functional.linear(y, out_w)
 
 
-@pytest.mark.parametrize('arch,L,per_sample', [('Vim', 37, False), ('AMVim', 65, True)])
-def test_mixer_op_equals_its_kernels_one_by_one(arch, L, per_sample):
-    """``amvim_cpu::mixer_forward`` is the same GEMMs and kernels as the calls from Python,
-    bit for bit (shared and per-sample path orders, AMVim's four paths)."""
-    from amvim_mm.ops.cpu_mixer import cpu_mixer_forward
-    torch.manual_seed(0)
+def _mixer_case(arch, L, per_sample, seed):
+    """Block 0's mixer of a test-arch model, hidden states (2, L, D) and random path orders
+    (P, 2 or 1, L), seeded."""
+    torch.manual_seed(seed)
     m = MODELS.build(dict(type=arch, arch='test', img_size=64)).eval()
     mixer = m.layers[0].mixer
     P = mixer.num_paths
     h = torch.randn(2, L, m.embed_dims)
     perms = torch.stack([torch.randperm(L) for _ in range(P * (2 if per_sample else 1))])
-    perms = perms.view(P, 2 if per_sample else 1, L)
+    return mixer, h, perms.view(P, 2 if per_sample else 1, L)
+
+
+@pytest.mark.parametrize('arch,L,per_sample', [('Vim', 37, False), ('AMVim', 65, True)])
+def test_mixer_op_equals_its_kernels_one_by_one(arch, L, per_sample):
+    """``amvim_cpu::mixer_forward`` is the same GEMMs and kernels as the calls from Python,
+    bit for bit (shared and per-sample path orders, AMVim's four paths)."""
+    from amvim_mm.ops.cpu_mixer import cpu_mixer_forward
+    mixer, h, perms = _mixer_case(arch, L, per_sample, seed=0)
     with torch.no_grad():
         in_w, stacked, _ = mixer.fused_params()
         ours = cpu_mixer_forward(h, in_w, mixer.out_proj.weight, stacked, perms)
@@ -303,13 +309,8 @@ def test_mixer_op_aligned_scan_and_importance_equal_pytorch(arch, L, per_sample)
     ``aligned_selective_scan`` (1e-5); the importance is the sum over paths and channels of
     max(0, each path's gated output) in token order."""
     from amvim_mm.ops.cpu_mixer import cpu_mixer_forward
-    torch.manual_seed(1)
-    m = MODELS.build(dict(type=arch, arch='test', img_size=64)).eval()
-    mixer = m.layers[0].mixer
+    mixer, h, perms = _mixer_case(arch, L, per_sample, seed=1)
     P = mixer.num_paths
-    h = torch.randn(2, L, m.embed_dims)
-    perms = torch.stack([torch.randperm(L) for _ in range(P * (2 if per_sample else 1))])
-    perms = perms.view(P, 2 if per_sample else 1, L)
     gaps = torch.randint(0, 4, (P, 2, L)) * (torch.rand(P, 2, L) < 0.5)
     gaps[:, :, ::7] = 40                                                  # long gaps
     gaps[:, 1, :3] = 0
