@@ -116,6 +116,10 @@ def _gpu_flags(p: argparse.ArgumentParser) -> None:
                    help='vmamba part: a checkout of MzeroMiko/VMamba (its root vmamba.py); '
                         'its VMamba-T is timed in the same process, same weights, batch, dtype '
                         'and mode (see amvim_mm/bench/official_vmamba.py)')
+    p.add_argument('--official-vil', metavar='PATH',
+                   help='vil part: a checkout of NX-AI/vision-lstm; its ViL-T is timed in the '
+                        'same process, same weights, batch, dtype and mode (see '
+                        'amvim_mm/bench/official_vil.py)')
 
 
 def _dense_flags(p: argparse.ArgumentParser) -> None:

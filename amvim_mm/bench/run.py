@@ -16,6 +16,7 @@ from . import cpu as CB
 from . import dense as DB
 from . import measure as B
 from . import official_vim as OV
+from . import official_vil as OVIL
 from . import official_vmamba as OVM
 from .gpu import GPU_PARTS
 from .gpu.common import log
@@ -50,6 +51,8 @@ def _timed_suite(args: Namespace, command: str) -> dict:
         OV.official_module(args.official_vim)   # a wrong path fails now, not after the tunes
     if args.official_vmamba:
         OVM.official_module(args.official_vmamba)
+    if args.official_vil:
+        OVIL.official_package(args.official_vil)
     os.makedirs(args.out_dir, exist_ok=True)
     result = dict(command=command, environment=B.environment())
     log(f'environment: {result["environment"]}')

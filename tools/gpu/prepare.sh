@@ -55,5 +55,14 @@ if [ -n "${OFFICIAL_VMAMBA_GIT:-}" ]; then
   git --git-dir "$OFFICIAL_VMAMBA_GIT" archive HEAD vmamba.py | tar x -C .official/VMamba
   git --git-dir "$OFFICIAL_VMAMBA_GIT" rev-parse HEAD > .official/VMamba/COMMIT
 fi
+# Optional: the official ViL package (NX-AI/vision-lstm's vision_lstm/, pure PyTorch; einops
+# comes as a wheel) from a local git clone, into the git-ignored .official/vision-lstm.
+if [ -n "${OFFICIAL_VIL_GIT:-}" ]; then
+  grep -qx '/.official/' .git/info/exclude || echo '/.official/' >> .git/info/exclude
+  rm -rf .official/vision-lstm && mkdir -p .official/vision-lstm
+  git --git-dir "$OFFICIAL_VIL_GIT" archive HEAD vision_lstm | tar x -C .official/vision-lstm
+  git --git-dir "$OFFICIAL_VIL_GIT" rev-parse HEAD > .official/vision-lstm/COMMIT
+  "$PY" -m pip download -q --no-deps --only-binary=:all: -d .whl einops==0.8.2
+fi
 ls -laR .whl
 du -sh .whl

@@ -3,7 +3,7 @@
 #   bash tools/gpu/run.sh [build] [tests] [bench] [bench-main] [bench-reduction] [bench-resolution]
 #                         [bench-vmamba] [bench-vmamba-profile] [build-scan] [bench-plainmamba]
 #                         [bench-plainmamba-reduction] [bench-learned-reduction] [bench-dense]
-#                         [bench-reduction-table]
+#                         [bench-reduction-table] [bench-vil]
 #                         [bench-tune-bwd] [bench-train] [bench-train-profile]
 #                         [bench-tune-chunk]
 # (build-scan: mamba-ssm only, without causal-conv1d, which VMamba and PlainMamba do not use)
@@ -131,6 +131,7 @@ has bench-plainmamba && parts+=(plainmamba)
 has bench-plainmamba-reduction && parts+=(plainmamba-reduction)
 has bench-learned-reduction && parts+=(learned-reduction)
 has bench-reduction-table && parts+=(reduction-table)
+has bench-vil && parts+=(vil)
 has bench-tune-bwd && parts+=(tune-bwd)
 has bench-train && parts+=(train)
 has bench-train-profile && parts+=(train-profile)
@@ -140,6 +141,9 @@ extra=()
 official=(); [ -f .official/Vim/vim/models_mamba.py ] && official=(--official-vim .official/Vim)
 # the official VMamba code likewise (OFFICIAL_VMAMBA_GIT; amvim_mm/bench/official_vmamba.py)
 [ -f .official/VMamba/vmamba.py ] && official+=(--official-vmamba .official/VMamba)
+# the official ViL code likewise (OFFICIAL_VIL_GIT; amvim_mm/bench/official_vil.py)
+[ -f .official/vision-lstm/vision_lstm/__init__.py ] && \
+  official+=(--official-vil .official/vision-lstm)
 has bench-reduction-compare && { parts+=(reduction); extra=(--reduction-variants default torch-match); }
 if [ ${#parts[@]} -gt 0 ]; then
   python3 tools/benchmark.py --suite gpu --parts "${parts[@]}" --out-dir "$OUT" \

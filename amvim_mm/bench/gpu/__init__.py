@@ -6,6 +6,7 @@ from .profile import gpu_dense_profile, gpu_profile, gpu_train_profile, gpu_vmam
 from .reduction_table import gpu_reduction_table
 from .speed import gpu_main, gpu_reduction, gpu_resolution, gpu_train
 from .tune import gpu_tune, gpu_tune_bwd, gpu_tune_chunk, gpu_tune_embed, gpu_tune_match
+from .vil import gpu_vil
 
 # the GPU suite's parts: (name, progress title, function)
 GPU_PARTS = [
@@ -33,4 +34,6 @@ GPU_PARTS = [
      gpu_learned_reduction),
     ('reduction-table', 'every family x reducer at its published budget: graph / default / '
      'eager, bf16, batch 128, 224', gpu_reduction_table),
+    ('vil', 'ViL-T whole classifier, batch 128, 224, ours and official; the mLSTM cell',
+     gpu_vil),
 ]
