@@ -17,13 +17,18 @@ row maximum ``m_t`` subtracted before ``exp`` so that no exponent is positive.
   ``(C, n, m)`` (C = sum_j w_j k_j v_j^T, n = sum_j w_j k_j, stored divided by ``exp(m)``,
   ``m`` the exact running maximum of the log weights), so every row gets the same ``m_t`` as in
   the parallel form and hence the same normaliser.
-* :func:`mlstm`: picks one of the two (see its docstring).
+* :func:`mlstm_triton`: the parallel form as one fused Triton kernel (:mod:`._mlstm_kernels`),
+  nothing S x S in memory; inference only (no backward). It runs on CUDA tensors, and on CPU
+  tensors in Triton's interpreter when ``TRITON_INTERPRET=1`` is set before Python starts
+  (tests); :func:`mlstm_parallel` is its reference.
+* :func:`mlstm`: picks one of them (see its docstring).
 
-All three accumulate in fp32 (fp64 stays fp64) and return the dtype of ``q``. Gate
-pre-activations are (B, NH, S, 1), as in the official code.
+All accumulate in fp32 (fp64 stays fp64) and return the dtype of ``q``. Gate pre-activations
+are (B, NH, S, 1), as in the official code.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -33,15 +38,24 @@ from torch import Tensor
 
 from amvim_mm.errors import ConfigError
 
-__all__ = ['mlstm', 'mlstm_parallel', 'mlstm_chunkwise', 'PARALLEL_MAX_LEN', 'DEFAULT_CHUNK']
+__all__ = ['mlstm', 'mlstm_parallel', 'mlstm_chunkwise', 'mlstm_triton', 'PARALLEL_MAX_LEN',
+           'CUDA_PARALLEL_MAX_LEN', 'DEFAULT_CHUNK', 'KERNEL_MAX_DH']
 
-# Automatic choice of :func:`mlstm`: the quadratic form up to two chunks' worth of steps, beyond
-# it the chunkwise form with DEFAULT_CHUNK steps per chunk. On CPU (fp32, DH 96) the chunkwise
-# form with 64-step chunks was as fast as the parallel one at S ~ 200 and much faster at long
-# sequences, where the elementwise work on the S x S matrix dominates the parallel form
-# (timings: benchmarks/README.md, issue 38). Not yet measured on GPU.
+# Automatic choice of :func:`mlstm` without the kernel: the quadratic form up to two chunks'
+# worth of steps, beyond it the chunkwise form with DEFAULT_CHUNK steps per chunk. On CPU (fp32,
+# DH 96) the chunkwise form with 64-step chunks was as fast as the parallel one at S ~ 200 and
+# much faster at long sequences, where the elementwise work on the S x S matrix dominates the
+# parallel form (timings: benchmarks/README.md, issue 38). On CUDA (training, fp64) the
+# parallel form up to CUDA_PARALLEL_MAX_LEN steps (a 16 x 16 grid): there the chunk loop's
+# many small launches likely cost more than the S x S passes; not yet measured.
 DEFAULT_CHUNK = 64
 PARALLEL_MAX_LEN = 2 * DEFAULT_CHUNK
+CUDA_PARALLEL_MAX_LEN = 256
+# The fused kernel: 16/32-bit floats, head dims up to KERNEL_MAX_DH (padded to a power of two
+# inside), KERNEL_BLOCK rows and keys per block.
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KERNEL_MAX_DH = 256
+KERNEL_BLOCK = 64
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, igate: Tensor, fgate: Tensor) -> None:
@@ -166,18 +180,105 @@ def mlstm_chunkwise(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate
     return h.reshape(B, NH, nc * size, -1)[:, :, :S].to(out)
 
 
+@functools.lru_cache(maxsize=None)
+def _kernel(interpret: bool):
+    import triton
+
+    from . import _mlstm_kernels as k
+    if interpret and not triton.knobs.runtime.interpret:
+        raise ConfigError("mlstm_triton runs on CPU tensors in Triton's interpreter only: set "
+                          'TRITON_INTERPRET=1 before starting Python (tests)')
+    return triton.jit(k.mlstm_fwd_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_ok() -> bool:
+    try:
+        _kernel(False)
+    except Exception:   # no triton: the PyTorch forms
+        return False
+    return True
+
+
+def _gate_rows(igate: Tensor, fgate: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """(F, i, m), each (B, NH, S) fp32 contiguous: F the cumulative log forget gate (the
+    parallel form's ``cum``), i the input gate, ``m_t = F_t + max_{j <= t}(i_j - F_j)`` the row
+    maximum of the log weights (the parallel form's ``m``, to rounding)."""
+    cum = torch.cumsum(F.logsigmoid(fgate.to(torch.float32)), dim=-2).squeeze(-1).contiguous()
+    ig = igate.to(torch.float32).squeeze(-1).contiguous()
+    return cum, ig, cum + torch.cummax(ig - cum, dim=-1).values
+
+
+def mlstm_triton(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_preact: Tensor,
+                 eps: float = 1e-6, block: Optional[int] = None) -> Tensor:
+    """:func:`mlstm_parallel` as one fused Triton kernel: h (B, NH, S, DHV) in ``q``'s dtype,
+    memory linear in S (no S x S matrix), no backward (inputs must not record a graph).
+
+    q, k, v fp16 / bf16 / fp32 (k, v are cast to ``q``'s dtype), any strides; gates of any
+    float dtype (taken in fp32). fp32 products are IEEE unless
+    ``torch.backends.cuda.matmul.allow_tf32`` (PyTorch's own setting for fp32 matmuls); 16-bit
+    inputs meet in the tensor cores with fp32 accumulation, the weights rounded to the inputs'
+    dtype before they multiply ``v`` (as in flash attention). ``block``: rows and keys per
+    block, a power of two >= 16 (default ``KERNEL_BLOCK``; tests use small blocks).
+    """
+    import triton
+    _check(q, k, v, igate_preact, fgate_preact)
+    if q.dtype not in KERNEL_DTYPES:
+        raise ConfigError(f'mlstm_triton: q must be fp16, bf16 or fp32, got {q.dtype}')
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, igate_preact,
+                                                                 fgate_preact)):
+        raise ConfigError('mlstm_triton has no backward: call it under torch.no_grad() or use '
+                          'mlstm_parallel / mlstm_chunkwise')
+    block = block or KERNEL_BLOCK
+    if block < 16 or block & (block - 1):
+        raise ConfigError(f'mlstm_triton: block must be a power of two >= 16, got {block}')
+    B, NH, S, DH = q.shape
+    DHV = v.shape[-1]
+    h = torch.empty(B, NH, S, DHV, dtype=q.dtype, device=q.device)
+    if h.numel() == 0:
+        return h
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    cum, ig, m = _gate_rows(igate_preact, fgate_preact)
+    ieee = q.dtype != torch.float32 or not torch.backends.cuda.matmul.allow_tf32
+    _kernel(not q.is_cuda)[(triton.cdiv(S, block) * B * NH, )](
+        q, k, v, cum, ig, m, h, *q.stride(), *k.stride(), *v.stride(), NH, B * NH, S, DH, DHV,
+        1.0 / math.sqrt(DH), eps, BLOCK_M=block, BLOCK_N=block,
+        BLOCK_D=max(16, triton.next_power_of_2(DH)), BLOCK_DV=max(16, triton.next_power_of_2(DHV)),
+        DOT_PRECISION='ieee' if ieee else 'tf32', num_warps=8 if q.dtype == torch.float32 else 4,
+        num_stages=2 if q.dtype == torch.float32 else 3)
+    return h
+
+
+def _kernel_route(q: Tensor, tensors: Tuple[Tensor, ...]) -> bool:
+    """Whether :func:`mlstm` takes the kernel: CUDA, a kernel dtype, head dims up to
+    ``KERNEL_MAX_DH``, no autograd graph recorded, Triton importable."""
+    if not q.is_cuda or q.dtype not in KERNEL_DTYPES:
+        return False
+    if max(q.shape[-1], tensors[2].shape[-1]) > KERNEL_MAX_DH:
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    return _triton_ok()
+
+
 def mlstm(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_preact: Tensor,
           eps: float = 1e-6, chunk: Optional[int] = None) -> Tensor:
-    """The mLSTM cell, parallel or chunkwise (same result to rounding).
+    """The mLSTM cell, fused, parallel or chunkwise (same result to rounding).
 
-    ``chunk=None`` (automatic): :func:`mlstm_parallel` for S <= ``PARALLEL_MAX_LEN`` steps
-    (128: at most two chunks, where the S x S matrix costs no more than the chunk loop's
-    overhead), else :func:`mlstm_chunkwise` with ``DEFAULT_CHUNK`` (64) steps per chunk. An int
-    ``chunk``: always the chunkwise form with that chunk length.
+    ``chunk=None`` (automatic): :func:`mlstm_triton` for CUDA tensors of a kernel dtype
+    (fp16 / bf16 / fp32, head dims up to ``KERNEL_MAX_DH``) that record no autograd graph
+    (inference) when Triton imports, any S; otherwise :func:`mlstm_parallel` for S <=
+    ``PARALLEL_MAX_LEN`` steps (``CUDA_PARALLEL_MAX_LEN`` on CUDA), else :func:`mlstm_chunkwise`
+    with ``DEFAULT_CHUNK`` (64) steps per chunk. An int ``chunk``: always the chunkwise form
+    with that chunk length.
     """
     if chunk is None:
-        _check(q, k, v, igate_preact, fgate_preact)
-        if q.shape[-2] <= PARALLEL_MAX_LEN:
-            return mlstm_parallel(q, k, v, igate_preact, fgate_preact, eps)
+        tensors = (q, k, v, igate_preact, fgate_preact)
+        _check(*tensors)
+        if _kernel_route(q, tensors):
+            return mlstm_triton(*tensors, eps)
+        limit = CUDA_PARALLEL_MAX_LEN if q.is_cuda else PARALLEL_MAX_LEN
+        if q.shape[-2] <= limit:
+            return mlstm_parallel(*tensors, eps)
         chunk = DEFAULT_CHUNK
     return mlstm_chunkwise(q, k, v, igate_preact, fgate_preact, eps, chunk)
