@@ -1,0 +1,9 @@
+# mmdeploy-format deploy config: Segmentation (mmseg) for ONNX Runtime,
+# dynamic batch (image size of the model config).
+# Used by tools/deploy/export_onnx.py --deploy-cfg (docs/deploy.md); opset 17.
+onnx_config = dict(
+    type='onnx', export_params=True, keep_initializers_as_inputs=False, opset_version=17,
+    save_file='end2end.onnx', input_names=['input'], output_names=['seg_logits'],
+    input_shape=None, dynamic_axes=dict(input={0: 'batch'}, seg_logits={0: 'batch'}))
+codebase_config = dict(type='mmseg', task='Segmentation')
+backend_config = dict(type='onnxruntime')

@@ -1,0 +1,99 @@
+"""Export a whole segmentor / detector / classifier of a model config to ONNX.
+
+    python tools/deploy/export_onnx.py CONFIG CHECKPOINT [--deploy-cfg DEPLOY_CFG]
+        [--out FILE.onnx] [--shape H W] [--opset 17] [--dynamo]
+        [--reduce tome|random|evit|top --ratio R [--seed S] [--locations B ...]
+         | --reduce learned] [--cfg-options k=v ...]
+
+CHECKPOINT is loaded strictly through the project's allow-list loader; ``--reduce`` takes the
+options of ``tools/test.py`` and exports the model with that token reduction. DEPLOY_CFG is a
+deploy config in mmdeploy's format (``configs/deploy/``; default: the task's
+``*_onnxruntime_dynamic.py``): its ``onnx_config`` gives the opset, input / output names, a
+static ``input_shape`` ([W, H]) or a dynamic batch (``dynamic_axes``). What is exported per task
+and what is fixed at export: docs/deploy.md. Without ``--out`` the file is
+``work_dirs/deploy/<config name>[_<method><ratio>].onnx``. Bad input ends with one ``error:``
+line and exit code 2 (missing extras: the ``pip install -r requirements/deploy.txt`` hint).
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+import warnings
+
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
+
+from amvim_mm.apis.cli import run_cli
+from amvim_mm.deploy.tasks import (TASKS, TaskForward, add_model_args, check_task, export_shape,
+                                   is_dynamic_batch, load_deploy_config, load_task_model,
+                                   output_names)
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+#: the default deploy config per task (dynamic batch, image size of the model config)
+DEFAULT_DEPLOY = {scope: osp.join(ROOT, 'configs', 'deploy',
+                                  f'{task.lower()}_onnxruntime_dynamic.py')
+                  for scope, (task, _) in TASKS.items()}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(p)
+    p.add_argument('--deploy-cfg', help='deploy config (mmdeploy format; configs/deploy/)')
+    p.add_argument('--out', help='the .onnx file to write')
+    p.add_argument('--shape', nargs=2, type=int, metavar=('H', 'W'),
+                   help='export image size (default: the deploy config\'s input_shape, else '
+                        'the model config\'s crop_size / img_size)')
+    p.add_argument('--opset', type=int, default=None,
+                   help='ONNX opset (default: the deploy config\'s, else 17)')
+    p.add_argument('--dynamo', action='store_true',
+                   help='export through torch.export (default: the TorchScript exporter)')
+    return p.parse_args(argv)
+
+
+def default_out(args) -> str:
+    stem = osp.splitext(osp.basename(args.config))[0]
+    if args.reduce:
+        stem += f'_{args.reduce}' + (f'{args.ratio:g}' if args.ratio is not None else '')
+    return osp.join('work_dirs', 'deploy', stem + '.onnx')
+
+
+def export(args) -> str:
+    """Export as the parsed arguments ask; returns the written path."""
+    import torch
+    from amvim_mm.deploy.ort import require_onnxruntime
+    require_onnxruntime()
+    from amvim_mm.deploy.export import export_onnx
+    cfg, model = load_task_model(args)
+    deploy_path = args.deploy_cfg or DEFAULT_DEPLOY[cfg.default_scope]
+    deploy_cfg = load_deploy_config(deploy_path)
+    check_task(cfg, deploy_cfg, deploy_path)
+    onnx_cfg = deploy_cfg.get('onnx_config', {})
+    h, w = export_shape(cfg, deploy_cfg, args.shape)
+    forward = TaskForward(model, cfg.default_scope, (h, w)).eval()
+    images = torch.randn(1, 3, h, w, generator=torch.Generator().manual_seed(0))
+    names = output_names(forward, images, onnx_cfg.get('output_names'))
+    out = args.out or default_out(args)
+    os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+    return export_onnx(forward, out, (images, ), opset=args.opset or onnx_cfg.get(
+                           'opset_version', 17), dynamo=args.dynamo,
+                       dynamic_batch=is_dynamic_batch(deploy_cfg),
+                       input_names=tuple(onnx_cfg.get('input_names') or ('input', )),
+                       output_names=names)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    path = export(args)
+    import onnx
+    graph = onnx.load(path, load_external_data=False).graph
+
+    def dims(v):
+        return 'x'.join(d.dim_param or str(d.dim_value) for d in v.type.tensor_type.shape.dim)
+    print(f'exported {args.config} to {path}: inputs '
+          + ', '.join(f'{v.name} {dims(v)}' for v in graph.input) + '; outputs '
+          + ', '.join(f'{v.name} {dims(v)}' for v in graph.output))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(run_cli(main))
