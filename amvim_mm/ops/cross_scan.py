@@ -143,10 +143,18 @@ class _CrossMerge(torch.autograd.Function):
         return _scan_kernel(g, *ctx.args), None, None, None
 
 
+def exporting() -> bool:
+    """Whether an export records the forward (``torch.onnx.export`` with either exporter,
+    ``torch.export``, a ``torch.jit`` trace): the Triton kernels have no ONNX form, so the
+    PyTorch ops run instead."""
+    return (torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()
+            or torch.jit.is_tracing() or torch.jit.is_scripting())
+
+
 def _use_kernels(t: Tensor, kernels: Optional[bool]) -> bool:
     if kernels is not None:
-        return kernels
-    return t.is_cuda and _triton_ok()
+        return kernels and not exporting()
+    return t.is_cuda and _triton_ok() and not exporting()
 
 
 @functools.lru_cache(maxsize=None)
@@ -173,7 +181,8 @@ def cross_scan(x: Tensor, H: int, W: int, index: Optional[DirectionIndex] = None
 
     ``index``: None for the full H x W grid in raster order, else the directions of a reduced
     sequence. ``kernels``: None (Triton on CUDA, else PyTorch), True (Triton; CPU tensors need
-    ``TRITON_INTERPRET=1``) or False (PyTorch).
+    ``TRITON_INTERPRET=1``) or False (PyTorch); during an export always PyTorch
+    (:func:`exporting`).
     """
     _check(tuple(x.shape), x.shape[1], H, W, 'cross_scan', index)
     if _use_kernels(x, kernels):

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from amvim_mm.errors import ConfigError
+from .cross_scan import exporting
 from .selective_scan import _finish, selective_scan_fn
 
 __all__ = ['ALIGN_MODES', 'aligned_inputs', 'aligned_inputs_torch', 'aligned_scan', 'at_steps',
@@ -43,12 +44,20 @@ BLOCK_T, BLOCK_E = 64, 32
 _forced = threading.local()
 
 
-def step_lookup(pos: Tensor, steps: Tensor) -> Tuple[Tensor, Tensor]:
+def step_lookup(pos: Tensor, steps: Tensor, cells: Optional[int] = None
+                ) -> Tuple[Tensor, Tensor]:
     """The stored survivor at raster cell ``steps[b, k, j]`` (the cell whose delta, B, C kept
     step ``j`` takes): (idx, here), both (B, K, L); ``pos`` (B, L) raster-ascending cells of the
-    stored survivors; ``idx`` is meaningless where ``here`` is False."""
+    stored survivors; ``idx`` is meaningless where ``here`` is False. ``cells``: the grid's
+    cell count M (every step < M + 1): one scatter and one gather through a (B, M + 1) table
+    instead of a binary search (the same answers where ``here``; ONNX has no search op)."""
     B, K, L = steps.shape
     flat = steps.reshape(B, K * L)
+    if cells is not None:
+        slot = pos.new_zeros(B, cells + 1).scatter(       # survivor j + 1 at its cell, else 0
+            1, pos, torch.arange(1, L + 1, device=pos.device, dtype=pos.dtype).expand(B, L))
+        found = torch.gather(slot, 1, flat)
+        return (found - 1).clamp(min=0).view(B, K, L), (found > 0).view(B, K, L)
     idx = torch.searchsorted(pos, flat).clamp(max=L - 1)
     here = (torch.gather(pos, 1, idx) == flat).view(B, K, L)
     return idx.view(B, K, L), here
@@ -65,14 +74,18 @@ def at_steps(t: Tensor, idx: Tensor, here: Tensor, absent) -> Tensor:
 
 
 def aligned_inputs_torch(dt: Tensor, bias: Tensor, steps: Tensor, pos: Tensor, idx: Tensor,
-                         here: Tensor, align: str) -> Tuple[Tensor, Tensor]:
+                         here: Tensor, align: str, cells: Optional[int] = None
+                         ) -> Tuple[Tensor, Tensor]:
     """``delta`` (raw, the second bias not yet added) and ``gap`` (B, K*E, L) of the folded
     scan with PyTorch ops. ``dt`` (B, L, E) the stored survivors' ``dt_proj`` outputs (one
     bias); ``bias`` (K*E,) the dt bias per direction; ``steps`` (B, K, L) the full-grid step of
     each kept step; ``pos``, ``idx``, ``here`` as in :func:`step_lookup`.
 
     Nothing full-length is formed: a gap's present cells are summed by a scatter-add (no
-    prefix-sum differences) and its absent cells count ``softplus(2 b)`` each."""
+    prefix-sum differences) and its absent cells count ``softplus(2 b)`` each. ``cells``: the
+    grid's cell count M; each survivor's gap is then read from a (B, K, M) table of the kept
+    steps (a scatter and a count) instead of a binary search: the same integers, in operators
+    ONNX has."""
     B, K, L = steps.shape
     E = dt.shape[-1]
     b1 = bias[:E]
@@ -84,11 +97,7 @@ def aligned_inputs_torch(dt: Tensor, bias: Tensor, steps: Tensor, pos: Tensor, i
         return delta, (skipped.unsqueeze(2) * own).reshape(B, K * E, L)
     # survivor i (raster cell pos_i) lies in the gap before the first kept step after it; the
     # kept step at its own cell, or none after it, is no gap (slot L)
-    flat_steps = steps.reshape(B * K, L)
-    flat_pos = pos.unsqueeze(1).expand(B, K, L).reshape(B * K, L)
-    seg = torch.searchsorted(flat_steps, flat_pos)
-    own_step = torch.gather(flat_steps, 1, seg.clamp(max=L - 1)) == flat_pos
-    seg = torch.where(own_step | (seg >= L), torch.full_like(seg, L), seg).view(B, K, L)
+    seg = _gap_slots(steps, pos) if cells is None else _gap_slots_table(steps, pos, cells)
     d = F.softplus(dt + b1).transpose(1, 2)                               # (B, E, L)
     present = d.new_zeros(B, K, E, L + 1).scatter_add_(
         3, seg.unsqueeze(2).expand(B, K, E, L), d.unsqueeze(1).expand(B, K, E, L))
@@ -96,6 +105,29 @@ def aligned_inputs_torch(dt: Tensor, bias: Tensor, steps: Tensor, pos: Tensor, i
     absent = (skipped - n_present[..., :L]).unsqueeze(2)
     gap = present[..., :L] + absent * F.softplus(b1 + b1).view(1, 1, E, 1)
     return delta, gap.reshape(B, K * E, L)
+
+
+def _gap_slots(steps: Tensor, pos: Tensor) -> Tensor:
+    """(B, K, L): the kept step whose gap holds survivor ``i``'s cell (its delta), found by a
+    binary search; ``L`` where the cell is a kept step's own or lies after the last one."""
+    B, K, L = steps.shape
+    flat_steps = steps.reshape(B * K, L)
+    flat_pos = pos.unsqueeze(1).expand(B, K, L).reshape(B * K, L)
+    seg = torch.searchsorted(flat_steps, flat_pos)
+    own_step = torch.gather(flat_steps, 1, seg.clamp(max=L - 1)) == flat_pos
+    return torch.where(own_step | (seg >= L), torch.full_like(seg, L), seg).view(B, K, L)
+
+
+def _gap_slots_table(steps: Tensor, pos: Tensor, cells: int) -> Tensor:
+    """:func:`_gap_slots` from a (B, K, M) table of the kept steps: the number of kept steps
+    before survivor ``i``'s cell (an exclusive running count), ``L`` where the cell is a kept
+    step's own or follows the last one."""
+    B, K, L = steps.shape
+    kept = steps.new_zeros(B, K, cells).scatter(2, steps, torch.ones_like(steps))
+    at = pos.unsqueeze(1).expand(B, K, L)
+    seg = torch.gather(kept.cumsum(2) - kept, 2, at)
+    own_step = torch.gather(kept, 2, at) > 0
+    return torch.where(own_step | (seg >= L), torch.full_like(seg, L), seg)
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,8 +164,9 @@ def override_kernels(on: Optional[bool]) -> Iterator[None]:
 
 def use_kernels(u: Tensor, dt: Tensor) -> bool:
     """Whether :func:`aligned_scan` (the kernel) takes these inputs: fp32 ``dt``, no autograd
-    graph (the kernel has no backward), and CUDA tensors or Triton's interpreter."""
-    if dt.dtype != torch.float32 or u.dtype == torch.float64:
+    graph (the kernel has no backward), and CUDA tensors or Triton's interpreter; never while
+    an export traces the model (:func:`~amvim_mm.ops.cross_scan.exporting`)."""
+    if dt.dtype != torch.float32 or u.dtype == torch.float64 or exporting():
         return False
     if torch.is_grad_enabled() and (u.requires_grad or dt.requires_grad):
         return False

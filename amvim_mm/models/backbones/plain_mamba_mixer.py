@@ -254,7 +254,7 @@ class PlainMamba2D(nn.Module):
         steps = torch.gather(steps_tab.unsqueeze(0).expand(B, -1, -1), 2, index_cells)
         codes = torch.gather(cell_codes.unsqueeze(0).expand(B, -1, -1), 2, index_cells)
         pos = cell.contiguous()                                   # (B, L) raster-ascending
-        idx, here = step_lookup(pos, steps)     # the survivor at raster cell s of each step s
+        idx, here = step_lookup(pos, steps, H * W)   # the survivor at raster cell s of step s
         dt_low, Bm, Cm = torch.split(x_dbl, [R, N, N], dim=-1)
         dt = self.dt_proj(dt_low).to(ct)                          # (B, L, E), one bias
         Bk = (at_steps(Bm.to(ct), idx, here, 0.0)
@@ -264,7 +264,7 @@ class PlainMamba2D(nn.Module):
         if use_kernels(xs, dt):
             return aligned_scan(xs, dt, bias, steps, pos, H * W, A, Bk, Ck, D, ctx.align,
                                 backend=self.scan_backend)
-        delta, gap = aligned_inputs_torch(dt, bias, steps, pos, idx, here, ctx.align)
+        delta, gap = aligned_inputs_torch(dt, bias, steps, pos, idx, here, ctx.align, H * W)
         return aligned_selective_scan(xs.reshape(B, K * E, L), delta, A, Bk, Ck, D, None,
                                       delta_bias=bias, gap_delta=gap,
                                       backend=self.scan_backend)
