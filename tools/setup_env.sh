@@ -12,10 +12,14 @@
 #      cached in $AMVIM_CACHE/cpu_kernels keyed by source, torch and CPU); without a compiler
 #      one line says so and the CPU scan runs in PyTorch (slower, same results)
 #   6. python tools/check_env.py --quiet (fails with the fix when something is broken)
+#   7. the optional extras asked for (arguments or AMVIM_EXTRAS, e.g. `deploy`:
+#      requirements/deploy.txt, constrained by requirements/lock.txt), each with its own stamp
 # A stamp in .venv records the hash of the install inputs; a second run only re-checks (seconds).
 #
+# Usage: bash tools/setup_env.sh [EXTRA ...]   (extras: deploy)
 # Environment: PYTHON (interpreter for the venv, default python3.11 or python3),
-#              AMVIM_CACHE (wheel cache), AMVIM_FORCE_SETUP=1 (ignore the stamp).
+#              AMVIM_CACHE (wheel cache), AMVIM_FORCE_SETUP=1 (ignore the stamps),
+#              AMVIM_EXTRAS (extras to install, space- or comma-separated, e.g. deploy).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -41,6 +45,35 @@ inputs_hash() {
   done | sha256sum | cut -c1-16
 }
 
+KNOWN_EXTRAS="deploy"
+EXTRAS="$(echo "${AMVIM_EXTRAS:-} $*" | tr ',' ' ' | xargs -n1 2>/dev/null | sort -u | xargs)"
+for extra in $EXTRAS; do
+  case " $KNOWN_EXTRAS " in
+    *" $extra "*) ;;
+    *) fail "unknown extra '$extra' (known: $KNOWN_EXTRAS)" ;;
+  esac
+done
+
+# The extras (requirements/<extra>.txt) with the lock as constraint, each stamped in .venv by
+# the hash of its file and the lock: a second run with the same extras costs nothing.
+install_extras() {
+  local extra file stamp want
+  for extra in $EXTRAS; do
+    file="requirements/$extra.txt"
+    stamp="$VENV/.amvim_extra_${extra}_stamp"
+    want="$(cat "$file" requirements/lock.txt tools/setup_env.sh | sha256sum | cut -c1-16)"
+    if [ -z "${AMVIM_FORCE_SETUP:-}" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+      continue
+    fi
+    STEP="extra $extra"
+    say "extras: installing $extra ($file)"
+    "$VENV/bin/python" -m pip --disable-pip-version-check install --progress-bar off \
+        -r "$file" -c requirements/lock.txt \
+      || fail "pip could not install $file; see pip's message above."
+    echo "$want" > "$stamp"
+  done
+}
+
 STEP="python"
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
@@ -54,6 +87,7 @@ WANT="$(inputs_hash)"
 if [ -z "${AMVIM_FORCE_SETUP:-}" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
   STEP="check"
   if "$VENV/bin/python" tools/check_env.py --quiet; then
+    install_extras
     STEP="done"
     say "environment up to date (.venv)"
     exit 0
@@ -135,5 +169,6 @@ say "6/6 checking the environment"
 "$VENV/bin/python" tools/check_env.py --quiet \
   || fail "the environment check failed; its message above says what to fix."
 echo "$WANT" > "$STAMP"
+install_extras
 STEP="done"
 say "environment ready (.venv)"
