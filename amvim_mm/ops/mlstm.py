@@ -52,10 +52,12 @@ DEFAULT_CHUNK = 64
 PARALLEL_MAX_LEN = 2 * DEFAULT_CHUNK
 CUDA_PARALLEL_MAX_LEN = 256
 # The fused kernel: 16/32-bit floats, head dims up to KERNEL_MAX_DH (padded to a power of two
-# inside), KERNEL_BLOCK rows and keys per block.
+# inside). Launch (rows and keys per block, warps, pipeline stages) per input dtype: chosen so
+# that sm_90 code for DH 96 (padded to 128) keeps everything in registers (ptxas, no spills);
+# not yet timed.
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 KERNEL_MAX_DH = 256
-KERNEL_BLOCK = 64
+KERNEL_LAUNCH = {torch.float16: (64, 8, 3), torch.bfloat16: (64, 8, 3), torch.float32: (32, 4, 2)}
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, igate: Tensor, fgate: Tensor) -> None:
@@ -219,7 +221,7 @@ def mlstm_triton(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_pr
     ``torch.backends.cuda.matmul.allow_tf32`` (PyTorch's own setting for fp32 matmuls); 16-bit
     inputs meet in the tensor cores with fp32 accumulation, the weights rounded to the inputs'
     dtype before they multiply ``v`` (as in flash attention). ``block``: rows and keys per
-    block, a power of two >= 16 (default ``KERNEL_BLOCK``; tests use small blocks).
+    block, a power of two >= 16 (default: ``KERNEL_LAUNCH``'s; tests use small blocks).
     """
     import triton
     _check(q, k, v, igate_preact, fgate_preact)
@@ -229,7 +231,8 @@ def mlstm_triton(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_pr
                                                                  fgate_preact)):
         raise ConfigError('mlstm_triton has no backward: call it under torch.no_grad() or use '
                           'mlstm_parallel / mlstm_chunkwise')
-    block = block or KERNEL_BLOCK
+    default, warps, stages = KERNEL_LAUNCH[q.dtype]
+    block = block or default
     if block < 16 or block & (block - 1):
         raise ConfigError(f'mlstm_triton: block must be a power of two >= 16, got {block}')
     B, NH, S, DH = q.shape
@@ -244,8 +247,7 @@ def mlstm_triton(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_pr
         q, k, v, cum, ig, m, h, *q.stride(), *k.stride(), *v.stride(), NH, B * NH, S, DH, DHV,
         1.0 / math.sqrt(DH), eps, BLOCK_M=block, BLOCK_N=block,
         BLOCK_D=max(16, triton.next_power_of_2(DH)), BLOCK_DV=max(16, triton.next_power_of_2(DHV)),
-        DOT_PRECISION='ieee' if ieee else 'tf32', num_warps=8 if q.dtype == torch.float32 else 4,
-        num_stages=2 if q.dtype == torch.float32 else 3)
+        DOT_PRECISION='ieee' if ieee else 'tf32', num_warps=warps, num_stages=stages)
     return h
 
 
