@@ -1,0 +1,187 @@
+"""The deployment tools: ``amvim_mm.deploy.ort`` against an independent numpy reference, and
+``tools/deploy/`` export -> check -> benchmark end to end on a tiny segmentor (random weights,
+toy data), with their one-line errors."""
+import importlib.util
+import os.path as osp
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip('onnxruntime')
+pytest.importorskip('onnx')
+
+from amvim_mm.apis.cli import run_cli  # noqa: E402
+from amvim_mm.deploy.ort import (compare_onnx, max_relative_error, ort_session,  # noqa: E402
+                                 run_onnx)
+from amvim_mm.errors import ConfigError  # noqa: E402
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+DEMO = osp.join(ROOT, 'configs/demo/vim-demo_pyramid_upernet_1xb8-2k_toyshapes-64x64.py')
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(f'deploy_{name}',
+                                                  osp.join(ROOT, 'tools', 'deploy', name + '.py'))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.lin(x), x.sum(-1)
+
+
+@pytest.fixture(scope='module')
+def two_onnx(tmp_path_factory):
+    torch.manual_seed(0)
+    model = _Two().eval()
+    path = str(tmp_path_factory.mktemp('ort') / 'two.onnx')
+    torch.onnx.export(model, (torch.randn(2, 6), ), path, dynamo=False, opset_version=17,
+                      input_names=['x'], output_names=['y', 's'],
+                      dynamic_axes={'x': {0: 'b'}, 'y': {0: 'b'}, 's': {0: 'b'}})
+    return model, path
+
+
+def test_max_relative_error_definition():
+    ref = np.array([[1.0, -4.0], [2.0, 0.5]])
+    got = ref + np.array([[0.0, 0.2], [-0.1, 0.0]])
+    assert max_relative_error(ref, got) == pytest.approx(0.2 / 4.0)
+    assert max_relative_error(np.zeros(3), np.zeros(3)) == 0.0
+    assert max_relative_error(np.zeros(3), np.ones(3)) == float('inf')
+    with pytest.raises(ConfigError, match='shapes differ'):
+        max_relative_error(np.zeros(3), np.zeros(4))
+
+
+def test_run_and_compare_against_numpy(two_onnx):
+    model, path = two_onnx
+    session = ort_session(path, threads=1)
+    x = torch.randn(5, 6, generator=torch.Generator().manual_seed(1))
+    y, s = run_onnx(session, x)          # a dynamic batch of 5
+    w, b = model.lin.weight.detach().numpy(), model.lin.bias.detach().numpy()
+    np.testing.assert_allclose(y, x.numpy() @ w.T + b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(s, x.numpy().sum(-1), rtol=1e-5, atol=1e-6)
+    result = compare_onnx(model, path, x, session=session)
+    assert list(result) == ['y', 's']
+    assert result['y']['shape'] == (5, 3) and result['s']['shape'] == (5, )
+    assert max(r['max_rel_err'] for r in result.values()) < 1e-5
+    with torch.no_grad():   # a changed model is caught
+        model.lin.bias += 1
+    try:
+        assert compare_onnx(model, path, x, session=session)['y']['max_rel_err'] > 0.05
+    finally:
+        with torch.no_grad():
+            model.lin.bias -= 1
+
+
+def test_ort_errors(two_onnx, tmp_path):
+    _, path = two_onnx
+    with pytest.raises(FileNotFoundError, match='ONNX file not found'):
+        ort_session(str(tmp_path / 'missing.onnx'))
+    bad = tmp_path / 'bad.onnx'
+    bad.write_bytes(b'not a model')
+    with pytest.raises(ConfigError, match='ONNX Runtime cannot load') as err:
+        ort_session(str(bad))
+    assert '\n' not in str(err.value)
+    session = ort_session(path)
+    with pytest.raises(ConfigError, match='has shape'):
+        run_onnx(session, np.zeros((2, 5), np.float32))
+    with pytest.raises(ConfigError, match='takes 1 input'):
+        run_onnx(session, np.zeros((2, 6), np.float32), np.zeros(1))
+
+
+@pytest.fixture(scope='module')
+def tiny_segmentor(tmp_path_factory):
+    """A tiny Vim UperNet config (the demo's, 2 blocks of width 32) on 4 toy images, and a
+    checkpoint of its random weights."""
+    from amvim_mm.datasets.toy_shapes import make_toy_shapes
+    from amvim_mm.deploy.tasks import load_task_model  # noqa: F401  (registers the scopes)
+    tmp = tmp_path_factory.mktemp('seg')
+    data = make_toy_shapes(str(tmp / 'toy'), num_train=1, num_val=4)
+    cfg_path = tmp / 'tiny.py'
+    cfg_path.write_text(
+        f"_base_ = ['{DEMO}']\n"
+        "model = dict(backbone=dict(arch=dict(embed_dims=32, num_layers=4, d_state=4),\n"
+        "                           out_indices=(0, 1, 2, 3)),\n"
+        "             neck=dict(in_channels=32), decode_head=dict(in_channels=[32] * 4,\n"
+        "                                                       channels=16))\n"
+        f"test_dataloader = dict(batch_size=2, dataset=dict(data_root='{data}'))\n")
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+    cfg = Config.fromfile(str(cfg_path))
+    init_default_scope('mmseg')
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    ckpt = str(tmp / 'tiny.pth')
+    torch.save({'state_dict': model.state_dict()}, ckpt)
+    return str(cfg_path), ckpt, tmp
+
+
+def _run(tool, argv, capsys):
+    code = run_cli(lambda: _tool(tool).main([str(a) for a in argv]))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_export_check_benchmark(tiny_segmentor, capsys):
+    cfg, ckpt, tmp = tiny_segmentor
+    onnx_path = tmp / 'seg.onnx'
+    code, out, err = _run('export_onnx', [cfg, ckpt, '--out', onnx_path], capsys)
+    assert code == 0, err
+    assert 'input batchx3x64x64' in out and 'seg_logits' in out
+    session = ort_session(str(onnx_path))
+    assert [o.name for o in session.get_outputs()] == ['seg_logits']
+    code, out, err = _run('check_onnx', [cfg, ckpt, onnx_path, '--random', 2, '--real', 'all',
+                                         '--batch', 2], capsys)
+    assert code == 0, out + err
+    assert 'random (2 images)' in out and 'real (4 images)' in out
+    lines = {ln.split()[0]: ln for ln in out.splitlines() if 'metric on those' in ln}
+    mious = {k: float(v.split('mIoU ')[1].split(',')[0]) for k, v in lines.items()}
+    assert mious['onnxruntime'] == pytest.approx(mious['pytorch'], abs=0.01)
+    assert out.splitlines()[-1].startswith('OK: largest relative error')
+    code, out, err = _run('benchmark_onnx', [cfg, ckpt, onnx_path, '--batch', 1, 2,
+                                             '--rounds', 1, '--iters', 1, '--threads', 1], capsys)
+    assert code == 0, err
+    rows = [ln for ln in out.splitlines() if ln.startswith('| 1 |') or ln.startswith('| 2 |')]
+    assert len(rows) == 2
+
+
+def test_static_deploy_config_and_errors(tiny_segmentor, capsys):
+    cfg, ckpt, tmp = tiny_segmentor
+    static = osp.join(ROOT, 'configs/deploy/segmentation_onnxruntime_static-64x64.py')
+    onnx_path = tmp / 'static.onnx'
+    code, out, err = _run('export_onnx', [cfg, ckpt, '--deploy-cfg', static, '--out',
+                                          onnx_path], capsys)
+    assert code == 0, err
+    assert 'input 1x3x64x64' in out
+    code, _, err = _run('benchmark_onnx', [cfg, ckpt, onnx_path, '--batch', 8], capsys)
+    assert code == 2 and 'fixed batch of 1' in err and len(err.strip().splitlines()) == 1
+    code, _, err = _run('export_onnx', [cfg, str(tmp / 'none.pth')], capsys)
+    assert code == 2 and 'checkpoint not found' in err
+    code, _, err = _run('export_onnx', [cfg, ckpt, '--reduce', 'tome'], capsys)
+    assert code == 2 and '--reduce and --ratio go together' in err
+    det = osp.join(ROOT, 'configs/deploy/detection_onnxruntime_dynamic.py')
+    code, _, err = _run('export_onnx', [cfg, ckpt, '--deploy-cfg', det], capsys)
+    assert code == 2 and 'mmdet deploy config' in err
+    code, _, err = _run('check_onnx', [cfg, ckpt, tmp / 'missing.onnx'], capsys)
+    assert code == 2 and 'ONNX file not found' in err
+
+
+def test_missing_extras_hint(monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_ort(name, *args, **kwargs):
+        if name == 'onnxruntime':
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, '__import__', no_ort)
+    with pytest.raises(ConfigError, match='pip install -r requirements/deploy.txt'):
+        ort_session('anything.onnx')
