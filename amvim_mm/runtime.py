@@ -14,6 +14,12 @@ cache key), so reading the settings costs one lookup per variable; a backbone's 
 them once (:func:`pinned`: the kernels' and mixers' many questions inside it are answered from
 that one reading).
 
+While a model is exported (:func:`exporting`: ``torch.onnx.export`` with either exporter,
+``torch.export``, or a :func:`frozen_for_export` block) the environment is not read at all:
+the settings in force are :data:`EXPORT` (the PyTorch scan and conv, no fused Triton mixer, no
+compiled CPU kernels, no CUDA graphs), laid over an :func:`override` when one is active, so a
+traced forward holds no ``os.environ`` read and no kernel call.
+
 =================================  ========================  =================================
 variable                           field                     values
 =================================  ========================  =================================
@@ -187,24 +193,85 @@ def from_environment() -> Settings:
 _local = threading.local()
 
 
+#: the switches an export freezes (the PyTorch routes only; see :func:`exporting`)
+EXPORT_FIELDS = dict(scan_backend='torch', conv_backend='torch', fused_mixer=False,
+                     reduction_kernels=False, cpu_kernels=False, cuda_graph=False)
+#: the settings of an export outside any :func:`override` (the defaults and
+#: :data:`EXPORT_FIELDS`; no environment read)
+EXPORT = Settings(**EXPORT_FIELDS)
+
+
+def exporting() -> bool:
+    """Whether a model is being exported: ``torch.export`` (also under ``torch.onnx.export(...,
+    dynamo=True)``), the TorchScript ONNX exporter's trace, or a :func:`frozen_for_export`
+    block. Read by the settings and by the models' export route (static shapes, constant
+    index tensors, no in-place buffers)."""
+    if getattr(_local, 'export_depth', 0):
+        return True
+    import torch
+    if torch.compiler.is_exporting():
+        return True
+    return torch.jit.is_tracing() and torch.onnx.is_in_onnx_export()
+
+
+def static_int(value) -> int:
+    """``value`` (a size) as a Python int. Under the TorchScript ONNX exporter's trace sizes
+    are traced 0-d tensors; the export route reads the sizes that fix its unrolled structure
+    (a scan's chunk plan, the patch grid) as constants on purpose, without the tracer's
+    warning about it."""
+    import warnings
+
+    import torch
+    if not isinstance(value, torch.Tensor):
+        return int(value)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', torch.jit.TracerWarning)
+        return int(value)
+
+
+def _for_export(s: Settings) -> Settings:
+    """``s`` with the export's switches (:data:`EXPORT_FIELDS`)."""
+    if all(getattr(s, k) == v for k, v in EXPORT_FIELDS.items()):
+        return s
+    return dataclasses.replace(s, **EXPORT_FIELDS)
+
+
+@contextlib.contextmanager
+def frozen_for_export() -> Iterator[Settings]:
+    """The export's settings for the block (:data:`EXPORT` over the settings in force, read
+    once here) and :func:`exporting` true inside it, whatever tracer runs."""
+    with override(**EXPORT_FIELDS) as s:
+        _local.export_depth = getattr(_local, 'export_depth', 0) + 1
+        try:
+            yield s
+        finally:
+            _local.export_depth -= 1
+
+
 def settings() -> Settings:
-    """The settings in force: the innermost :func:`override`, else the environment's."""
+    """The settings in force: the innermost :func:`override` or :func:`pinned` block's, else
+    the environment's, or :data:`EXPORT` while :func:`exporting` (the environment unread; a
+    forward's :func:`pinned` lays :data:`EXPORT_FIELDS` over an override)."""
     stack = getattr(_local, 'stack', None)
-    return stack[-1] if stack else from_environment()
+    if stack:
+        return stack[-1]
+    return EXPORT if exporting() else from_environment()
 
 
 @contextlib.contextmanager
 def pinned() -> Iterator[Settings]:
     """The settings in force, read once for the block (a backbone's forward): calls of
     :func:`settings` inside it return them without reading the environment again. Inside an
-    :func:`override` (or another ``pinned``) nothing changes."""
+    :func:`override` (or another ``pinned``) nothing changes, except while :func:`exporting`:
+    the block then has the export's switches (:data:`EXPORT_FIELDS`) over the override's."""
     stack = getattr(_local, 'stack', None)
-    if stack:
+    export = exporting()
+    if stack and not export:
         yield stack[-1]
         return
     if stack is None:
         stack = _local.stack = []
-    stack.append(from_environment())
+    stack.append(_for_export(stack[-1]) if stack else EXPORT if export else from_environment())
     try:
         yield stack[-1]
     finally:

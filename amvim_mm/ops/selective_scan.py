@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from . import backends, cpu_ops
 
@@ -293,7 +294,10 @@ def _scan_chunked(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
     """:func:`selective_scan_torch`'s ``method='chunked'``."""
     _check_shapes(u, delta, A, B, C, D, z, delta_bias)
     ct = _compute_dtype(u.dtype)
+    export = runtime.exporting()
     bsz, dim, length = u.shape
+    if export:   # the chunk plan is unrolled for the export's length; the batch stays traced
+        dim, length = runtime.static_int(dim), runtime.static_int(length)
     dstate = A.shape[1]
     uf = u.to(ct)
     if length == 0:
@@ -314,7 +318,7 @@ def _scan_chunked(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
         B, dim, pad, nchunks, chunk, ct)
     Cl = _bc_time_major(C, dim, pad, nchunks, chunk, ct)  # (chunk, nc, batch, 1|E, N)
     # without autograd, the steps write into buffers (no allocation per step)
-    inplace = not (torch.is_grad_enabled() and any(
+    inplace = not export and not (torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (u, delta, A, B, C, D, z, delta_bias)))
     hs, h_end = _chunk_passes(a, b, torch.exp(dt_tm.sum(0).unsqueeze(-1) * A.to(ct)), chunk,
                               inplace)

@@ -1,7 +1,6 @@
 """The token sequence's layout, and the gather indices that turn it into each path's order."""
 from __future__ import annotations
 
-import functools
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -11,6 +10,7 @@ from amvim_mm.ops.token_merge import extra_kernels_enabled, rank_path_perms
 from amvim_mm.token_layout import grid_positions
 from .scan_orders import (is_reverse, normalize_order, path_permutation, scan_rank,
                           scan_rank_on)
+from .constants import constant_cache
 
 
 class PathIndex:
@@ -218,7 +218,7 @@ class ScanContext:
         return idx
 
 
-@functools.lru_cache(maxsize=512)
+@constant_cache(512)
 def _full_grid_index(grid: Tuple[int, int], cls_index: int, key: tuple, device) -> PathIndex:
     """Path indices for the unreduced sequence, cached per grid, class token and device."""
     M = grid[0] * grid[1]
@@ -244,7 +244,7 @@ def _stack_perms(indices, length: int, device) -> torch.Tensor:
     return torch.stack(rows).to(torch.int32).contiguous()
 
 
-@functools.lru_cache(maxsize=512)
+@constant_cache(512)
 def _path_ranks(grid: Tuple[int, int], keys: tuple, device: str
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(P, M) int32 forward grid ranks of the paths and (P,) int32 reverse flags, on ``device``
@@ -254,12 +254,12 @@ def _path_ranks(grid: Tuple[int, int], keys: tuple, device: str
     return ranks.contiguous(), rev
 
 
-@functools.lru_cache(maxsize=512)
+@constant_cache(512)
 def _trivial_perms(kinds: Tuple[str, ...], length: int, device) -> torch.Tensor:
     return _stack_perms([PathIndex.trivial(k) for k in kinds], length, device)
 
 
-@functools.lru_cache(maxsize=512)
+@constant_cache(512)
 def _full_grid_perms(grid: Tuple[int, int], cls_index: int, keys: tuple, device) -> torch.Tensor:
     """:meth:`ScanContext.path_perms` of the unreduced sequence, cached per grid and device."""
     M = grid[0] * grid[1] + (1 if cls_index >= 0 else 0)

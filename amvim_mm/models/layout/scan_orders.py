@@ -36,13 +36,13 @@ Each order is a :class:`ScanOrder` subclass registered in :data:`SCAN_ORDERS` wi
 """
 from __future__ import annotations
 
-import functools
 from typing import Dict, Optional, Tuple
 
 import torch
 
 from amvim_mm.errors import ConfigError
 from amvim_mm.token_layout import cls_slot
+from .constants import constant_cache
 
 class ScanOrder:
     """One kind of scan order: a rank for every cell of an ``H x W`` grid.
@@ -218,7 +218,7 @@ def _dense_rank(key: torch.Tensor) -> torch.Tensor:
     return rank
 
 
-@functools.lru_cache(maxsize=256)
+@constant_cache(256)
 def _rank_cached(H: int, W: int, spec: Tuple[Tuple[str, object], ...]) -> torch.Tensor:
     s = dict(spec)
     order = SCAN_ORDERS[s.pop('order')]
@@ -241,7 +241,7 @@ def scan_rank(H: int, W: int, spec) -> torch.Tensor:
     return _rank_cached(int(H), int(W), key)
 
 
-@functools.lru_cache(maxsize=256)
+@constant_cache(256)
 def _rank_on(H: int, W: int, key: tuple, device: str) -> torch.Tensor:
     return _rank_cached(H, W, key).to(device)
 

@@ -9,7 +9,6 @@ original order. Reducers are registered in ``TOKEN_REDUCERS`` under the names ``
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 from typing import FrozenSet, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -24,6 +23,7 @@ from amvim_mm.ops import token_merge as tm
 from .schedule import ReductionSchedule
 from .settings import check_number
 from .state import Streams
+from ..layout.constants import constant_cache
 
 TOKEN_REDUCERS = Registry('token reducer', scope='amvim_mm')
 ALIGN_DELTAS = ('bias', 'token')
@@ -59,7 +59,7 @@ def _patch_indices(ctx) -> torch.Tensor:
     return torch.argsort((~is_patch).to(torch.int8), dim=1, stable=True)[:, :ctx.n_patches]
 
 
-@functools.lru_cache(maxsize=256)
+@constant_cache(256)
 def _bipartite_sets(n: int, cls_index: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """ToMe's token sets A and B ((ceil(n / 2),), (floor(n / 2),) int64, contiguous) of the
     canonical CPU layout: every other patch token in sequence order."""
@@ -67,7 +67,7 @@ def _bipartite_sets(n: int, cls_index: int) -> Tuple[torch.Tensor, torch.Tensor]
     return idx[0::2].contiguous(), idx[1::2].contiguous()
 
 
-@functools.lru_cache(maxsize=256)
+@constant_cache(256)
 def _regular_patch_indices(n: int, cls_index: int, device: str) -> torch.Tensor:
     idx = torch.arange(n)
     if cls_index >= 0:

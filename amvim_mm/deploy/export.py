@@ -1,0 +1,154 @@
+"""ONNX export of the backbones (and whole models): :func:`export_mode` and :func:`export_onnx`.
+
+A backbone takes its export route by itself while it is exported (``torch.onnx.export`` with
+either exporter, ``torch.export``; :func:`amvim_mm.runtime.exporting`), so a plain
+``torch.onnx.export(model.eval(), x, opset_version=17)`` works: the runtime switches are frozen
+(:data:`amvim_mm.runtime.EXPORT`: the PyTorch selective scan and causal conv, no fused Triton
+or compiled CPU kernels, no CUDA graphs, no environment read inside the traced forward), the
+index tensors of the scan orders are constants (:mod:`amvim_mm.models.layout.constants`) and
+the selective scan is the chunked PyTorch scan with its chunk plan unrolled
+(:func:`amvim_mm.ops.selective_scan.selective_scan_torch`: about ``2 * sqrt(L)`` steps of
+element-wise ops, not one node group per token).
+
+What an export fixes: the **image size** (the patch grid, hence the sequence length, the chunk
+loop, the scan orders' permutations and a reducer's token counts per block are constants of
+the graph); the **batch** stays dynamic (``dynamic_batch=True``) wherever the model allows.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from typing import Iterator, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from amvim_mm import runtime
+from amvim_mm.errors import ConfigError
+
+__all__ = ['export_mode', 'export_onnx', 'MIN_OPSET']
+
+#: the oldest ONNX opset the export route targets (LayerNorm, the ops of the chunked scan)
+MIN_OPSET = 17
+
+
+@contextlib.contextmanager
+def export_mode() -> Iterator[runtime.Settings]:
+    """The runtime switches frozen for an export (:func:`amvim_mm.runtime.frozen_for_export`)
+    and :func:`amvim_mm.runtime.exporting` true in the block, whatever traces the model (also a
+    plain ``torch.jit.trace``); yields the settings in force."""
+    with runtime.frozen_for_export() as s:
+        yield s
+
+
+def _as_inputs(inputs) -> Tuple[torch.Tensor, ...]:
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs, )
+    if not isinstance(inputs, (tuple, list)) or not inputs or not all(
+            isinstance(t, torch.Tensor) for t in inputs):
+        raise ConfigError('export_onnx: inputs must be a tensor or a tuple of tensors, got '
+                          f'{type(inputs).__name__}')
+    return tuple(inputs)
+
+
+def _check_model_input(model: nn.Module, x: torch.Tensor) -> None:
+    """An image batch the model takes (its own input check, when it has one)."""
+    check = getattr(model, 'check_images', None)
+    if check is None:
+        backbone = getattr(model, 'backbone', None)
+        check = getattr(backbone, 'check_images', None)
+    if check is not None:
+        check(x)
+
+
+def _require_onnx():
+    try:
+        import onnx
+    except ImportError:
+        raise ConfigError('export_onnx needs the onnx package: pip install -r '
+                          'requirements/deploy.txt') from None
+    return onnx
+
+
+def export_onnx(model: nn.Module,
+                path: Union[str, os.PathLike],
+                inputs,
+                *,
+                opset: int = MIN_OPSET,
+                dynamo: bool = False,
+                dynamic_batch: bool = True,
+                input_names: Sequence[str] = ('input', ),
+                output_names: Optional[Sequence[str]] = None) -> str:
+    """Export ``model`` (put in eval mode) to an ONNX file at ``path`` and return the path.
+
+    The export runs under :func:`export_mode`; the file is checked by ``onnx.checker`` and
+    written atomically (a temporary file in the same folder, then ``os.replace``). The image
+    size of ``inputs`` is fixed in the graph (see the module docstring); ``dynamic_batch``
+    makes the first dimension of every input and output symbolic (``'batch'``).
+
+    Args:
+        model: a backbone or a whole model whose ``forward(*inputs)`` returns tensors.
+        path: the ``.onnx`` file to write.
+        inputs: one tensor (images, (B, C, H, W)) or a tuple of tensors.
+        opset: ONNX opset, at least :data:`MIN_OPSET` (the ``dynamo`` exporter may raise it to
+            its own minimum, 18).
+        dynamo: ``torch.onnx.export``'s ``torch.export``-based exporter instead of the
+            TorchScript one.
+        dynamic_batch: a symbolic batch dimension.
+        input_names, output_names: graph names (default outputs ``output_0``, ...).
+
+    Raises:
+        ConfigError: onnx missing, inputs that are not tensors or that the model refuses
+            (its input check), an opset below :data:`MIN_OPSET` (one line each).
+    """
+    onnx = _require_onnx()
+    if not isinstance(opset, int) or opset < MIN_OPSET:
+        raise ConfigError(f'export_onnx: opset must be an int >= {MIN_OPSET}, got {opset!r}')
+    xs = _as_inputs(inputs)
+    if len(input_names) != len(xs):
+        raise ConfigError(f'export_onnx: {len(xs)} inputs but {len(input_names)} input names')
+    model.eval()
+    _check_model_input(model, xs[0])
+    with torch.no_grad():
+        n_out = len(_flat(model(*xs)))
+    names = list(output_names) if output_names is not None else \
+        [f'output_{i}' for i in range(n_out)]
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix='.onnx', dir=folder)
+    os.close(fd)
+    try:
+        with export_mode(), torch.no_grad():
+            torch.onnx.export(model, xs, tmp, opset_version=opset, dynamo=dynamo,
+                              input_names=list(input_names), output_names=names,
+                              **_dynamic(xs, input_names, names, dynamic_batch, dynamo))
+        onnx.checker.check_model(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def _flat(out) -> list:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _flat(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _flat(o)]
+    raise ConfigError(f'export_onnx: the model returns {type(out).__name__}; export a '
+                      'module whose forward returns tensors')
+
+
+def _dynamic(xs, input_names, output_names, dynamic_batch: bool, dynamo: bool) -> dict:
+    """The exporter's arguments for a symbolic batch dimension (none without it)."""
+    if not dynamic_batch:
+        return {}
+    if dynamo:
+        batch = torch.export.Dim('batch', min=1, max=4096)
+        return dict(dynamic_shapes=tuple({0: batch} for _ in xs))
+    axes = {n: {0: 'batch'} for n in list(input_names) + list(output_names)}
+    return dict(dynamic_axes=axes)

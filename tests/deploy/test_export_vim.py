@@ -1,0 +1,76 @@
+"""ONNX export of the Vim family and ViL: ONNX Runtime equals PyTorch fp32 (max relative error
+<= 1e-4, features and class token) with and without each reducer, by plain
+``torch.onnx.export`` and by :func:`amvim_mm.deploy.export_onnx`; the export route itself
+(frozen switches, no environment read, constant index tensors); one-line errors."""
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip('onnxruntime')
+pytest.importorskip('onnx')
+
+import amvim_mm  # noqa: E402,F401
+from amvim_mm import runtime  # noqa: E402
+from amvim_mm.deploy import compare_onnx, export_mode, export_onnx  # noqa: E402
+from amvim_mm.errors import ConfigError  # noqa: E402
+from amvim_mm.registry import MODELS  # noqa: E402
+
+TOL = 1e-4
+SIZE = (64, 96)
+
+
+def _build(typ, reduction=None, **kw):
+    torch.manual_seed(0)
+    cfg = dict(type=typ, arch='test', img_size=SIZE, token_reduction=reduction)
+    cfg.update(kw)
+    return MODELS.build(cfg).eval()
+
+
+def _images(batch, seed=1):
+    return torch.randn(batch, 3, *SIZE, generator=torch.Generator().manual_seed(seed))
+
+
+def _assert_close(model, path, batch=3):
+    errs = compare_onnx(model, str(path), _images(batch), threads=1)
+    assert errs and all(e['max_rel_err'] <= TOL for e in errs.values()), errs
+    return errs
+
+
+def test_plain_torchscript_export_vim(tmp_path):
+    """What a user tries first: plain torch.onnx.export of Vim (the issue's failure: a file
+    ONNX Runtime refused), the batch of the export run at another batch."""
+    m = _build('Vim')
+    f = tmp_path / 'vim.onnx'
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        torch.onnx.export(m, (_images(2), ), str(f), dynamo=False, opset_version=17,
+                          input_names=['input'], dynamic_axes={'input': {0: 'batch'}})
+    errs = _assert_close(m, f, batch=3)
+    assert [e['shape'] for e in errs.values()] == [(3, 32)]
+
+
+def test_exporting_freezes_switches(monkeypatch):
+    """Inside an export the switches are the export's, without reading the environment."""
+    monkeypatch.setenv('AMVIM_SCAN_BACKEND', 'reference')
+    assert runtime.settings().scan_backend == 'reference'
+    with export_mode() as s:
+        assert runtime.exporting()
+        assert s.scan_backend == 'torch' and s.fused_mixer is False and not s.cuda_graph
+        monkeypatch.setenv('AMVIM_SCAN_BACKEND', 'nonsense')   # never parsed in the block
+        with runtime.pinned() as p:
+            assert p.scan_backend == 'torch' and runtime.settings() is p
+    assert not runtime.exporting()
+    monkeypatch.setenv('AMVIM_SCAN_BACKEND', 'torch')
+    assert runtime.settings().scan_backend == 'torch'
+
+
+def test_export_onnx_errors(tmp_path):
+    m = _build('Vim')
+    with pytest.raises(ConfigError, match='opset must be an int >= 17'):
+        export_onnx(m, tmp_path / 'a.onnx', _images(1), opset=13)
+    with pytest.raises(ConfigError, match='expected 3 input channels'):
+        export_onnx(m, tmp_path / 'a.onnx', torch.randn(1, 4, *SIZE))
+    with pytest.raises(ConfigError, match='inputs must be a tensor'):
+        export_onnx(m, tmp_path / 'a.onnx', [1, 2])
+    assert not list(tmp_path.iterdir())      # nothing written on an error
