@@ -242,7 +242,8 @@ def mlstm_triton(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_pr
         return h
     k, v = k.to(q.dtype), v.to(q.dtype)
     cum, ig, m = _gate_rows(igate_preact, fgate_preact)
-    ieee = q.dtype != torch.float32 or not torch.backends.cuda.matmul.allow_tf32
+    # fp32: IEEE products unless PyTorch allows TF32; 16-bit operands: tensor cores either way
+    ieee = q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
     _kernel(not q.is_cuda)[(triton.cdiv(S, block) * B * NH, )](
         q, k, v, cum, ig, m, h, *q.stride(), *k.stride(), *v.stride(), NH, B * NH, S, DH, DHV,
         1.0 / math.sqrt(DH), eps, BLOCK_M=block, BLOCK_N=block,

@@ -31,10 +31,9 @@ def make(B, NH, S, DH, DHV=None, i_scale=1.0, i_shift=0.0, f_scale=1.0, f_shift=
     if view:
         qkv = torch.randn(B, S, 3, NH, DH, generator=g).to(dtype).to(device)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
-        gates = torch.randn(B, S, 2 * NH, generator=g).to(device).bfloat16() * 3
-        ig, fg = gates[..., :NH].transpose(1, 2)[..., None], gates[..., NH:].transpose(1, 2)[
-            ..., None] + f_shift
-        return q, k, v, ig, fg
+        gates = (torch.randn(B, S, 2 * NH, generator=g) * 3).to(device).bfloat16()
+        ig, fg = gates.transpose(1, 2).unsqueeze(-1).split(NH, dim=1)   # (B, NH, S, 1) views
+        return q, k, v, ig, fg + f_shift
     q, k = (torch.randn(B, NH, S, DH, generator=g) for _ in range(2))
     v = torch.randn(B, NH, S, DHV or DH, generator=g)
     ig = torch.randn(B, NH, S, 1, generator=g) * i_scale + i_shift
