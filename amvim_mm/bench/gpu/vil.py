@@ -34,7 +34,7 @@ def _cell_rows(batch: int = 128, heads: int = 4, length: int = 196, dh: int = 96
     i, f = (torch.randn(batch, heads, length, 1, device='cuda', generator=g) * 2 + 2
             for _ in range(2))
     forms = [('parallel', ML.mlstm_parallel), ('chunkwise', ML.mlstm_chunkwise),
-             ('dispatch', ML.mlstm)]
+             ('fused', ML.mlstm_triton), ('dispatch', ML.mlstm)]
     rows = []
     ref = ML.mlstm_parallel(q.float(), k.float(), v.float(), i, f)
     with torch.no_grad():
