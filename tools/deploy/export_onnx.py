@@ -24,15 +24,15 @@ import warnings
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 
 from amvim_mm.apis.cli import run_cli
-from amvim_mm.deploy.tasks import (TASKS, TaskForward, add_model_args, check_task, export_shape,
+from amvim_mm.deploy.tasks import (TaskForward, add_model_args, check_task, export_shape,
                                    is_dynamic_batch, load_deploy_config, load_task_model,
                                    output_names)
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 #: the default deploy config per task (dynamic batch, image size of the model config)
-DEFAULT_DEPLOY = {scope: osp.join(ROOT, 'configs', 'deploy',
-                                  f'{task.lower()}_onnxruntime_dynamic.py')
-                  for scope, (task, _) in TASKS.items()}
+DEFAULT_DEPLOY = {scope: osp.join(ROOT, 'configs', 'deploy', f'{name}_onnxruntime_dynamic.py')
+                  for scope, name in (('mmseg', 'segmentation'), ('mmdet', 'detection'),
+                                      ('mmpretrain', 'classification'))}
 
 
 def parse_args(argv=None):
