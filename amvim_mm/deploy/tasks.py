@@ -116,7 +116,10 @@ def load_task_model(args):
     from mmengine.registry import init_default_scope
     init_default_scope(cfg.default_scope)
     registry = importlib.import_module(f'{cfg.default_scope}.registry').MODELS
-    model = registry.build(cfg.model)
+    model_cfg = cfg.model.copy()
+    if cfg.get('data_preprocessor') is not None:   # mmpretrain's top-level key, as the Runner
+        model_cfg.setdefault('data_preprocessor', cfg.data_preprocessor)
+    model = registry.build(model_cfg)
     load_model_weights(model, args.checkpoint, strict=True)
     if args.reduce:
         backbone = find_reducible_backbone(model)
