@@ -88,8 +88,9 @@ def main(argv=None) -> int:
     shape = session.get_inputs()[0].shape
     fixed = shape[0] if isinstance(shape[0], int) else None
     if fixed is not None and any(b != fixed for b in args.batch):
+        asked = ' '.join(map(str, args.batch))
         raise ConfigError(f'the ONNX model was exported with a fixed batch of {fixed}; export '
-                          f'with a dynamic deploy config for --batch {" ".join(map(str, args.batch))}')
+                          f'with a dynamic deploy config for --batch {asked}')
     cfg, model = load_task_model(args)
     forward = TaskForward(model, cfg.default_scope, (shape[2], shape[3])).eval()
     gen = torch.Generator().manual_seed(0)
