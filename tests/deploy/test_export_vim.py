@@ -74,3 +74,31 @@ def test_export_onnx_errors(tmp_path):
     with pytest.raises(ConfigError, match='inputs must be a tensor'):
         export_onnx(m, tmp_path / 'a.onnx', [1, 2])
     assert not list(tmp_path.iterdir())      # nothing written on an error
+
+
+#: the reducers at the issue's ratios (ToMe 0.27, random with a fixed seed, ToP aligned)
+REDUCERS = {
+    'ToMe': dict(type='ToMe', ratio=0.27),
+    'RandomPrune': dict(type='RandomPrune', ratio=0.27, seed=0),
+    'EViT': dict(type='EViT', keep_rate=0.7, locations=(1, )),
+    'ToP': dict(type='ToP', keep_rate=0.7, locations=(1, ), align=True),
+    'DynamicViT': dict(type='DynamicViT', keep_rate=0.7, locations=(1, )),
+}
+#: family x reducer pairs of the suite (every pair passes; the suite keeps a spread of them
+#: within its time budget: each family once, each reducer at least once)
+CASES = [('Vim', None), ('Vim', 'ToMe'), ('AMVim', 'ToP'), ('AMVim', 'RandomPrune'),
+         ('LocalVim', 'EViT'), ('ViL', 'DynamicViT'), ('AMViL', 'ToMe')]
+
+
+@pytest.mark.parametrize('family,reducer', CASES)
+def test_export_onnx_family_reducer(tmp_path, family, reducer):
+    """export_onnx (TorchScript exporter, dynamic batch: exported at 2, run at 3) of featmaps
+    of two blocks; a reducer really removes tokens in the exported forward."""
+    m = _build(family, REDUCERS.get(reducer), out_type='featmap', out_indices=(1, 3))
+    with torch.no_grad():
+        m(_images(2))
+    full = (SIZE[0] // 16) * (SIZE[1] // 16)
+    assert (min(m.token_counts) < full) == (reducer is not None), m.token_counts
+    path = export_onnx(m, tmp_path / 'm.onnx', _images(2))
+    errs = _assert_close(m, path, batch=3)
+    assert [(e['shape'][0], e['shape'][2:]) for e in errs.values()] == [(3, (4, 6))] * 2

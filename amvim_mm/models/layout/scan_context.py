@@ -11,6 +11,7 @@ from amvim_mm.token_layout import grid_positions
 from .scan_orders import (is_reverse, normalize_order, path_permutation, scan_rank,
                           scan_rank_on)
 from .constants import constant_cache
+from .sorting import running_max, running_min, search_sorted
 
 
 class PathIndex:
@@ -273,11 +274,10 @@ def raster_gaps(pos: torch.Tensor, n_cells: int, reverse: bool) -> torch.Tensor:
     grid's edge for the first). Five element-wise ops instead of a sort and searches."""
     patch = pos >= 0
     if not reverse:
-        prev = torch.cummax(torch.where(patch, pos, torch.full_like(pos, -1)), dim=1).values
+        prev = running_max(torch.where(patch, pos, torch.full_like(pos, -1)))
         prev = torch.cat([prev.new_full((pos.shape[0], 1), -1), prev[:, :-1]], 1)
         return torch.where(patch, pos - prev - 1, torch.zeros_like(pos))
-    nxt = torch.cummin(torch.where(patch, pos, torch.full_like(pos, n_cells)).flip(1),
-                       dim=1).values
+    nxt = running_min(torch.where(patch, pos, torch.full_like(pos, n_cells)).flip(1))
     nxt = torch.cat([nxt.new_full((pos.shape[0], 1), n_cells), nxt[:, :-1]], 1)
     return torch.where(patch.flip(1), nxt - pos.flip(1) - 1, torch.zeros_like(pos))
 
@@ -301,17 +301,17 @@ def path_gaps(ctx: ScanContext, spec, perm: torch.Tensor) -> torch.Tensor:
     pr = torch.sort(pr, dim=1).values
     total = pruned.sum(1, keepdim=True)
     if is_reverse(spec):
-        cnt = total - torch.searchsorted(pr, r.contiguous(), right=True)   # pruned rank > r
+        cnt = total - search_sorted(pr, r, right=True)   # pruned rank > r
     else:
-        cnt = torch.searchsorted(pr, r.contiguous())                       # pruned rank < r
+        cnt = search_sorted(pr, r)                       # pruned rank < r
     # carry the count of the previous patch token over the non-patch tokens
     cnt = torch.where(is_patch, cnt, torch.full_like(cnt, -1))
     idx = torch.where(is_patch, torch.arange(L, device=perm.device).expand(B, -1),
                       torch.zeros_like(cnt))
-    last_patch = torch.cummax(idx, dim=1).values
+    last_patch = running_max(idx)
     carried = torch.gather(torch.where(is_patch, cnt, torch.zeros_like(cnt)), 1, last_patch)
     prev = torch.cat([torch.zeros_like(carried[:, :1]), carried[:, :-1]], 1)
-    first_patch_seen = torch.cummax(is_patch.long(), dim=1).values
+    first_patch_seen = running_max(is_patch.long())
     prev = torch.where(torch.cat([torch.zeros_like(first_patch_seen[:, :1]),
                                   first_patch_seen[:, :-1]], 1) > 0, prev,
                        torch.zeros_like(prev))

@@ -43,6 +43,7 @@ import torch
 from amvim_mm.errors import ConfigError
 from amvim_mm.token_layout import cls_slot
 from .constants import constant_cache
+from .sorting import stable_argsort
 
 class ScanOrder:
     """One kind of scan order: a rank for every cell of an ``H x W`` grid.
@@ -285,7 +286,7 @@ def path_permutation(rank: torch.Tensor, pos: torch.Tensor, cls_index: int = -1,
     n = int(is_patch[0].sum()) if n_patches is None else n_patches
     big = rank.numel()
     key = torch.where(is_patch, rank[p.clamp(min=0)], torch.full_like(p, big))
-    order = torch.argsort(key, dim=1, stable=True)
+    order = stable_argsort(key, dim=1)
     patches = order[:, :n]
     if cls_index >= 0:
         cls = torch.full((p.shape[0], 1), cls_index, dtype=order.dtype, device=p.device)
@@ -297,7 +298,7 @@ def path_permutation(rank: torch.Tensor, pos: torch.Tensor, cls_index: int = -1,
     extra = p.shape[1] - perm.shape[1]
     if extra:  # tokens without a grid position (EViT's fused token) go last in every path
         fused = (p < 0) & (torch.arange(p.shape[1], device=p.device) != cls_index)
-        fused_idx = torch.argsort((~fused).to(torch.int8), dim=1, stable=True)[:, :extra]
+        fused_idx = stable_argsort((~fused).to(torch.int8), dim=1)[:, :extra]
         perm = torch.cat([perm, fused_idx], dim=1)
     return perm if batched else perm[0]
 

@@ -33,6 +33,7 @@ from .keep_predictor import KeepPredictor, gumbel_keep
 from .learned_losses import keep_ratio_loss
 from .reducers import TOKEN_REDUCERS, TokenReducer, _patch_indices
 from .settings import check_number
+from ..layout.sorting import stable_argsort
 
 
 def with_class_token(patch_keep: torch.Tensor, cls_index: int) -> torch.Tensor:
@@ -223,6 +224,6 @@ class DynamicViTReducer(LearnedReducer):
                          idx.unsqueeze(-1).expand(-1, -1, stream.hidden.shape[-1]))
         policy = x.new_ones(x.shape[0], x.shape[1], 1)
         score = self.predictors[self._stage(block)](x, policy)[..., 0]
-        pick = score.float().argsort(dim=1, stable=True)[:, :k]     # lowest keep score first
+        pick = stable_argsort(score.float(), dim=1)[:, :k]     # lowest keep score first
         removed = torch.gather(idx, 1, pick)
         return removed, torch.full_like(removed, -1), None

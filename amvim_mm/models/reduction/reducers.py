@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from mmengine.logging import MMLogger
 from mmengine.registry import Registry
 
+from amvim_mm import runtime
 from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops import cpu_ops
 from amvim_mm.ops import token_merge as tm
@@ -24,6 +25,7 @@ from .schedule import ReductionSchedule
 from .settings import check_number
 from .state import Streams
 from ..layout.constants import constant_cache
+from ..layout.sorting import stable_argsort
 
 TOKEN_REDUCERS = Registry('token reducer', scope='amvim_mm')
 ALIGN_DELTAS = ('bias', 'token')
@@ -56,7 +58,7 @@ def _patch_indices(ctx) -> torch.Tensor:
         idx = _regular_patch_indices(ctx.n_patches, ctx.cls_index, str(ctx.pos.device))
         return idx.expand(ctx.pos.shape[0] if ctx.pos.dim() == 2 else 1, -1)
     is_patch = ctx.pos >= 0
-    return torch.argsort((~is_patch).to(torch.int8), dim=1, stable=True)[:, :ctx.n_patches]
+    return stable_argsort((~is_patch).to(torch.int8), dim=1)[:, :ctx.n_patches]
 
 
 @constant_cache(256)
@@ -295,7 +297,7 @@ class ToMe(TokenReducer):
             removed, dst = cpu_ops.tome_edges(scores, a_idx[0], b_idx[0], k)
             return removed, dst, None
         node_max, node_idx = scores.max(dim=-1)      # ties: the first maximum (documented)
-        edges = node_max.argsort(dim=-1, descending=True, stable=True)[:, :k]
+        edges = stable_argsort(node_max, dim=-1, descending=True)[:, :k]
         removed = torch.gather(a_idx, 1, edges)
         dst = torch.gather(b_idx, 1, torch.gather(node_idx, 1, edges))
         return removed, dst, None
@@ -309,6 +311,22 @@ def mask_seed(seed: int, image: str, block: int) -> int:
     return int.from_bytes(digest[:8], 'little')
 
 
+def _noise(seed: int, image: str, block: int, n: int) -> torch.Tensor:
+    """One image's (n,) noise before one block (a CPU generator seeded by :func:`mask_seed`)."""
+    return torch.rand(n, generator=torch.Generator().manual_seed(mask_seed(seed, image, block)))
+
+
+#: the batch positions an exported RandomPrune draws for (the graph holds their noise; the
+#: images of a larger batch would have none)
+EXPORT_POSITIONS = 64
+
+
+@constant_cache(64)
+def _position_noise(seed: int, block: int, n: int, rows: int) -> torch.Tensor:
+    """(rows, n) the noise of the batch positions ``#0 .. #rows-1`` (images without keys)."""
+    return torch.stack([_noise(seed, f'#{b}', block, n) for b in range(rows)])
+
+
 @TOKEN_REDUCERS.register_module(name='RandomPrune')
 class RandomPrune(TokenReducer):
     """Drop random patch tokens (same schedule as ToMe), drawn per image.
@@ -320,7 +338,9 @@ class RandomPrune(TokenReducer):
     :class:`~amvim_mm.engine.hooks.ImageIdentityHook` (and ``TokenReductionHook``,
     ``tools/test.py``, ``tools/prune_eval.py``) calls before every test and validation batch.
     A forward without them falls back to the position in the batch as the identity, and the
-    log says so once.
+    log says so once. An exported model (ONNX) knows no identities: its graph holds the noise
+    of the first :data:`EXPORT_POSITIONS` batch positions, so it drops what an eager forward
+    without image keys drops, for batches of up to that many images.
 
     Args:
         seed: an int in [0, 2**64 - 1] (a float would be truncated, so it is refused).
@@ -355,9 +375,13 @@ class RandomPrune(TokenReducer):
         B, n = idx.shape
         if k >= n:
             raise ConfigError(f'RandomPrune: cannot drop {k} of {n} tokens before block {block}')
+        if runtime.exporting():   # the positions' noise as a constant, the batch sliced
+            noise = _position_noise(self.seed, block, n, EXPORT_POSITIONS)[:B].to(idx.device)
+            pick = noise.argsort(dim=1)[:, :k]
+            removed = torch.gather(idx, 1, pick)
+            return removed, torch.full_like(removed, -1), None
         # CPU generators: the same choices on any device
-        noise = torch.stack([torch.rand(n, generator=torch.Generator().manual_seed(
-            mask_seed(self.seed, key, block))) for key in self._keys(B)])
+        noise = torch.stack([_noise(self.seed, key, block, n) for key in self._keys(B)])
         if idx.is_cuda:
             noise = noise.pin_memory().to(idx.device, non_blocking=True)
         else:

@@ -24,6 +24,7 @@ from amvim_mm.ops import cpu_ops
 from amvim_mm.ops.token_merge import plan_merge
 from amvim_mm.token_layout import FUSED_POS, NO_CLS, cls_index_for, cls_slot
 from ..layout.scan_context import ScanContext
+from ..layout.sorting import stable_argsort
 
 
 def _gather_tokens(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -191,7 +192,7 @@ def _compact(ctx: ScanContext, removed: torch.Tensor
     # a tensor source, not the Python scalar False (no bool-Scalar overload under jit.trace)
     keep.scatter_(1, removed, torch.zeros_like(removed, dtype=torch.bool))
     n_keep_patch = ctx.n_patches - removed.shape[1]
-    order = torch.argsort((~(keep & (pos >= 0))).to(torch.int8), dim=1, stable=True)
+    order = stable_argsort((~(keep & (pos >= 0))).to(torch.int8), dim=1)
     patches = order[:, :n_keep_patch]                                   # kept patches, in order
     extras = []
     if ctx.cls_index >= 0:
