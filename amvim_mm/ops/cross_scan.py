@@ -14,7 +14,9 @@ On CUDA tensors both are Triton kernels (:mod:`._cross_scan_kernels`) that read 
 once and write it once per direction (a gather-and-stack in PyTorch ops makes several passes
 and copies); elsewhere, and as the reference the kernels are tested against,
 :func:`cross_scan_ref` / :func:`cross_merge_ref` (index gathers). ``TRITON_INTERPRET=1`` runs
-the kernels on CPU tensors (tests).
+the kernels on CPU tensors (tests). While a model is exported (:func:`exporting`) the PyTorch
+ops run, the full grid's by transposes and flips (:func:`cross_scan_grid`,
+:func:`cross_merge_grid`: no index constant in the graph).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
+from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 
 K = 4
@@ -59,6 +62,27 @@ def direction_indices(H: int, W: int, device) -> Tensor:
 def _inverse_indices(H: int, W: int, device) -> Tensor:
     """(4, L) long: the path position of each raster token in each direction."""
     return torch.argsort(direction_indices(H, W, device), dim=1)
+
+
+def cross_scan_grid(x: Tensor, H: int, W: int) -> Tensor:
+    """:func:`cross_scan_ref` of the full grid by transposes and flips (the official
+    ``CrossScan``), no index tensor: the export route (a slice with step -1 in ONNX in place of
+    a gather through a constant index)."""
+    B, L, E = x.shape
+    row = x.transpose(1, 2)                                                 # (B, E, L)
+    col = row.reshape(B, E, H, W).transpose(2, 3).reshape(B, E, L)
+    return torch.stack([row, col, row.flip(-1), col.flip(-1)], 1)
+
+
+def cross_merge_grid(ys: Tensor, H: int, W: int) -> Tensor:
+    """:func:`cross_merge_ref` of the full grid by flips and a transpose (the official
+    ``CrossMerge``; fp32 sum of the directions in their order 0..3, output ``ys.dtype``)."""
+    B, _, E, L = ys.shape
+    acc = torch.promote_types(ys.dtype, torch.float32)
+    y = ys.to(acc)
+    col = y[:, 1].reshape(B, E, W, H).transpose(2, 3).reshape(B, E, L)
+    col3 = y[:, 3].flip(-1).reshape(B, E, W, H).transpose(2, 3).reshape(B, E, L)
+    return (((y[:, 0] + col) + y[:, 2].flip(-1)) + col3).transpose(1, 2).to(ys.dtype)
 
 
 def cross_scan_ref(x: Tensor, H: int, W: int, index: Optional[DirectionIndex] = None
@@ -144,11 +168,10 @@ class _CrossMerge(torch.autograd.Function):
 
 
 def exporting() -> bool:
-    """Whether an export records the forward (``torch.onnx.export`` with either exporter,
-    ``torch.export``, a ``torch.jit`` trace): the Triton kernels have no ONNX form, so the
-    PyTorch ops run instead."""
-    return (torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()
-            or torch.jit.is_tracing() or torch.jit.is_scripting())
+    """Whether an export records the forward (:func:`amvim_mm.runtime.exporting`) or a
+    ``torch.jit`` trace / script does: the Triton kernels have no ONNX or TorchScript form, so
+    the PyTorch ops run instead."""
+    return runtime.exporting() or torch.jit.is_tracing() or torch.jit.is_scripting()
 
 
 def _use_kernels(t: Tensor, kernels: Optional[bool]) -> bool:
@@ -187,6 +210,8 @@ def cross_scan(x: Tensor, H: int, W: int, index: Optional[DirectionIndex] = None
     _check(tuple(x.shape), x.shape[1], H, W, 'cross_scan', index)
     if _use_kernels(x, kernels):
         return _CrossScan.apply(x, H, W, index)
+    if index is None and exporting():
+        return cross_scan_grid(x, H, W)
     return cross_scan_ref(x, H, W, index)
 
 
@@ -200,4 +225,6 @@ def cross_merge(ys: Tensor, H: int, W: int, index: Optional[DirectionIndex] = No
     _check(tuple(ys.shape), ys.shape[3], H, W, 'cross_merge', index)
     if _use_kernels(ys, kernels):
         return _CrossMerge.apply(ys, H, W, index)
+    if index is None and exporting():
+        return cross_merge_grid(ys, H, W)
     return cross_merge_ref(ys, H, W, index)

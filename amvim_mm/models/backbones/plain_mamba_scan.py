@@ -3,13 +3,13 @@ step (the index of the mixer's learned ``direction_Bs``) and the per-cell tables
 sequence reads its codes from."""
 from __future__ import annotations
 
-import functools
 from typing import Tuple
 
 import torch
 
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.cross_scan import DirectionIndex
+from ..layout.constants import constant_cache
 from ..layout.scan_orders import scan_rank
 
 #: the four directions: row snake, its reverse, column snake, its reverse (official order)
@@ -33,10 +33,11 @@ def move_codes(order: torch.Tensor, W: int) -> torch.Tensor:
     return torch.tensor(codes, dtype=torch.long)
 
 
-@functools.lru_cache(maxsize=64)
+@constant_cache(64)
 def snake_directions(H: int, W: int, device) -> Tuple[DirectionIndex, torch.Tensor]:
     """The four directions of an H x W grid: their :class:`DirectionIndex` (perm (4, 1, L))
-    and the direction codes of each step (4, L), cached per grid and device."""
+    and the direction codes of each step (4, L), cached per grid and device (built outside any
+    trace: constants of an exported graph)."""
     orders = []
     for spec in SNAKE_DIRECTIONS:
         order = torch.argsort(scan_rank(H, W, {k: v for k, v in spec.items()
@@ -47,7 +48,7 @@ def snake_directions(H: int, W: int, device) -> Tuple[DirectionIndex, torch.Tens
     return DirectionIndex.from_perm(perm[:, None].to(device)), codes.to(device)
 
 
-@functools.lru_cache(maxsize=64)
+@constant_cache(64)
 def snake_cell_tables(H: int, W: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per direction and grid cell (both (4, H * W + 1) long, the extra column for a token
     without a cell): the cell's step in the direction's full-grid order (its rank; ``H * W``

@@ -43,7 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from amvim_mm.errors import ConfigError
-from amvim_mm.ops.cross_scan import DirectionIndex, cross_merge, cross_scan, direction_indices
+from amvim_mm.ops.cross_scan import DirectionIndex, cross_merge, cross_scan
 from amvim_mm.ops.fused_mixer import autocast_dtype
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from ..layout.grid_conv import grid_depthwise_conv, whole_grid
@@ -55,11 +55,6 @@ SS2D_DIRECTIONS = (dict(order='raster'), dict(order='column'),
                    dict(order='raster', reverse=True), dict(order='column', reverse=True))
 #: forward types this module implements (the final models and Vanilla VMamba)
 FORWARD_TYPES = ('v05_noz', 'v0')
-
-
-def _full_inverse(grid, device) -> torch.Tensor:
-    """(1, K, L) long: each raster token's position in each official direction."""
-    return torch.argsort(direction_indices(grid[0], grid[1], device), dim=1).unsqueeze(0)
 
 
 class SS2D(nn.Module):
@@ -247,11 +242,10 @@ class SS2D(nn.Module):
             x = self.grid_conv(x, ctx)
         ys, index = self.directions(x, ctx, paths, index)                   # (B, K, E, L)
         if ctx.want_importance:
-            # ToP importance: sum over directions and channels of max(0, y), per token
-            r = ys.float().clamp_min(0).sum(2)                              # (B, K, L) path
-            inv = (_full_inverse(ctx.grid, ys.device) if index is None
-                   else index.inv.long().permute(1, 0, 2))                  # (B|1, K, L)
-            ctx.importance = r.gather(2, inv.expand_as(r)).sum(1).detach()
+            # ToP importance: sum over directions and channels of max(0, y), per token (the
+            # directions' channel sums merged back to token order by the PyTorch ops)
+            r = ys.float().clamp_min(0).sum(2, keepdim=True)                # (B, K, 1, L)
+            ctx.importance = cross_merge(r, *ctx.grid, index, kernels=False)[..., 0].detach()
         y = cross_merge(ys, *ctx.grid, index)                               # (B, L, E) sum
         if autocast_dtype(y.device.type) is None:  # fp32 scan output, a 16-bit model's norm
             y = y.to(self.out_norm.weight.dtype)
