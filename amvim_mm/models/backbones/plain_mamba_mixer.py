@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.cross_scan import cross_merge, cross_scan
 from amvim_mm.ops.plain_aligned import (aligned_inputs_torch, aligned_scan, at_steps,
@@ -210,9 +211,14 @@ class PlainMamba2D(nn.Module):
               + self.direction_Bs[codes].transpose(-1, -2))                # (B, K, N, L)
         Ck = Cm.transpose(1, 2).unsqueeze(1).expand(B, K, N, L)
         ct = A.dtype
+        D = self.D.to(ct).repeat(K)
+        if runtime.exporting():
+            return _folded(selective_scan_fn, K, xs.reshape(B, K * E, L), delta.to(dtype), A,
+                           Bk.to(dtype), Ck.to(dtype), D, delta_bias=bias,
+                           delta_softplus=True, backend=self.scan_backend)
         return selective_scan_fn(xs.reshape(B, K * E, L), delta.to(dtype), A,
                                  Bk.to(dtype).contiguous(), Ck.to(dtype).contiguous(),
-                                 self.D.to(ct).repeat(K), None, delta_bias=bias,   # again (Q2)
+                                 D, None, delta_bias=bias,                       # again (Q2)
                                  delta_softplus=True, backend=self.scan_backend)
 
     def _reduced_codes(self, index_cells: torch.Tensor, H: int, W: int) -> torch.Tensor:
@@ -265,6 +271,25 @@ class PlainMamba2D(nn.Module):
             return aligned_scan(xs, dt, bias, steps, pos, H * W, A, Bk, Ck, D, ctx.align,
                                 backend=self.scan_backend)
         delta, gap = aligned_inputs_torch(dt, bias, steps, pos, idx, here, ctx.align, H * W)
+        if runtime.exporting():
+            return _folded(aligned_selective_scan, K, xs.reshape(B, K * E, L), delta, A, Bk,
+                           Ck, D, delta_bias=bias, gap_delta=gap, backend=self.scan_backend)
         return aligned_selective_scan(xs.reshape(B, K * E, L), delta, A, Bk, Ck, D, None,
                                       delta_bias=bias, gap_delta=gap,
                                       backend=self.scan_backend)
+
+
+def _folded(scan, K: int, u, delta, A, Bk, Ck, D, **kw) -> torch.Tensor:
+    """``scan`` (a selective scan) of the K directions with the directions folded into the
+    batch: (B, K*E, L) -> (B*K, E, L), B / C (B, K, N, L) -> (B*K, N, L), A, D and the step
+    biases one direction's (the four directions share them: ``repeat(K)``). The same scan as
+    the grouped call, without B and C copied out to every channel (the export route: an ONNX
+    graph of the grouped form spends most of its time transposing those copies)."""
+    B, KE, L = u.shape
+    E = KE // K
+    fold = {k: (v.reshape(B * K, E, L) if k == 'gap_delta' else v[:E])
+            for k, v in kw.items() if isinstance(v, torch.Tensor)}
+    y = scan(u.reshape(B * K, E, L), delta.reshape(B * K, E, L), A[:E],
+             Bk.reshape(B * K, -1, L), Ck.reshape(B * K, -1, L), D[:E], None,
+             **dict(kw, **fold))
+    return y.reshape(B, KE, L)
