@@ -84,10 +84,13 @@ REDUCERS = {
     'ToP': dict(type='ToP', keep_rate=0.7, locations=(1, ), align=True),
     'DynamicViT': dict(type='DynamicViT', keep_rate=0.7, locations=(1, )),
 }
-#: family x reducer pairs of the suite (every pair passes; the suite keeps a spread of them
-#: within its time budget: each family once, each reducer at least once)
-CASES = [('Vim', None), ('Vim', 'ToMe'), ('AMVim', 'ToP'), ('AMVim', 'RandomPrune'),
-         ('LocalVim', 'EViT'), ('ViL', 'DynamicViT'), ('AMViL', 'ToMe')]
+#: family x reducer pairs of the suite (every pair of the matrix passes; the quick ones run by
+#: default, the pairs whose export takes several seconds on 2 cores are marked slow)
+SLOW = pytest.mark.slow
+CASES = [('Vim', 'ToMe'), ('ViL', 'DynamicViT'), ('AMViL', 'ToMe'),
+         pytest.param('Vim', None, marks=SLOW), pytest.param('AMVim', 'ToP', marks=SLOW),
+         pytest.param('AMVim', 'RandomPrune', marks=SLOW),
+         pytest.param('LocalVim', 'EViT', marks=SLOW), pytest.param('Vim', 'EViT', marks=SLOW)]
 
 
 @pytest.mark.parametrize('family,reducer', CASES)

@@ -1,5 +1,6 @@
-"""A stable argsort and running extrema that export: the reductions and path orders sort keys with many ties
-(0 / 1 flags, equal scores) and rely on ties keeping their sequence order.
+"""A stable argsort, running extrema and searchsorted that export: the reductions and path
+orders sort keys with many ties (0 / 1 flags, equal scores) and rely on ties keeping their
+sequence order.
 
 ``torch.argsort(..., stable=True)`` has no form in the TorchScript ONNX exporter (``aten::sort``
 with ``stable`` fails there), and ONNX's ``TopK`` promises no order among ties. While a model is

@@ -16,6 +16,7 @@ from typing import FrozenSet, Optional, Tuple
 
 import torch
 
+from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.token_merge import MergePlan
 from ..execution import (CPU, TRITON, BlockFacts, ExecutionPlan, ForwardFacts, StepPlan,
@@ -141,8 +142,10 @@ class ReductionSession:
     @staticmethod
     def _check(reducer: TokenReducer, sel) -> None:
         """A merging reducer that did not declare ``prunes`` must not prune: the dense restore
-        would have no feature for those patches. Checked where it costs no device sync (CPU)."""
+        would have no feature for those patches. Checked where it costs no device sync (CPU),
+        not in an export (a data-dependent branch has no place in the graph)."""
         if reducer.merges and not reducer.freeze_sources and not reducer.prunes \
-                and not sel.dst.is_cuda and bool((sel.dst < 0).any()):
+                and not sel.dst.is_cuda and not runtime.exporting() \
+                and bool((sel.dst < 0).any()):
             raise ConfigError(f'{type(reducer).__name__} merges tokens (merges=True) but pruned '
                               'some (dst = -1); set prunes = True on the reducer class')
