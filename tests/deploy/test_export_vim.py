@@ -105,3 +105,19 @@ def test_export_onnx_family_reducer(tmp_path, family, reducer):
     path = export_onnx(m, tmp_path / 'm.onnx', _images(2))
     errs = _assert_close(m, path, batch=3)
     assert [(e['shape'][0], e['shape'][2:]) for e in errs.values()] == [(3, (4, 6))] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('family', ['Vim', 'AMVim'])
+def test_plain_dynamo_export_tome(tmp_path, family):
+    """The issue's acceptance check with the torch.export-based exporter (it stopped in
+    torch.export at the environment read, then at fake index tensors): plain
+    torch.onnx.export(dynamo=True) of ToMe 0.27, dynamic batch."""
+    m = _build(family, REDUCERS['ToMe'])
+    f = tmp_path / 'm.onnx'
+    batch = torch.export.Dim('batch', min=1, max=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        torch.onnx.export(m, (_images(2), ), str(f), dynamo=True, opset_version=18,
+                          dynamic_shapes=({0: batch}, ))
+    _assert_close(m, f, batch=3)
