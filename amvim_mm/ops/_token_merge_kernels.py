@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 
-def merge_plan_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr, f_ptr,
+def merge_plan_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr,
                       rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr,
                       L, R, M, L_new, mid,
                       BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -15,34 +15,41 @@ def merge_plan_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr, f_ptr,
     mr = ro < R
     rem = tl.load(rem_ptr + b * R + ro, mask=mr, other=-1)
     dst = tl.load(dst_ptr + b * R + ro, mask=mr, other=-1)
-    _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, rows_ptr, rcoef_ptr,
-                rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr, L, R, M, L_new, mid,
-                BLOCK_L, BLOCK_M)
+    _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr, rows_ptr,
+                rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr, L, R, M, L_new,
+                mid, BLOCK_L, BLOCK_M)
 
 
 @triton.jit
-def _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, rows_ptr, rcoef_ptr,
-                rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr, L, R, M, L_new, mid,
-                BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr):
+def _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr, rows_ptr,
+                rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr, L, R, M, L_new,
+                mid, BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr):
     """Sample b's merge plan from its edges ``rem[t] -> dst[t]`` (vectors over ``ro``, valid
-    where ``mr``; -1 elsewhere), in registers: token i is removed when some ``rem[t] == i``;
-    its weight after the merge is its size plus the sizes merged into it; survivors are
-    renumbered in order (the class token, ``pos == -1``, at ``mid``).
+    where ``mr``; -1 elsewhere): token i is removed when some ``rem[t] == i``; its weight after
+    the merge is its size plus the sizes merged into it; survivors are renumbered in order (the
+    class token, ``pos == -1``, at ``mid``).
 
     Plan: ``rows[b, j]`` the old index of the token kept at new index j with weight
     ``rcoef[b, j]``; removed token t adds with weight ``rmcoef[b, t]`` to new row
-    ``rtgt[b, t]``; new pos / size / source. The one scratch row ``f`` (length L: the new index
-    carrying old token i) is written and read back for the source gather.
+    ``rtgt[b, t]``; new pos / size / source. Work linear in L + R: the per-token facts go
+    through two scratch rows of length L (``f`` int32: removed flags, then the new index
+    carrying old token i; ``g`` fp32: the merged weights, several edges into one ``dst`` added
+    atomically), scattered and gathered between block barriers. (An (L, R) comparison in
+    registers, the first form, spilled at the dense tasks' L ~ 1000.)
     """
     offs = tl.arange(0, BLOCK_L)
     ml = offs < L
     row = b * L
     w = tl.load(size_ptr + row + offs, mask=ml, other=0.)
     w_rem = tl.load(size_ptr + row + rem, mask=mr, other=0.)
-    is_rem = offs[:, None] == rem[None, :]                                  # (L, R)
-    is_dst = offs[:, None] == dst[None, :]
-    removed = tl.max(is_rem.to(tl.int32), axis=1) > 0
-    wn = w + tl.sum(tl.where(is_dst, w_rem[None, :], 0.), axis=1)
+    tl.store(f_ptr + row + offs, tl.zeros((BLOCK_L, ), dtype=tl.int32), mask=ml)
+    tl.store(g_ptr + row + offs, w, mask=ml)
+    tl.debug_barrier()
+    tl.store(f_ptr + row + rem, (ro * 0 + 1).to(tl.int32), mask=mr)
+    tl.atomic_add(g_ptr + row + dst, w_rem, mask=mr)
+    tl.debug_barrier()
+    removed = tl.load(f_ptr + row + offs, mask=ml, other=0) > 0
+    wn = tl.load(g_ptr + row + offs, mask=ml, other=0.)
     p = tl.load(pos_ptr + row + offs, mask=ml, other=-3)
     kp = (~removed) & (p >= 0) & ml
     rank = tl.cumsum(kp.to(tl.int32), axis=0) - 1
@@ -55,12 +62,15 @@ def _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, rows_ptr
     tl.store(rcoef_ptr + b * L_new + ni, w / tl.maximum(wn, 1e-12), mask=valid)
     tl.store(npos_ptr + b * L_new + ni, p, mask=valid)
     tl.store(nsize_ptr + b * L_new + ni, wn, mask=valid)
-    tgt = tl.sum(tl.where(is_dst, ni[:, None], 0), axis=0)                 # ni[dst[t]]
-    wd = tl.sum(tl.where(is_dst, wn[:, None], 0.), axis=0)                 # wn[dst[t]]
+    tl.debug_barrier()
+    tl.store(f_ptr + row + offs, ni, mask=ml)
+    tl.debug_barrier()
+    tgt = tl.load(f_ptr + row + dst, mask=mr, other=0)                      # ni[dst[t]]
+    wd = tl.load(g_ptr + row + dst, mask=mr, other=0.)                      # wn[dst[t]]
     tl.store(rtgt_ptr + b * R + ro, tgt, mask=mr)
     tl.store(rmcoef_ptr + b * R + ro, w_rem / tl.maximum(wd, 1e-12), mask=mr)
-    f = tl.where(removed, tl.sum(tl.where(is_rem, tgt[None, :], 0), axis=1), ni)
-    tl.store(f_ptr + row + offs, f, mask=ml)
+    tl.debug_barrier()
+    tl.store(f_ptr + row + rem, tgt, mask=mr)                               # removed -> dst
     tl.debug_barrier()
     mo = tl.arange(0, BLOCK_M)
     mm = mo < M
@@ -77,7 +87,7 @@ def _seq_index(j, cls):
 
 
 def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls, k,
-                      pos_ptr, size_ptr, src_ptr, f_ptr,
+                      pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr,
                       rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr,
                       M, mid,
                       HAS_RES: tl.constexpr, HAS_W: tl.constexpr, DOT: tl.constexpr,
@@ -144,7 +154,7 @@ def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls
         at = (rank[:, None] == ro[None, :]) & sel[:, None]                 # (A, R)
         rem = tl.where(mr, tl.sum(tl.where(at, sa[:, None], 0), axis=0), -1)
         dst = tl.where(mr, tl.sum(tl.where(at, sd[:, None], 0), axis=0), -1)
-        _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, rows_ptr,
+        _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr, rows_ptr,
                     rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr, L, k, M,
                     L - k, mid, BLOCK_L, BLOCK_M)
 

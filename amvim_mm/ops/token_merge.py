@@ -89,8 +89,8 @@ def plan_merge(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor, dst: 
 
 
 def _plan_args(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor):
-    """The plan step's launch arguments after ``removed, dst``: (the 11 tensors: state in,
-    scratch, plan and new state out; sizes (L, r, M, L'); block sizes; (plan, npos, nsize,
+    """The plan step's launch arguments after ``removed, dst``: (the 12 tensors: state in,
+    two scratch rows, plan and new state out; sizes (L, r, M, L'); block sizes; (plan, npos, nsize,
     nsrc))."""
     import triton
     B, L = pos.shape
@@ -101,13 +101,14 @@ def _plan_args(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor):
     i32 = dict(device=dev, dtype=torch.int32)
     f32 = dict(device=dev, dtype=torch.float32)
     scratch = torch.empty(B, L, **i32)
+    scratch_w = torch.empty(B, L, **f32)
     plan = MergePlan(torch.empty(B, L_new, **i32), torch.empty(B, L_new, **f32), removed,
                      torch.empty(B, r, **i32), torch.empty(B, r, **f32))
     npos = torch.empty(B, L_new, device=dev, dtype=pos.dtype)
     nsize = torch.empty(B, L_new, **f32)
     nsrc = torch.empty(B, M, device=dev, dtype=source.dtype)
     bufs = (pos.contiguous(), size.float().contiguous(), source.contiguous(), scratch,
-            plan.rows, plan.row_coef, plan.rem_tgt, plan.rem_coef, npos, nsize, nsrc)
+            scratch_w, plan.rows, plan.row_coef, plan.rem_tgt, plan.rem_coef, npos, nsize, nsrc)
     meta = dict(BLOCK_L=triton.next_power_of_2(L), BLOCK_R=max(triton.next_power_of_2(r), 2),
                 BLOCK_M=triton.next_power_of_2(M))
     return bufs, (L, r, M, L_new), meta, (plan, npos, nsize, nsrc)
@@ -189,7 +190,7 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
         bufs, (_, _, M, _), meta, planned = _plan_args(*plan_state, removed)
         plan_args = bufs + (M, new_cls)
     else:
-        plan_args = (h, ) * 11 + (0, -1)                     # unused (PLAN=False)
+        plan_args = (h, ) * 12 + (0, -1)                     # unused (PLAN=False)
         meta = dict(BLOCK_L=2, BLOCK_R=2, BLOCK_M=2)
     match_k[(B, )](h, r, w, removed, dst, L, D, n_a, n_b, cls_index, k, *plan_args,
                    HAS_RES=residual is not None, HAS_W=weight is not None,
