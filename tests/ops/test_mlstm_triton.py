@@ -129,7 +129,8 @@ def test_cpu_keeps_the_pytorch_route():
 @GPU
 def test_kernel_at_vil_t_sizes_on_the_gpu():
     """ViL-T at 224 (batch 128, 4 heads, 196 steps, DH 96): bf16 against the fp32 reference on
-    the same inputs (bf16 output rounding), fp32 (IEEE products) to 1e-5; odd sizes, the ViL
+    the same inputs (bf16 output rounding), fp32 (IEEE products) against fp64 as close as the
+    fp32 PyTorch form (or 1e-5); odd sizes, the ViL
     layout's strided views, skipped tokens and the default block."""
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -143,8 +144,16 @@ def test_kernel_at_vil_t_sizes_on_the_gpu():
                        dict(B=2, NH=4, S=130, DH=96, masked=[0, 5, 64, 129]),
                        dict(B=2, NH=2, S=300, DH=32, i_scale=12.0, f_scale=10.0,
                             f_shift=-20.0)):
-                r = compare(make(**kw, device='cuda'))
-                assert r['ok'] and r['err'] <= 1e-5, (kw, r)
+                x = make(**kw, device='cuda')
+                r = compare(x)
+                # fp32 against fp64: the kernel within 1e-5 or 4x the fp32 reference's own
+                # error (both sum the same terms in fp32, in other orders)
+                out, ref32 = mlstm_triton(*x).double(), mlstm_parallel(*x).double()
+                ref64 = mlstm_parallel(*[t.double() for t in x])
+                scale = ref64.abs().max()
+                e_kernel = float((out - ref64).abs().max() / scale)
+                e_ref = float((ref32 - ref64).abs().max() / scale)
+                assert r['ok'] and e_kernel <= max(1e-5, 4 * e_ref), (kw, e_kernel, e_ref)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 

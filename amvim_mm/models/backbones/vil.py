@@ -337,7 +337,9 @@ class ViL(MambaBackbone):
         """The classifier input of (B, L, D) tokens in token order (``w``: (B, L) weights of
         the mean for 'avg_featmap', None for the plain mean)."""
         if self.out_type == 'pooled':
-            ends = x[:, [0, -1]]
+            # two slices, not x[:, [0, -1]]: a list index is a host tensor copied to the
+            # device at every call, which a CUDA-graph capture refuses
+            ends = torch.stack((x[:, 0], x[:, -1]), dim=1)
             if self.version == 2:
                 return self.legacy_norm(self.norm(ends).flatten(1))
             return self.norm(self.legacy_norm(ends).mean(1))
