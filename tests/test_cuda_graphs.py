@@ -10,7 +10,8 @@ import torch
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.models.backbones.base import MambaBackbone
-from amvim_mm.models.backbones.graphs import InferenceGraphs, graphs_requested, reducer_misfit
+from amvim_mm.models.backbones.graphs import (InferenceGraphs, _no_cast_cache, graphs_requested,
+                                              reducer_misfit)
 from amvim_mm.registry import MODELS
 
 
@@ -141,3 +142,13 @@ def test_reducer_allow_list():
     for cfg in (dict(type='RandomPrune', ratio=0.2), dict(type='LTMP')):
         m.set_token_reduction(cfg)
         assert 'not on the graph allow-list' in reducer_misfit(m.token_reducer), cfg
+
+
+def test_capture_turns_autocast_cast_cache_off_and_keeps_the_rest():
+    """Captures run with autocast's weight-cast cache off (a graph must hold its own casts, see
+    graphs._no_cast_cache), the caller's autocast state otherwise unchanged and restored."""
+    assert torch.is_autocast_cache_enabled()
+    with _no_cast_cache():
+        assert not torch.is_autocast_cache_enabled()
+        assert not torch.is_autocast_enabled('cuda')
+    assert torch.is_autocast_cache_enabled()

@@ -365,3 +365,30 @@ def test_gpu_cuda_graph_recaptures_after_a_weight_change_and_keeps_checks():
         graphed.set_token_reduction(dict(type='RandomPrune', ratio=0.2))
         assert 'RandomPrune is not on the graph allow-list' in \
             InferenceGraphs.why_eager(graphed, x)
+
+
+@pytest.mark.parametrize('typ', ['ViL', 'PlainMamba', 'Vim'])
+def test_gpu_cuda_graph_under_autocast_holds_its_weight_casts(typ):
+    """A backbone graph captured inside the caller's bf16 autocast region must cast the weights
+    itself: with autocast's cast cache on, the capture read the warm-up's cached bf16 copies,
+    freed when the region ended, and later replays read freed memory (an illegal address on
+    the H200 for ViL-T). Replays after the region ended and the memory was overwritten equal
+    the eager forward."""
+    torch.manual_seed(0)
+    m = MODELS.build(dict(type=typ, arch='test', img_size=64, out_type='featmap',
+                          cuda_graph=True)).eval().cuda()
+    x = torch.randn(2, 3, 64, 64, device='cuda')
+    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+        for _ in range(3):                  # eager, capture, replay in one autocast region
+            m(x)
+    assert m._graphs.stats['capture'] == 1
+    junk = [torch.full((1 << 20, ), float('nan'), device='cuda') for _ in range(64)]
+    torch.cuda.empty_cache()
+    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+        replayed = m(x)
+        m.cuda_graph = False
+        eager = m(x)
+    del junk
+    assert m._graphs.stats['replay'] >= 2
+    for a, b in zip(replayed, eager, strict=True):
+        assert torch.isfinite(a).all() and rel(a, b) < 1e-2

@@ -55,6 +55,16 @@ __all__ = ['InferenceGraphs', 'GRAPH_SAFE_REDUCERS', 'graphs_requested', 'reduce
 GRAPH_SAFE_REDUCERS = ('ToMe', 'EViT', 'ToP', 'DynamicViTReducer')
 
 
+def _no_cast_cache():
+    """The caller's autocast state with autocast's weight-cast cache off, for a capture: with
+    the cache on, the warm-up's fp32 -> 16-bit weight casts are cached for the caller's autocast
+    region and the captured forward reads those copies instead of casting, so its replays read
+    memory freed when that region ends (wrong numbers, or an illegal address once the block
+    is returned to the driver). Off, the graph holds the casts."""
+    return torch.autocast('cuda', dtype=torch.get_autocast_dtype('cuda'),
+                          enabled=torch.is_autocast_enabled('cuda'), cache_enabled=False)
+
+
 def graphs_requested(setting: Optional[bool]) -> bool:
     """A backbone's ``cuda_graph`` argument, ``None`` deferring to ``AMVIM_CUDA_GRAPH``."""
     return runtime.settings().cuda_graph if setting is None else bool(setting)
@@ -208,11 +218,12 @@ class InferenceGraphs:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         try:
-            with torch.cuda.stream(side):
-                eager(static_x)                  # warm-up on the capturing stream's side
-            torch.cuda.current_stream().wait_stream(side)
-            with torch.cuda.graph(graph):
-                out = eager(static_x)
+            with _no_cast_cache():
+                with torch.cuda.stream(side):
+                    eager(static_x)              # warm-up on the capturing stream's side
+                torch.cuda.current_stream().wait_stream(side)
+                with torch.cuda.graph(graph):
+                    out = eager(static_x)
         except Exception as e:   # noqa: BLE001  (any capture failure: stay eager for this key)
             msg = f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'[:200]
             self.failed[key] = msg
