@@ -15,6 +15,7 @@ from amvim_mm import runtime  # noqa: E402
 from amvim_mm.deploy import compare_onnx, export_mode, export_onnx  # noqa: E402
 from amvim_mm.errors import ConfigError  # noqa: E402
 from amvim_mm.registry import MODELS  # noqa: E402
+from tests.deploy.matrix import FULL  # noqa: E402
 
 TOL = 1e-4
 SIZE = (64, 96)
@@ -37,11 +38,13 @@ def _assert_close(model, path, batch=3):
     return errs
 
 
-def test_plain_torchscript_export_vim(tmp_path):
-    """What a user tries first: plain torch.onnx.export of Vim (the issue's failure: a file
-    ONNX Runtime refused), the batch of the export run at another batch."""
-    m = _build('Vim')
-    f = tmp_path / 'vim.onnx'
+@pytest.mark.parametrize('family', ['Vim', 'AMVim'])
+def test_plain_torchscript_export_tome(tmp_path, family):
+    """The issue's acceptance check, what a user tries first: plain torch.onnx.export (the
+    TorchScript exporter; its failure was a file ONNX Runtime refused) of Vim / AMVim with ToMe
+    0.27, the batch of the export run at another batch."""
+    m = _build(family, REDUCERS['ToMe'])
+    f = tmp_path / 'm.onnx'
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         torch.onnx.export(m, (_images(2), ), str(f), dynamo=False, opset_version=17,
@@ -84,13 +87,13 @@ REDUCERS = {
     'ToP': dict(type='ToP', keep_rate=0.7, locations=(1, ), align=True),
     'DynamicViT': dict(type='DynamicViT', keep_rate=0.7, locations=(1, )),
 }
-#: family x reducer pairs of the suite (every pair of the matrix passes; the quick ones run by
-#: default, the pairs whose export takes several seconds on 2 cores are marked slow)
-SLOW = pytest.mark.slow
-CASES = [('Vim', 'ToMe'), ('ViL', 'DynamicViT'), ('AMViL', 'ToMe'),
-         pytest.param('Vim', None, marks=SLOW), pytest.param('AMVim', 'ToP', marks=SLOW),
-         pytest.param('AMVim', 'RandomPrune', marks=SLOW),
-         pytest.param('LocalVim', 'EViT', marks=SLOW), pytest.param('Vim', 'EViT', marks=SLOW)]
+#: family x reducer pairs through export_onnx: by default ToP's alignment (AMVim), ViL with
+#: the learned reducer, AMViL with ToMe (ToMe on Vim / AMVim: the plain-export test; random
+#: pruning and EViT: tests/deploy/test_export_vsp.py); the rest with AMVIM_EXPORT_FULL=1
+CASES = [('AMVim', 'ToP'), ('ViL', 'DynamicViT'), ('AMViL', 'ToMe'),
+         pytest.param('Vim', None, marks=FULL), pytest.param('Vim', 'ToMe', marks=FULL),
+         pytest.param('AMVim', 'RandomPrune', marks=FULL),
+         pytest.param('LocalVim', 'EViT', marks=FULL), pytest.param('Vim', 'EViT', marks=FULL)]
 
 
 @pytest.mark.parametrize('family,reducer', CASES)
@@ -107,7 +110,7 @@ def test_export_onnx_family_reducer(tmp_path, family, reducer):
     assert [(e['shape'][0], e['shape'][2:]) for e in errs.values()] == [(3, (4, 6))] * 2
 
 
-@pytest.mark.slow
+@FULL
 @pytest.mark.parametrize('family', ['Vim', 'AMVim'])
 def test_plain_dynamo_export_tome(tmp_path, family):
     """The issue's acceptance check with the torch.export-based exporter (it stopped in

@@ -16,6 +16,7 @@ from amvim_mm.ops.cross_scan import (cross_merge_grid, cross_merge_ref,  # noqa:
 from amvim_mm.ops.plain_aligned import (_gap_slots, _gap_slots_table,  # noqa: E402
                                         step_lookup)
 from amvim_mm.registry import MODELS  # noqa: E402
+from tests.deploy.matrix import FULL  # noqa: E402
 
 TOL = 1e-4
 #: the schedules of tests/models/test_contract.py (VMamba reduces inside stage 2, whose 'test'
@@ -33,11 +34,11 @@ def _reducer(name, loc):
 
 
 #: every reducer once in the quick set (the blocks before the reducer's location run the
-#: unreduced route in each); the other pairs of the family x reducer matrix are slow
+#: unreduced route in each); the other pairs of the matrix with AMVIM_EXPORT_FULL=1
 QUICK = [('VMamba', 'ToMe'), ('VMamba', 'ToP'), ('VMamba', 'DynamicViT'),
          ('PlainMamba', 'EViT'), ('PlainMamba', 'RandomPrune'), ('PlainMamba', 'ToP')]
 CASES = [pytest.param(fam, red, id=f'{fam}-{red}',
-                      marks=() if (fam, red) in QUICK else pytest.mark.slow)
+                      marks=() if (fam, red) in QUICK else FULL)
          for fam in ('VMamba', 'PlainMamba')
          for red in ('none', 'ToMe', 'RandomPrune', 'EViT', 'ToP', 'DynamicViT')]
 pytestmark = pytest.mark.filterwarnings('ignore::torch.jit.TracerWarning')
