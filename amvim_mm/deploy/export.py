@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import warnings
 from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import torch
@@ -120,7 +121,11 @@ def export_onnx(model: nn.Module,
     fd, tmp = tempfile.mkstemp(suffix='.onnx', dir=folder)
     os.close(fd)
     try:
-        with export_mode(), torch.no_grad():
+        with export_mode(), torch.no_grad(), warnings.catch_warnings():
+            # the tracer's notes that shapes become constants: expected, the image size is
+            # fixed at export (the docstring); the batch stays symbolic where asked
+            warnings.simplefilter('ignore', torch.jit.TracerWarning)
+            warnings.filterwarnings('ignore', message='Constant folding - Only steps=1')
             torch.onnx.export(model, xs, tmp, opset_version=opset, dynamo=dynamo,
                               input_names=list(input_names), output_names=names,
                               **_dynamic(xs, input_names, names, dynamic_batch, dynamo))
