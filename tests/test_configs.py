@@ -34,8 +34,9 @@ from amvim_mm.models.reduction import TOKEN_REDUCERS
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIG_DIR = osp.join(ROOT, 'configs')
+# configs/deploy/ holds deploy configs (mmdeploy's format, no model: tests/deploy/test_tools.py)
 CONFIGS = sorted(c for c in glob.glob(osp.join(CONFIG_DIR, '*', '*.py'))
-                 if osp.basename(osp.dirname(c)) != '_base_')
+                 if osp.basename(osp.dirname(c)) not in ('_base_', 'deploy'))
 IDS = [osp.relpath(c, CONFIG_DIR) for c in CONFIGS]
 
 # backbone families: a config swaps its backbone by one line within its family only (a plain

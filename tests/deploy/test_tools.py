@@ -2,6 +2,7 @@
 ``tools/deploy/`` export -> check -> benchmark end to end on a tiny segmentor (random weights,
 toy data), with their one-line errors."""
 import importlib.util
+import os
 import os.path as osp
 
 import numpy as np
@@ -185,3 +186,15 @@ def test_missing_extras_hint(monkeypatch):
     monkeypatch.setattr(builtins, '__import__', no_ort)
     with pytest.raises(ConfigError, match='pip install -r requirements/deploy.txt'):
         ort_session('anything.onnx')
+
+
+@pytest.mark.parametrize('name', sorted(os.listdir(osp.join(ROOT, 'configs', 'deploy'))))
+def test_every_shipped_deploy_config_reads(name):
+    """Each deploy config of configs/deploy/ reads (onnxruntime backend, onnx type), names its
+    task in the file name, and is static or dynamic-batch as its name says."""
+    from amvim_mm.deploy.tasks import is_dynamic_batch, load_deploy_config
+    cfg = load_deploy_config(osp.join(ROOT, 'configs', 'deploy', name))
+    scope = {'segmentation': 'mmseg', 'detection': 'mmdet', 'classification': 'mmpretrain'}
+    assert cfg['codebase_config']['type'] == scope[name.split('_')[0]]
+    assert cfg['onnx_config']['opset_version'] >= 17
+    assert is_dynamic_batch(cfg) == ('_dynamic' in name)
