@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 
 __all__ = ['mlstm', 'mlstm_parallel', 'mlstm_chunkwise', 'mlstm_triton', 'PARALLEL_MAX_LEN',
@@ -161,9 +162,12 @@ def mlstm_chunkwise(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate
     form) are allowed.
     """
     _check(q, k, v, igate_preact, fgate_preact)
-    size = min(_check_chunk(chunk), q.shape[-2])
+    # S as a Python int: traced, the ceil division below became a truncating ONNX Div (one
+    # chunk too few); the length is fixed at export anyway, the batch stays symbolic
+    S = int(q.shape[-2])
+    size = min(_check_chunk(chunk), S)
     out, ct = q.dtype, _compute_dtype(q)
-    B, NH, S, DH = q.shape
+    B, NH, _, DH = q.shape
     nc = -(-S // size)
     qc, vc = _chunked(q.to(ct), nc, size), _chunked(v.to(ct), nc, size)
     kc = _chunked(k.to(ct) / math.sqrt(DH), nc, size)
@@ -254,8 +258,8 @@ def mlstm_triton(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_pr
 
 def _kernel_route(q: Tensor, tensors: Tuple[Tensor, ...]) -> bool:
     """Whether :func:`mlstm` takes the kernel: CUDA, a kernel dtype, head dims up to
-    ``KERNEL_MAX_DH``, no autograd graph recorded, Triton importable."""
-    if not q.is_cuda or q.dtype not in KERNEL_DTYPES:
+    ``KERNEL_MAX_DH``, no autograd graph recorded, not an export, Triton importable."""
+    if not q.is_cuda or q.dtype not in KERNEL_DTYPES or runtime.exporting():
         return False
     if max(q.shape[-1], tensors[2].shape[-1]) > KERNEL_MAX_DH:
         return False

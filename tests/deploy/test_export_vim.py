@@ -124,3 +124,26 @@ def test_plain_dynamo_export_tome(tmp_path, family):
         torch.onnx.export(m, (_images(2), ), str(f), dynamo=True, opset_version=18,
                           dynamic_shapes=({0: batch}, ))
     _assert_close(m, f, batch=3)
+
+
+class _Cell(torch.nn.Module):
+    def forward(self, q, k, v, i, f):
+        from amvim_mm.ops.mlstm import mlstm
+        return mlstm(q, k, v, i, f, chunk=16)
+
+
+def test_mlstm_chunkwise_exports(tmp_path):
+    """ViL's cell beyond PARALLEL_MAX_LEN steps (ViL-T at 224) is the chunkwise form: its
+    chunk count must stay a ceil division in the graph (traced, -(-S // T) became a truncating
+    ONNX Div: one chunk too few, ONNX Runtime's Gather out of bounds)."""
+    from amvim_mm.ops.mlstm import mlstm_parallel
+    g = torch.Generator().manual_seed(0)
+    x = [torch.randn(2, 2, 37, 8, generator=g) for _ in range(3)]
+    x += [torch.randn(2, 2, 37, 1, generator=g) + 2 for _ in range(2)]
+    path = export_onnx(_Cell(), tmp_path / 'cell.onnx', tuple(x),
+                       input_names=('q', 'k', 'v', 'i', 'f'))
+    import onnxruntime as ort
+    sess = ort.InferenceSession(str(path), providers=['CPUExecutionProvider'])
+    out = sess.run(None, {n: t.numpy() for n, t in zip('qkvif', x)})[0]
+    ref = mlstm_parallel(*x)
+    assert float((torch.from_numpy(out) - ref).abs().max() / ref.abs().max()) <= TOL
