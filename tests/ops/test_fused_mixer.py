@@ -19,11 +19,20 @@ from amvim_mm.testing.triton_interpreter import PREAMBLE as FAST_INTERPRETER
 from tests.ops.triton_support import HAS_TRITON, needs_triton  # noqa: F401
 
 
-# every case: backbone config, input (H, W); fused vs unfused outputs (all out_indices)
+# every case: backbone config, input (H, W); fused vs unfused outputs (all out_indices). The
+# unfused reference runs once per case, the fused path once per phase (settings) that lists it
 INTERPRETER_SCRIPT = textwrap.dedent('''
-    import json, torch, amvim_mm
+    import json, os, sys, torch, amvim_mm
     import amvim_mm.ops.token_merge as tm
     from amvim_mm.registry import MODELS
+    phases = json.loads(sys.argv[1])
+
+    def use(phase):
+        """The phase's settings through the environment, as a user sets them."""
+        scan, kernels, match_cfg, _ = phase
+        os.environ.update(AMVIM_FUSED_SCAN_CONFIG=scan, AMVIM_FUSED_REDUCTION_KERNELS=kernels,
+                          AMVIM_TOME_MATCH_CONFIG=match_cfg)
+
     cases = [
         dict(type='Vim', arch='test', img_size=64),
         dict(type='AMVim', arch='test', img_size=112, window_size=2),
@@ -38,31 +47,37 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
              token_reduction=dict(type='ToMe', ratio=0.36)),
     ]
     sizes = [(64, 48), (112, 96), (112, 112), (112, 112), (96, 112), (80, 64), (112, 96)]
+
+    def forward(m, x, fused):
+        for layer in m.layers:
+            layer.mixer.fused = fused
+        with torch.no_grad():
+            outs = m(x)
+        # steps planned for the fused add + RMSNorm (by the matching kernel or by PyTorch
+        # ops), and those planned by PyTorch ops (plan_merge)
+        steps = m.last_context.steps
+        return outs, m.last_context, (sum(s in ('plan', 'kernel-plan') for s in steps),
+                                      steps.count('plan'))
+
     res = []
-    for cfg, (h, w) in zip(cases, sizes, strict=True):
+    for i, (cfg, (h, w)) in enumerate(zip(cases, sizes, strict=True)):
         torch.manual_seed(0)
         m = MODELS.build(dict(cfg, out_type='featmap', out_indices=(0, 2, 3))).eval()
         x = torch.randn(2, 3, h, w)
-        errs = []
-        with torch.no_grad():
-            outs, ctxs, n_calls = {}, {}, {}
-            for fused in (False, True):
-                for layer in m.layers:
-                    layer.mixer.fused = fused
-                outs[fused] = m(x)
-                ctxs[fused] = m.last_context
-                # steps planned for the fused add + RMSNorm (by the matching kernel or by
-                # PyTorch ops), and those planned by PyTorch ops (plan_merge)
-                steps = ctxs[fused].steps
-                n_calls[fused] = (sum(s in ('plan', 'kernel-plan') for s in steps),
-                                  steps.count('plan'))
-        same_state = all(torch.equal(getattr(ctxs[True], k), getattr(ctxs[False], k))
-                         for k in ('pos', 'source') if getattr(ctxs[False], k) is not None)
-        for a, b in zip(outs[True], outs[False], strict=True):
-            assert a.shape == b.shape, (a.shape, b.shape)
-            errs.append(((a - b).abs().max() / b.abs().max()).item())
-        res.append(dict(cfg=cfg['type'], errs=errs, counts=m.token_counts,
-                        merge_calls=[n_calls[False], n_calls[True]], same_state=same_state))
+        ref, ref_ctx, ref_calls = forward(m, x, False)
+        for p, phase in enumerate(phases):
+            if i not in phase[3]:
+                continue
+            use(phase)
+            outs, ctx, calls = forward(m, x, True)
+            same_state = all(torch.equal(getattr(ctx, k), getattr(ref_ctx, k))
+                             for k in ('pos', 'source') if getattr(ref_ctx, k) is not None)
+            errs = []
+            for a, b in zip(outs, ref, strict=True):
+                assert a.shape == b.shape, (a.shape, b.shape)
+                errs.append(((a - b).abs().max() / b.abs().max()).item())
+            res.append(dict(case=i, phase=p, cfg=cfg['type'], errs=errs, counts=m.token_counts,
+                            merge_calls=[ref_calls, calls], same_state=same_state))
     # the one-kernel matching against ToMe.select (edge sets; random data has no ties), on one
     # stream or on hidden + residual
     from amvim_mm.models.layout.scan_context import ScanContext
@@ -70,9 +85,11 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
     from amvim_mm.models.reduction.state import (Streams, init_reduction_state,
                                                  plan_merge_step, reduce_tokens)
     match = []
-    for bsz, n, cls, dim, k, metric, split in [(3, 20, 10, 16, 5, 'norm_input', False),
+    for phase, (bsz, n, cls, dim, k, metric, split) in [
+            (ph, c) for ph in phases for c in [(3, 20, 10, 16, 5, 'norm_input', False),
                                                (2, 21, -1, 40, 7, 'stream', True),
-                                               (2, 196, 98, 64, 14, 'norm_input', True)]:
+                                               (2, 196, 98, 64, 14, 'norm_input', True)]]:
+        use(phase)    # its matching kernel's launch configuration
         ctx = init_reduction_state(ScanContext((1, n), cls_index=cls), bsz, 'cpu')
         x = torch.randn(bsz, n + (cls >= 0), dim)
         resid = torch.randn_like(x) if split else None
@@ -86,6 +103,7 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
         match.append(all(set(zip(a.tolist(), c.tolist(), strict=True))
                          == set(zip(b.tolist(), d.tolist(), strict=True))
                          for a, b, c, d in zip(rem0, rem1, dst0, dst1, strict=True)))
+    use(phases[0])   # the rest does not read the settings
     # a planned merge step (bookkeeping kernel + merge inside the fused add + RMSNorm) against
     # reduce_tokens(fold=True): merged stream, normalised output, pos/size/source
     from amvim_mm.ops.fused_mixer import fused_add_rmsnorm
@@ -209,21 +227,31 @@ def test_top_on_the_triton_route_equals_the_pytorch_mixer_in_the_interpreter():
         assert r['routes'] == ['triton'] and r['same'] and r['err'] < 1e-5, r
 
 
+# (scan launch configuration, ToMe matching and reduced paths in Triton, the matching kernel's
+# launch configuration (BLOCK_D, warps, pipeline stages), the model cases run): dt_proj in the
+# kernel with matching and reduced paths in PyTorch on every case; dt_proj as a matmul with
+# matching and reduced paths in Triton on the cases that differ in what the scan reads (Vim's
+# shared paths, AMVim's four paths with per-sample pruned ones) and on both ToMe cases (with
+# and without a class token). Cases 1, 2 and 5 (window sizes, shifted windows, no class token)
+# change the path indices only, which the scan reads the same way under either configuration
+PHASES = [('32,1,1', '0', '32,8,1', [0, 1, 2, 3, 4, 5, 6]),
+          ('16,1,0', '1', '64,4,2', [0, 3, 4, 6])]
+
+
 @needs_triton
-# dt_proj in the kernel / as matmul; ToMe matching and reduced paths in PyTorch / Triton (opt-in)
-# and the matching kernel's launch configurations (BLOCK_D, warps, pipeline stages)
-@pytest.mark.parametrize('config, match, match_cfg', [('32,1,1', '0', '32,8,1'),
-                                                      ('16,1,0', '1', '64,4,2')])
-def test_fused_matches_unfused_in_triton_interpreter(config, match, match_cfg):
-    env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1',
-               AMVIM_FUSED_SCAN_CONFIG=config, AMVIM_FUSED_REDUCTION_KERNELS=match,
-               AMVIM_TOME_MATCH_CONFIG=match_cfg)
-    proc = subprocess.run([sys.executable, '-c', FAST_INTERPRETER + INTERPRETER_SCRIPT], env=env,
+def test_fused_matches_unfused_in_triton_interpreter():
+    """Both phases of PHASES in one interpreter process (the unfused reference once per case):
+    whole backbones fused vs unfused to 1e-5 with the same reduction state; the matching kernel
+    against ToMe.select under each matching configuration; merge plans, reduced path indices
+    and the one-kernel embedding (these read no setting) once."""
+    env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1')
+    proc = subprocess.run([sys.executable, '-c', FAST_INTERPRETER + INTERPRETER_SCRIPT,
+                           json.dumps(PHASES)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
     out = json.loads(line[len('RESULT'):])
-    assert out['match'] == [True, True, True] and out['perms'] == [True, True]
+    assert out['match'] == [True] * 3 * len(PHASES) and out['perms'] == [True, True]
     assert len(out['embeds']) == 4
     for e in out['embeds']:   # fp16: a few accumulation-order flips of one fp16 step (~1e-3)
         assert e['shape'] and e['dtype'] and e['ctx'], e
@@ -232,19 +260,23 @@ def test_fused_matches_unfused_in_triton_interpreter(config, match, match_cfg):
         assert p['stream'] < 1e-6 and p['torch_plan'] < 1e-5 and p['normed'] < 1e-5, p
         assert p['state'], p
     results = out['models']
-    assert len(results) == 7
+    assert [(r['case'], r['phase']) for r in results] == [
+        (i, p) for i in range(7) for p, phase in enumerate(PHASES) if i in phase[3]]
     for r in results:
         assert max(r['errs']) < 1e-5, r
         assert r['same_state'], r
-    # ToMe's steps were planned for the fused add + RMSNorm (amvim_mm.ops.token_merge) on the
-    # fused side only: by the matching kernel itself, or (matching in PyTorch) by plan_merge
-    for i in (3, 6):
-        (steps0, plans0), (steps1, plans1) = results[i]['merge_calls']
-        assert steps0 == plans0 == 0 and steps1 > 0, results[i]
-        assert plans1 == (0 if match == '1' else steps1), results[i]
-    # the reduced cases really ran on shorter sequences (per-sample path indices)
-    assert results[3]['counts'][-1] < results[3]['counts'][0]
-    assert results[4]['counts'][-1] < results[4]['counts'][0]
+    by = {(r['case'], r['phase']): r for r in results}
+    for p, (_, match, _, _) in enumerate(PHASES):
+        # ToMe's steps were planned for the fused add + RMSNorm (amvim_mm.ops.token_merge) on
+        # the fused side only: by the matching kernel itself, or (matching in PyTorch) by
+        # plan_merge
+        for i in (3, 6):
+            (steps0, plans0), (steps1, plans1) = by[i, p]['merge_calls']
+            assert steps0 == plans0 == 0 and steps1 > 0, by[i, p]
+            assert plans1 == (0 if match == '1' else steps1), by[i, p]
+        # the reduced cases really ran on shorter sequences (per-sample path indices)
+        assert by[3, p]['counts'][-1] < by[3, p]['counts'][0]
+        assert by[4, p]['counts'][-1] < by[4, p]['counts'][0]
 
 
 def test_match_config_env_is_validated(monkeypatch):
