@@ -144,6 +144,6 @@ def test_mlstm_chunkwise_exports(tmp_path):
                        input_names=('q', 'k', 'v', 'i', 'f'))
     import onnxruntime as ort
     sess = ort.InferenceSession(str(path), providers=['CPUExecutionProvider'])
-    out = sess.run(None, {n: t.numpy() for n, t in zip('qkvif', x)})[0]
+    out = sess.run(None, {n: t.numpy() for n, t in zip('qkvif', x, strict=True)})[0]
     ref = mlstm_parallel(*x)
     assert float((torch.from_numpy(out) - ref).abs().max() / ref.abs().max()) <= TOL
