@@ -30,6 +30,12 @@ GRAD_SCRIPT = textwrap.dedent('''
     import amvim_mm.ops.fused_mixer_autograd as FA
     from amvim_mm.registry import MODELS
     cases, phases = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    seen, groups_rule = set(), FA.bwd_groups
+
+    def recording_groups(programs, n_chunks):   # (programs, chunks, groups) of each backward
+        seen.add((programs, n_chunks, groups_rule(programs, n_chunks)))
+        return groups_rule(programs, n_chunks)
+    FA.bwd_groups = recording_groups
 
     def step(m, x, fused):
         for layer in m.layers:
@@ -43,44 +49,51 @@ GRAD_SCRIPT = textwrap.dedent('''
             list(m.token_counts))
 
     res = []
-    for i, (cfg, (h, w), big_dt) in enumerate(cases):
+    for i, (cfg, (h, w), batch, big_dt) in enumerate(cases):
         torch.manual_seed(0)
-        m = MODELS.build(dict(cfg, out_type='featmap', out_indices=(1, -1))).train()
+        m = MODELS.build(dict(dict(out_type='featmap', out_indices=(1, -1)), **cfg)).train()
         if big_dt:   # some channels past softplus' x > 20 threshold (delta = dt + bias)
             for layer in m.layers:
                 with torch.no_grad():
                     layer.mixer.dt_proj.bias[::3] = 25.
-        x = torch.randn(2, 3, h, w)
+        x = torch.randn(batch, 3, h, w)
         o0, g0, c0 = step(m, x, False)
         for bwd_config, target, which in phases:
             if i not in which:
                 continue
             os.environ['AMVIM_FUSED_BWD_CONFIG'] = bwd_config
             FA.BWD_TARGET_PROGRAMS = target     # how many chunk groups the backward uses
+            seen.clear()
             o1, g1, c1 = step(m, x, True)
             res.append(dict(
                 case=i, phase=[bwd_config, target],
                 out=max(((a - b).abs().max() / b.abs().max()).item()
                         for a, b in zip(o1, o0, strict=True)),
                 names=sorted(g0) == sorted(g1), n=len(g0), counts=[c0, c1],
+                groups=sorted(seen),
                 grads={k: ((g1[k] - g0[k]).abs().max() / (g0[k].abs().max() + 1e-30)).item()
                        for k in g0}))
     print('RESULT' + json.dumps(res))
 ''')
 
+# (model, input size: 13 tokens, batch, dt bias past softplus' threshold); Vim's own case is
+# one block and one image (the multi-block, two-image route is the same code, run by the others)
 CASES = [
-    (dict(type='Vim', arch='test', img_size=64), (48, 64), True),
+    (dict(type='Vim', arch=dict(embed_dims=32, num_layers=1, d_state=8, d_conv=4, expand=2,
+                                dt_rank=2), img_size=64, out_indices=(-1, )), (48, 64), 1, True),
     (dict(type='AMVim', arch='test', img_size=64, window_size=2,
-          token_reduction=dict(type='RandomPrune', ratio=0.27, seed=1)), (64, 48), False),
+          token_reduction=dict(type='RandomPrune', ratio=0.27, seed=1)), (64, 48), 2, False),
     (dict(type='Vim', arch='test', img_size=64, with_cls_token=False,
-          token_reduction=dict(type='ToMe', ratio=0.3)), (64, 48), False),
+          token_reduction=dict(type='ToMe', ratio=0.3)), (64, 48), 2, False),
 ]
-# (backward launch configuration, target programs, the cases run with it): with 64 inner
-# channels, batch 2 and 2 paths, 4,8,1 has 32 programs (13 tokens: 4 chunks): target 1 -> one
-# group (the chunks walked in turn), 40 -> 2 groups of 2 chunks; 8,16,2 (16 programs, 2 chunks)
-# with a large target: a group a chunk. The grouping is the same code for every model, so the
-# last two run on the first case only
-PHASES = [('4,8,1', 1, [0, 1, 2]), ('4,8,1', 40, [0]), ('8,16,2', 10 ** 6, [0])]
+# (backward launch configuration, target programs, the cases run with it): programs = batch x
+# channel blocks (64 inner channels / BLOCK_E) x 2 paths, chunks = tokens / T (the last one
+# partial). 4,8,1 with target 1: one group (the chunks walked in turn), on every case. The
+# grouping is the same code for every model, so the other two settings run on the first case
+# only (13 tokens): 4,8,1 has 1 x 8 x 2 = 16 programs and 4 chunks, target 32 -> 2 groups of
+# 2 chunks (the carried gradient, the link between groups); 8,16,2 has 1 x 4 x 2 = 8 programs
+# and 2 chunks, a large target -> a group a chunk
+PHASES = [('4,8,1', 1, [0, 1, 2]), ('4,8,1', 32, [0]), ('8,16,2', 10 ** 6, [0])]
 
 
 def _run(cases, phases):
@@ -97,8 +110,9 @@ def _run(cases, phases):
 @pytest.mark.skipif(not HAS_TRITON, reason='triton is not installed')
 def test_fused_training_matches_unfused_in_interpreter():
     """Every case under the first backward setting, the first case under all three (PHASES), in
-    one interpreter process: outputs to 1e-5, every gradient to 2e-5 (relative to its largest
-    entry) of the unfused path's, computed once per case."""
+    one interpreter process: the grouping each setting is
+    meant to reach, outputs to 1e-5, every gradient to 2e-5 (relative to its largest entry) of
+    the unfused path's, computed once per case."""
     results = _run(CASES, PHASES)
     assert [(r['case'], r['phase']) for r in results] == [
         (i, [c, t]) for i in range(len(CASES)) for c, t, which in PHASES if i in which]
@@ -113,6 +127,13 @@ def test_fused_training_matches_unfused_in_interpreter():
                                                                  for k in r['grads'])
         c0, c1 = r['counts']
         assert c0 == c1
+    # the grouping each setting is meant to reach, (programs, chunks, groups) for 13 tokens:
+    # one group, 2 groups of 2 chunks, a group a chunk
+    by_phase = {(r['case'], r['phase'][1]): set(map(tuple, r['groups'])) for r in results}
+    assert by_phase[0, 1] == {(16, 4, 1)}
+    assert all(g == 1 for i in (1, 2) for _, _, g in by_phase[i, 1])
+    assert by_phase[0, 32] == {(16, 4, 2)}
+    assert by_phase[0, 10 ** 6] == {(8, 2, 2)}
     # the reduced cases ran on shorter sequences
     by_case = {r['case']: r for r in results}
     assert by_case[1]['counts'][0][-1] < by_case[1]['counts'][0][0]
