@@ -30,8 +30,7 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmen
 from mmengine.config import DictAction
 
 from amvim_mm.apis.cli import run_cli
-from amvim_mm.apis.sweep.methods import (IMPORTANCE_METHODS, LEARNED, METHODS, SEEDED_METHODS,
-                                         cell_reducer, check_ratio,
+from amvim_mm.apis.sweep.methods import (LEARNED, METHODS, cell_reducer, check_reduction_args,
                                          config_has_learned_reducer, learned_reducer)
 from amvim_mm.apis.runner import (drop_token_reduction_hooks, identify_images, load_config,
                                   load_model_weights, make_runner)
@@ -63,28 +62,9 @@ def parse_args(argv=None):
     return args
 
 
-def check_reduction_args(args) -> None:
-    """One-line errors for the combinations of ``--reduce`` options that do not apply."""
-    method = args.reduce
-    if method == LEARNED:
-        if args.ratio is not None:
-            raise ConfigError('--ratio does not apply to --reduce learned: the learned reducer '
-                              'runs at the ratio it was fine-tuned for; drop --ratio')
-    elif (method is None) != (args.ratio is None):
-        raise ConfigError('--reduce and --ratio go together (only --reduce learned takes no '
-                          '--ratio)')
-    if args.ratio is not None:
-        check_ratio(args.ratio)
-    if args.seed is not None and method not in SEEDED_METHODS:
-        raise ConfigError(f'--seed applies to --reduce {" / ".join(SEEDED_METHODS)} only')
-    if args.locations is not None and method not in IMPORTANCE_METHODS:
-        raise ConfigError(f'--locations applies to --reduce {" / ".join(IMPORTANCE_METHODS)} '
-                          'only')
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
-    check_reduction_args(args)
+    check_reduction_args(args.reduce, args.ratio, args.seed, args.locations)
     if scheme_of(args.checkpoint) is None and not os.path.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
     cfg = load_config(args.config, args.cfg_options, args.work_dir, args.launcher)

@@ -66,26 +66,6 @@ def add_model_args(parser) -> None:
                         help='overrides of the model config')
 
 
-def check_reduction_args(args) -> None:
-    """One-line errors for the ``--reduce`` combinations that do not apply (as tools/test.py)."""
-    from amvim_mm.apis.sweep.methods import (IMPORTANCE_METHODS, LEARNED, SEEDED_METHODS,
-                                             check_ratio)
-    if args.reduce == LEARNED:
-        if args.ratio is not None:
-            raise ConfigError('--ratio does not apply to --reduce learned: the learned reducer '
-                              'runs at the ratio it was fine-tuned for; drop --ratio')
-    elif (args.reduce is None) != (args.ratio is None):
-        raise ConfigError('--reduce and --ratio go together (only --reduce learned takes no '
-                          '--ratio)')
-    if args.ratio is not None:
-        check_ratio(args.ratio)
-    if args.seed is not None and args.reduce not in SEEDED_METHODS:
-        raise ConfigError(f'--seed applies to --reduce {" / ".join(SEEDED_METHODS)} only')
-    if args.locations is not None and args.reduce not in IMPORTANCE_METHODS:
-        raise ConfigError(f'--locations applies to --reduce {" / ".join(IMPORTANCE_METHODS)} '
-                          'only')
-
-
 def _cfg_options(pairs: Optional[Sequence[str]]) -> Optional[dict]:
     if not pairs:
         return None
@@ -106,7 +86,8 @@ def load_task_model(args):
     from amvim_mm.apis.sweep.methods import (LEARNED, cell_reducer,
                                              config_has_learned_reducer, learned_reducer)
     from amvim_mm.engine.hooks import find_reducible_backbone
-    check_reduction_args(args)
+    from amvim_mm.apis.sweep.methods import check_reduction_args
+    check_reduction_args(args.reduce, args.ratio, args.seed, args.locations)
     if not osp.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
     cfg = load_config(args.config, _cfg_options(args.cfg_options))

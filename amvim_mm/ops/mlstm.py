@@ -164,7 +164,7 @@ def mlstm_chunkwise(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate
     _check(q, k, v, igate_preact, fgate_preact)
     # S as a Python int: traced, the ceil division below became a truncating ONNX Div (one
     # chunk too few); the length is fixed at export anyway, the batch stays symbolic
-    S = int(q.shape[-2])
+    S = runtime.static_int(q.shape[-2])
     size = min(_check_chunk(chunk), S)
     out, ct = q.dtype, _compute_dtype(q)
     B, NH, _, DH = q.shape

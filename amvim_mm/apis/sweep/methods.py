@@ -47,6 +47,27 @@ def check_ratio(ratio: float) -> None:
         raise ConfigError(f'ratio {ratio} is outside [0, 1)')
 
 
+
+def check_reduction_args(method: Optional[str], ratio: Optional[float], seed: Optional[int],
+                         locations: Optional[Sequence[int]]) -> None:
+    """One-line errors for the combinations of the tools' ``--reduce`` options (``--ratio``,
+    ``--seed``, ``--locations``) that do not apply (tools/test.py, tools/deploy)."""
+    if method == LEARNED:
+        if ratio is not None:
+            raise ConfigError('--ratio does not apply to --reduce learned: the learned reducer '
+                              'runs at the ratio it was fine-tuned for; drop --ratio')
+    elif (method is None) != (ratio is None):
+        raise ConfigError('--reduce and --ratio go together (only --reduce learned takes no '
+                          '--ratio)')
+    if ratio is not None:
+        check_ratio(ratio)
+    if seed is not None and method not in SEEDED_METHODS:
+        raise ConfigError(f'--seed applies to --reduce {" / ".join(SEEDED_METHODS)} only')
+    if locations is not None and method not in IMPORTANCE_METHODS:
+        raise ConfigError(f'--locations applies to --reduce {" / ".join(IMPORTANCE_METHODS)} '
+                          'only')
+
+
 def reduction_config(method: str, ratio: float, num_patches: int, depth: int,
                      locations: Optional[Sequence[int]] = None, seed: int = 0
                      ) -> Optional[dict]:
