@@ -74,6 +74,9 @@ def export(args) -> str:
     names = output_names(forward, images, onnx_cfg.get('output_names'))
     out = args.out or default_out(args)
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+    print(f'exporting at {h}x{w} with the {"torch.export-based" if args.dynamo else "TorchScript"}'
+          ' exporter (a tiny model at 224: about a minute on 2 cores; dynamo: several)...',
+          file=sys.stderr, flush=True)
     return export_onnx(forward, out, (images, ), opset=args.opset or onnx_cfg.get(
                            'opset_version', 17), dynamo=args.dynamo,
                        dynamic_batch=is_dynamic_batch(deploy_cfg),
