@@ -4,7 +4,8 @@ A forward has four parts that have more than one implementation:
 
 * the **embedding** (patch GEMM, class token, position embedding): one Triton kernel
   (:mod:`amvim_mm.ops.fused_embed`) or PyTorch;
-* each block's **add + RMSNorm**: one Triton kernel (inference, a ToMe merge inside its pass),
+* each block's **add + RMSNorm**: one Triton kernel (inference, a reduction step's merges and
+  prunes inside its pass),
   the trainable Triton Function, one compiled CPU call (:func:`~amvim_mm.ops.cpu_ops.add_rmsnorm`)
   or PyTorch;
 * each block's **mixer**: the fused Triton mixer (inference or trainable), the fused CPU mixer
@@ -87,7 +88,9 @@ class ReducerFacts:
     steps: FrozenSet[int]          # the blocks before which a step runs
     importance: FrozenSet[int]     # the blocks whose mixer scores the tokens (ToP importance)
     align_from: Optional[int]      # the first block whose scan is aligned (ToP), None: none
-    plain_merge: bool              # size-weighted merges only: plannable into the add + RMSNorm
+    plain_merge: bool              # size-weighted merges only (the compiled CPU merge)
+    plannable: bool                # size-weighted merges and / or prunes, no fused token:
+                                   # plannable into the Triton add + RMSNorm
     folds: bool                    # at inference its steps fold the streams (fp32) into one
     kernels: FrozenSet[str]        # the reducer's own step kernels ('triton', 'cpu')
     block_metric: bool             # it matches on the block's normalised input
@@ -125,7 +128,7 @@ class ForwardFacts:
         if ctx is not None and (ctx.want_importance or (ctx.align is not None and ctx.reduced)):
             red = ReducerFacts((0, ), frozenset(), frozenset({0}) if ctx.want_importance
                                else frozenset(), 0 if ctx.align is not None and ctx.reduced
-                               else None, False, False, frozenset(), False)
+                               else None, False, False, False, frozenset(), False)
         grad = torch.is_grad_enabled()
         return cls(device=hidden.device.type, dtype=hidden.dtype,
                    autocast=autocast_dtype(hidden.device.type), grad_mode=grad,
@@ -212,6 +215,7 @@ def reducer_facts(reducer, num_patches: int, depth: int) -> Optional[ReducerFact
         removals=removals, steps=frozenset(steps), importance=importance,
         align_from=min(steps) if reducer.align is not None else None,
         plain_merge=bool(reducer.merges and not reducer.freeze_sources and not reducer.prunes),
+        plannable=not reducer.freeze_sources,
         folds=bool(reducer.merges and not reducer.freeze_sources and not reducer.dynamic),
         kernels=frozenset(reducer.step_kernels), block_metric=bool(reducer.block_metric))
 
@@ -377,7 +381,7 @@ def _step(f: ForwardFacts, i: int, fused: bool, grads: Tuple[bool, bool, bool]) 
         return StepPlan(i, TORCH, TORCH, False, 'training keeps both streams')
     if fused and not f.grad_mode:
         match = TRITON if TRITON in red.kernels and f.reduction_kernels else TORCH
-        merge = TRITON if red.plain_merge else TORCH
+        merge = TRITON if red.plannable else TORCH
         return StepPlan(i, match, merge, True, 'Triton inference')
     up, add, _ = grads
     cpu = _cpu_fp32(f) is None and cpu_ops.status()[0]

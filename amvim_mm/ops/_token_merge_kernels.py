@@ -27,7 +27,8 @@ def _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr, r
     """Sample b's merge plan from its edges ``rem[t] -> dst[t]`` (vectors over ``ro``, valid
     where ``mr``; -1 elsewhere): token i is removed when some ``rem[t] == i``; its weight after
     the merge is its size plus the sizes merged into it; survivors are renumbered in order (the
-    class token, ``pos == -1``, at ``mid``).
+    class token, ``pos == -1``, at ``mid``). ``dst[t] = -1`` prunes ``rem[t]``: it adds to no
+    row (``rtgt = -1``, weight 0) and its patches get no carrier (source -1).
 
     Plan: ``rows[b, j]`` the old index of the token kept at new index j with weight
     ``rcoef[b, j]``; removed token t adds with weight ``rmcoef[b, t]`` to new row
@@ -45,8 +46,9 @@ def _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr, r
     tl.store(f_ptr + row + offs, tl.zeros((BLOCK_L, ), dtype=tl.int32), mask=ml)
     tl.store(g_ptr + row + offs, w, mask=ml)
     tl.debug_barrier()
+    merged = mr & (dst >= 0)
     tl.store(f_ptr + row + rem, (ro * 0 + 1).to(tl.int32), mask=mr)
-    tl.atomic_add(g_ptr + row + dst, w_rem, mask=mr)
+    tl.atomic_add(g_ptr + row + dst, w_rem, mask=merged)
     tl.debug_barrier()
     removed = tl.load(f_ptr + row + offs, mask=ml, other=0) > 0
     wn = tl.load(g_ptr + row + offs, mask=ml, other=0.)
@@ -65,10 +67,11 @@ def _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr, r
     tl.debug_barrier()
     tl.store(f_ptr + row + offs, ni, mask=ml)
     tl.debug_barrier()
-    tgt = tl.load(f_ptr + row + dst, mask=mr, other=0)                      # ni[dst[t]]
-    wd = tl.load(g_ptr + row + dst, mask=mr, other=0.)                      # wn[dst[t]]
+    tgt = tl.load(f_ptr + row + dst, mask=merged, other=-1)                 # ni[dst[t]]
+    wd = tl.load(g_ptr + row + dst, mask=merged, other=1.)                  # wn[dst[t]]
     tl.store(rtgt_ptr + b * R + ro, tgt, mask=mr)
-    tl.store(rmcoef_ptr + b * R + ro, w_rem / tl.maximum(wd, 1e-12), mask=mr)
+    tl.store(rmcoef_ptr + b * R + ro, tl.where(merged, w_rem / tl.maximum(wd, 1e-12), 0.),
+             mask=mr)
     tl.debug_barrier()
     tl.store(f_ptr + row + rem, tgt, mask=mr)                               # removed -> dst
     tl.debug_barrier()

@@ -1,5 +1,5 @@
-"""A ToMe merge step at inference: the matching in one Triton launch (:func:`tome_match`), the
-bookkeeping in one (:func:`plan_merge`), and the merge itself inside the next block's fused
+"""A merge / prune step at inference: ToMe's matching in one Triton launch (:func:`tome_match`),
+the bookkeeping in one (:func:`plan_merge`), and the merge itself inside the next block's fused
 add + RMSNorm (:func:`amvim_mm.ops.fused_mixer.fused_add_rmsnorm` with ``merge=``); plus the
 path indices of a reduced sequence in one launch (:func:`rank_path_perms`).
 
@@ -12,7 +12,8 @@ tokens save. Here no merged stream is ever written: the plan says, per new token
 token it keeps (with its weight) and where each removed token adds (with its weight), and the
 block's add + RMSNorm reads the old streams through it.
 
-Only for merges without frozen sources and without EViT's fused token (ToMe at inference).
+Only for steps without frozen sources and without EViT's fused token: ToMe's merges, pruning
+(ToP, DynamicViT, random pruning: ``dst = -1``) or both (LTMP), at inference.
 ``AMVIM_FUSED_REDUCTION_KERNELS=0`` matches and orders reduced paths with PyTorch ops instead
 (for comparison; the merge step stays fused). CPU tensors run in Triton's interpreter when
 ``TRITON_INTERPRET=1`` is set (tests).
@@ -58,8 +59,9 @@ class MergePlan(NamedTuple):
     """Where each token of a (B, L, D) stream lands after a merge step (new length L').
 
     ``rows`` (B, L') int32: the old index of the token kept at each new index, with weight
-    ``row_coef`` (B, L') fp32; ``removed`` (B, r) int64 old indices of the merged tokens, each
-    added to new row ``rem_tgt`` (B, r) int32 with weight ``rem_coef`` (B, r) fp32.
+    ``row_coef`` (B, L') fp32; ``removed`` (B, r) int64 old indices of the removed tokens, each
+    added to new row ``rem_tgt`` (B, r) int32 with weight ``rem_coef`` (B, r) fp32, or pruned
+    (``rem_tgt`` -1, weight 0: added nowhere).
     """
     rows: Tensor
     row_coef: Tensor
@@ -75,7 +77,8 @@ def plan_merge(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor, dst: 
     Args:
         pos: (B, L) grid positions (-1: class token); size: (B, L) token sizes (the weights);
         source: (B, M) token carrying each grid patch; removed, dst: (B, r) sequence indices
-        (distinct removed tokens, never the class token; every dst a survivor).
+        (distinct removed tokens, never the class token; every dst a survivor, or -1: the
+        token is pruned and its patches lose their carrier, source -1).
         new_cls: the class token's new index (-1: none).
 
     Returns:
@@ -122,8 +125,9 @@ def apply_merge_plan(hidden: Tensor, residual: Optional[Tensor], plan: MergePlan
     out = torch.gather(x, 1, plan.rows.long().unsqueeze(-1).expand(-1, -1, D))
     out = out * plan.row_coef.unsqueeze(-1)
     add = torch.gather(x, 1, plan.removed.unsqueeze(-1).expand(-1, -1, D))
-    return out.scatter_add(1, plan.rem_tgt.long().unsqueeze(-1).expand(-1, -1, D),
-                           add * plan.rem_coef.unsqueeze(-1))
+    add = torch.where((plan.rem_tgt >= 0).unsqueeze(-1), add * plan.rem_coef.unsqueeze(-1), 0.)
+    return out.scatter_add(1, plan.rem_tgt.clamp(min=0).long().unsqueeze(-1).expand(-1, -1, D),
+                           add)
 
 
 # Launch configuration of the matching kernel: (BLOCK_D, num_warps, num_stages).

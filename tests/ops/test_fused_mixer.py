@@ -108,7 +108,7 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
     # reduce_tokens(fold=True): merged stream, normalised output, pos/size/source
     from amvim_mm.ops.fused_mixer import fused_add_rmsnorm
     plans = []
-    for cls in (7, -1):
+    for cls, prune in ((7, False), (-1, False), (7, True)):   # prune: some dst -1
         torch.manual_seed(1)
         n, bsz, dim, k = 15, 3, 24, 5
         ctx = init_reduction_state(ScanContext((3, 5), cls_index=cls), bsz, 'cpu')
@@ -123,10 +123,12 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
             rem = sorted(patches[i] for i in perm[:k])
             keep = [patches[i] for i in perm[k:]]
             removed.append(rem)
-            dst.append([keep[j] for j in torch.randint(0, len(keep), (k, )).tolist()])
+            dst.append([keep[j] if not prune or t % 2 else -1
+                        for t, j in enumerate(torch.randint(0, len(keep), (k, )).tolist())])
         removed, dst = torch.tensor(removed), torch.tensor(dst)
-        ref_h, _, ref_ctx = reduce_tokens(ctx, h, resid, removed, dst, fold=True)
-        plan, new_ctx = plan_merge_step(ctx, removed, dst)
+        ref_h, _, ref_ctx = reduce_tokens(ctx, h, resid, removed, dst, fold=True, prunes=prune)
+        plan, new_ctx = plan_merge_step(ctx, removed, dst,
+                                        stream=resid + h if prune else None)
         normed, merged = fused_add_rmsnorm(h, resid, w, 1e-5, merge=plan)
         ref_normed = ref_h * torch.rsqrt(ref_h.pow(2).mean(-1, keepdim=True) + 1e-5) * w
         plans.append(dict(
@@ -135,7 +137,9 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
             normed=((normed - ref_normed).abs().max()).item(),
             state=all(torch.equal(getattr(new_ctx, a), getattr(ref_ctx, a))
                       for a in ('pos', 'source')) and torch.allclose(new_ctx.size, ref_ctx.size)
-            and new_ctx.cls_index == ref_ctx.cls_index))
+            and new_ctx.cls_index == ref_ctx.cls_index,
+            frozen=None if not prune else torch.equal(new_ctx.frozen, ref_ctx.frozen),
+            pruned=int((new_ctx.source < 0).sum())))
     # rank-ordered path indices of reduced sequences against path_permutation
     from amvim_mm.models.layout.scan_orders import path_permutation, scan_rank
     perms = []
@@ -195,20 +199,27 @@ TOP_SCRIPT = textwrap.dedent('''
     from amvim_mm.registry import MODELS
     torch.manual_seed(0)
     out = []
-    for typ, size, red in [('Vim', 48, dict(type='ToP', keep_rate=0.7, locations=(0, 1))),
-                           ('AMVim', 64, dict(type='ToP', keep_rate=0.6, locations=(1, ),
-                                              gap_delta='token'))]:
-        cfg = dict(type=typ, arch='test', img_size=size, out_type='featmap', out_indices=(-1, ),
-                   token_reduction=red)
+    for typ, size, red, out_type in [
+            ('Vim', 48, dict(type='ToP', keep_rate=0.7, locations=(0, 1)), 'featmap'),
+            ('AMVim', 64, dict(type='ToP', keep_rate=0.6, locations=(1, ), gap_delta='token'),
+             'featmap'),
+            ('Vim', 48, dict(type='DynamicViT', keep_rate=0.7, locations=(1, )), 'cls_token')]:
+        cfg = dict(type=typ, arch='test', img_size=size, out_type=out_type, token_reduction=red)
+        if out_type == 'featmap':
+            cfg['out_indices'] = (-1, )
         fused = MODELS.build(dict(cfg, fused_mixer=True)).eval()
         ref = MODELS.build(dict(cfg, fused_mixer=False, scan_backend='torch')).eval()
         ref.load_state_dict(fused.state_dict())
         x = torch.randn(2, 3, size, size)
         with torch.no_grad():
-            routes = sorted({b.mixer.route for b in fused.execution_plan(x).blocks})
+            plan = fused.execution_plan(x)
+            routes = sorted({b.mixer.route for b in plan.blocks})
             a, b = fused(x)[0], ref(x)[0]
+        ctx = fused.last_context
         out.append(dict(routes=routes, err=((a - b).abs().max() / b.abs().max()).item(),
-                        same=torch.equal(fused.last_context.source, ref.last_context.source)))
+                        same=torch.equal(ctx.source, ref.last_context.source),
+                        merge=sorted({s.merge for s in plan.steps}), planned=ctx.steps,
+                        frozen=ctx.frozen is not None, dense=out_type == 'featmap'))
     print('RESULT' + json.dumps(out))
 ''')
 
@@ -217,14 +228,20 @@ TOP_SCRIPT = textwrap.dedent('''
 def test_top_on_the_triton_route_equals_the_pytorch_mixer_in_the_interpreter():
     """ToP's importance (the block before each step) and aligned scans (every later block,
     gap_delta bias and token, Vim's two paths and AMVim's four) on the fused Triton route of
-    the whole backbone, against the PyTorch mixer: same survivors, outputs to 1e-5 (fp32)."""
+    the whole backbone, against the PyTorch mixer: same survivors, outputs to 1e-5 (fp32).
+    The pruning steps (ToP's, DynamicViT's) are planned into the next add + RMSNorm; the
+    pruned patches keep their features for dense outputs only."""
     env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1')
     proc = subprocess.run([sys.executable, '-c', FAST_INTERPRETER + TOP_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
-    for r in json.loads(line[len('RESULT'):]):
+    out = json.loads(line[len('RESULT'):])
+    assert len(out) == 3
+    for r in out:
         assert r['routes'] == ['triton'] and r['same'] and r['err'] < 1e-5, r
+        assert r['merge'] == ['triton'] and 'plan' in r['planned'], r
+        assert r['frozen'] == r['dense'], r
 
 
 # (scan launch configuration, ToMe matching and reduced paths in Triton, the matching kernel's
@@ -256,9 +273,13 @@ def test_fused_matches_unfused_in_triton_interpreter():
     for e in out['embeds']:   # fp16: a few accumulation-order flips of one fp16 step (~1e-3)
         assert e['shape'] and e['dtype'] and e['ctx'], e
         assert e['err'] < (2e-3 if e['half'] else 1e-5) and e['mean'] < 1e-4, e
+    assert len(out['plans']) == 3
     for p in out['plans']:
         assert p['stream'] < 1e-6 and p['torch_plan'] < 1e-5 and p['normed'] < 1e-5, p
         assert p['state'], p
+    # the pruning plan: patches without a carrier, their features frozen as reduce_tokens does
+    assert [p['pruned'] > 0 for p in out['plans']] == [False, False, True]
+    assert out['plans'][2]['frozen'] is True
     results = out['models']
     assert [(r['case'], r['phase']) for r in results] == [
         (i, p) for i in range(7) for p, phase in enumerate(PHASES) if i in phase[3]]

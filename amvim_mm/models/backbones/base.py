@@ -178,6 +178,12 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
         """Block ``i``'s requested output (``keep``: the masked forward's mask)."""
         raise NotImplementedError
 
+    def restores_grid(self) -> bool:
+        """Whether this forward's outputs may give the grid back from a reduced sequence
+        (:func:`~amvim_mm.models.reduction.restore_grid`): pruned patches then keep their last
+        features. A family whose outputs are tokens of the sequence says False."""
+        return True
+
     def graph_misfit(self) -> Optional[str]:
         """Why this backbone's forward cannot be captured in a CUDA graph, or None
         (:meth:`InferenceGraphs.why_eager` asks)."""
@@ -285,7 +291,8 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
                    reducer, plan, emit: Emit):
         """The block loop of one stage with its :class:`ReductionSession` -> (hidden,
         residual, the context after the last step, the tokens each block saw)."""
-        session = ReductionSession(reducer, ctx, hidden, len(blocks), self.training)
+        session = ReductionSession(reducer, ctx, hidden, len(blocks), self.training,
+                                   keep_frozen=self.restores_grid())
         residual, counts = None, []
         for i, layer in enumerate(blocks):
             hidden, residual, merge = session.before_block(i, layer, hidden, residual, plan)

@@ -323,6 +323,10 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
     def reduction_domain_note(self, tokens: int, blocks: int) -> str:
         return f'{tokens} patch tokens, {self.num_layers} blocks'
 
+    def restores_grid(self) -> bool:
+        """Only ``featmap`` outputs restore the grid (``cls_token`` and ``raw`` are tokens)."""
+        return self.out_type == 'featmap'
+
     def format_output(self, stream: torch.Tensor, ctx: ScanContext, last: bool) -> torch.Tensor:
         """Turn the residual stream after a block into the requested output (for ``out_type=
         'cls_token'`` the stream is just the class token's row, (B, 1, D))."""

@@ -36,12 +36,16 @@ class ReductionSession:
         hidden: the embedded tokens (B, L, D) (batch size and device).
         depth: the number of blocks.
         training: the backbone's mode (training keeps both streams; inference folds them).
+        keep_frozen: pruned patches keep their last features for the dense restore (outputs
+            on the grid); False when every output is a token of the sequence (the class
+            token): a planned pruning step then writes none.
     """
 
     def __init__(self, reducer: Optional[TokenReducer], ctx: ScanContext, hidden: torch.Tensor,
-                 depth: int, training: bool) -> None:
+                 depth: int, training: bool, keep_frozen: bool = True) -> None:
         self.reducer = reducer
         self.training = training
+        self.keep_frozen = keep_frozen
         #: the reducer's facts for this grid (:func:`~amvim_mm.models.execution.reducer_facts`:
         #: the schedule, the blocks before which a step runs, the blocks that score tokens);
         #: None when nothing is removed
@@ -130,7 +134,10 @@ class ReductionSession:
         else:
             self._check(reducer, sel)
             if step.merge == TRITON and sel.weight is None and not ctx.has_fused:
-                merge, ctx = plan_merge_step(ctx, sel.removed, sel.dst, sel.plan)
+                prunes = not reducer.merges if reducer.prunes is None else reducer.prunes
+                merge, ctx = plan_merge_step(
+                    ctx, sel.removed, sel.dst, sel.plan,
+                    stream=streams.total() if prunes and self.keep_frozen else None)
             else:
                 hidden, residual, ctx = reduce_tokens(
                     ctx, hidden, residual, sel.removed, sel.dst, sel.weight,

@@ -170,14 +170,21 @@ def _hand_over(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor,
         torch.where(merged, dst, torch.full_like(dst, -1))
     fate.scatter_(1, removed, handed)
     new_src = torch.where(src >= 0, torch.gather(fate, 1, src.clamp(min=0)), src)
-    frozen = ctx.frozen
-    if keep_frozen:
-        pruned_now = (new_src < 0) & (src >= 0)                          # (B, M)
-        if frozen is None:
-            frozen = stream.new_zeros(B, src.shape[1], stream.shape[-1], dtype=stream.dtype)
-        last = _gather_tokens(stream, src.clamp(min=0))
-        frozen = torch.where(pruned_now.unsqueeze(-1), last.to(frozen.dtype), frozen)
+    frozen = freeze_pruned(ctx, new_src, stream) if keep_frozen else ctx.frozen
     return new_src, frozen
+
+
+def freeze_pruned(ctx: ScanContext, new_src: torch.Tensor, stream: torch.Tensor
+                  ) -> torch.Tensor:
+    """``ctx.frozen`` with the patches a step pruned (``new_src`` -1 where ``ctx.source`` had a
+    carrier) set to their carrier's value in ``stream`` (B, L, D), the step's input: the
+    features the dense restore gives them (:func:`restore_grid`)."""
+    src, frozen = ctx.source, ctx.frozen
+    pruned_now = (new_src < 0) & (src >= 0)                              # (B, M)
+    if frozen is None:
+        frozen = stream.new_zeros(src.shape[0], src.shape[1], stream.shape[-1])
+    last = _gather_tokens(stream, src.clamp(min=0))
+    return torch.where(pruned_now.unsqueeze(-1), last.to(frozen.dtype), frozen)
 
 
 def _compact(ctx: ScanContext, removed: torch.Tensor
@@ -241,14 +248,18 @@ def folded_successor(ctx: ScanContext, r: int, pos: torch.Tensor, size: torch.Te
 
 
 def plan_merge_step(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor,
-                    planned: Optional[tuple] = None):
-    """The fused path's ToMe step: the new context now, the merge itself later.
+                    planned: Optional[tuple] = None, stream: Optional[torch.Tensor] = None):
+    """The fused path's step (ToMe's merges, pruning's ``dst = -1``, or both): the new context
+    now, the merge itself later.
 
     Returns ``(plan, new_ctx)``: a :class:`~amvim_mm.ops.token_merge.MergePlan` that the block
     applies inside its fused add + RMSNorm (``VimBlock.forward(..., merge=plan)``) to the
     unchanged streams, and the context of the reduced sequence. Equal to
     :func:`reduce_tokens` with ``fold=True`` (tests). ``planned``: the plan the selecting
     kernel made in the same launch (:attr:`~.reducers.Selection.plan`); else it is made here.
+    ``stream``: the step's input ``residual + hidden`` when pruned patches keep their last
+    features for a dense restore (:func:`freeze_pruned`); None: they are not kept (outputs
+    without a grid, e.g. the class token).
     """
     r = removed.shape[1]
     n_keep = ctx.n_patches - r
@@ -260,8 +271,9 @@ def plan_merge_step(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor,
         plan, npos, nsize, nsrc = plan_merge(ctx.pos, ctx.size, ctx.source, removed, dst,
                                              new_cls)
         step = 'plan'
+    frozen = ctx.frozen if stream is None else freeze_pruned(ctx, nsrc, stream)
     return plan, ctx.successor(new_cls, npos, n_keep, size=nsize, source=nsrc,
-                               frozen=ctx.frozen, step=step, has_fused=False)
+                               frozen=frozen, step=step, has_fused=False)
 
 
 def restore_grid(ctx: ScanContext, feat: torch.Tensor) -> torch.Tensor:
