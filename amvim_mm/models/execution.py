@@ -89,8 +89,6 @@ class ReducerFacts:
     importance: FrozenSet[int]     # the blocks whose mixer scores the tokens (ToP importance)
     align_from: Optional[int]      # the first block whose scan is aligned (ToP), None: none
     plain_merge: bool              # size-weighted merges only (the compiled CPU merge)
-    plannable: bool                # size-weighted merges and / or prunes, no fused token:
-                                   # plannable into the Triton add + RMSNorm
     folds: bool                    # at inference its steps fold the streams (fp32) into one
     kernels: FrozenSet[str]        # the reducer's own step kernels ('triton', 'cpu')
     block_metric: bool             # it matches on the block's normalised input
@@ -128,7 +126,7 @@ class ForwardFacts:
         if ctx is not None and (ctx.want_importance or (ctx.align is not None and ctx.reduced)):
             red = ReducerFacts((0, ), frozenset(), frozenset({0}) if ctx.want_importance
                                else frozenset(), 0 if ctx.align is not None and ctx.reduced
-                               else None, False, False, False, frozenset(), False)
+                               else None, False, False, frozenset(), False)
         grad = torch.is_grad_enabled()
         return cls(device=hidden.device.type, dtype=hidden.dtype,
                    autocast=autocast_dtype(hidden.device.type), grad_mode=grad,
@@ -215,7 +213,6 @@ def reducer_facts(reducer, num_patches: int, depth: int) -> Optional[ReducerFact
         removals=removals, steps=frozenset(steps), importance=importance,
         align_from=min(steps) if reducer.align is not None else None,
         plain_merge=bool(reducer.merges and not reducer.freeze_sources and not reducer.prunes),
-        plannable=not reducer.freeze_sources,
         folds=bool(reducer.merges and not reducer.freeze_sources and not reducer.dynamic),
         kernels=frozenset(reducer.step_kernels), block_metric=bool(reducer.block_metric))
 
@@ -381,8 +378,8 @@ def _step(f: ForwardFacts, i: int, fused: bool, grads: Tuple[bool, bool, bool]) 
         return StepPlan(i, TORCH, TORCH, False, 'training keeps both streams')
     if fused and not f.grad_mode:
         match = TRITON if TRITON in red.kernels and f.reduction_kernels else TORCH
-        merge = TRITON if red.plannable else TORCH
-        return StepPlan(i, match, merge, True, 'Triton inference')
+        # every reducer's step is planned into the next add + RMSNorm (token_merge.plan_merge)
+        return StepPlan(i, match, TRITON, True, 'Triton inference')
     up, add, _ = grads
     cpu = _cpu_fp32(f) is None and cpu_ops.status()[0]
     own = red.block_metric and f.blocks[min(i, len(f.blocks) - 1)].own_metric

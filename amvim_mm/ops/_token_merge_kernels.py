@@ -4,10 +4,11 @@ import triton
 import triton.language as tl
 
 
-def merge_plan_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr,
+def merge_plan_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, wt_ptr, src_ptr, f_ptr, g_ptr,
                       rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr,
                       L, R, M, L_new, mid,
-                      BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr):
+                      BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr,
+                      SEP_W: tl.constexpr, FREEZE: tl.constexpr):
     """One program per sample: the merge plan of edges ``rem[b, t] -> dst[b, t]`` (who lands
     where, with which weight) and the new state (see :func:`_merge_plan`)."""
     b = tl.program_id(0)
@@ -15,38 +16,43 @@ def merge_plan_kernel(rem_ptr, dst_ptr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr
     mr = ro < R
     rem = tl.load(rem_ptr + b * R + ro, mask=mr, other=-1)
     dst = tl.load(dst_ptr + b * R + ro, mask=mr, other=-1)
-    _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr, rows_ptr,
+    _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, wt_ptr, src_ptr, f_ptr, g_ptr, rows_ptr,
                 rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr, L, R, M, L_new,
-                mid, BLOCK_L, BLOCK_M)
+                mid, BLOCK_L, BLOCK_M, SEP_W, FREEZE)
 
 
 @triton.jit
-def _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr, rows_ptr,
+def _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, wt_ptr, src_ptr, f_ptr, g_ptr, rows_ptr,
                 rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr, L, R, M, L_new,
-                mid, BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr):
+                mid, BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr, SEP_W: tl.constexpr,
+                FREEZE: tl.constexpr):
     """Sample b's merge plan from its edges ``rem[t] -> dst[t]`` (vectors over ``ro``, valid
     where ``mr``; -1 elsewhere): token i is removed when some ``rem[t] == i``; its weight after
-    the merge is its size plus the sizes merged into it; survivors are renumbered in order (the
-    class token, ``pos == -1``, at ``mid``). ``dst[t] = -1`` prunes ``rem[t]``: it adds to no
-    row (``rtgt = -1``, weight 0) and its patches get no carrier (source -1).
+    the merge is its own plus the weights merged into it (the sizes, or with ``SEP_W`` the
+    row ``wt``: EViT's importance; a token whose weights are all zero keeps its value);
+    survivors are renumbered in order (the class token, ``pos == -1``, at ``mid``; EViT's
+    fused token, ``pos == -2``, last). ``dst[t] = -1`` prunes ``rem[t]``: it adds to no row
+    (``rtgt = -1``, weight 0) and its patches get no carrier (source -1); with ``FREEZE``
+    merged tokens' patches get none either (EViT: the fused token stands for no patch).
 
     Plan: ``rows[b, j]`` the old index of the token kept at new index j with weight
     ``rcoef[b, j]``; removed token t adds with weight ``rmcoef[b, t]`` to new row
-    ``rtgt[b, t]``; new pos / size / source. Work linear in L + R: the per-token facts go
-    through two scratch rows of length L (``f`` int32: removed flags, then the new index
-    carrying old token i; ``g`` fp32: the merged weights, several edges into one ``dst`` added
-    atomically), scattered and gathered between block barriers. (An (L, R) comparison in
-    registers, the first form, spilled at the dense tasks' L ~ 1000.)
+    ``rtgt[b, t]``; new pos / size (sizes summed like the weights) / source. Work linear in
+    L + R: the per-token facts go through two scratch rows of length L (``f`` int32: removed
+    flags, then the new index carrying old token i; ``g`` fp32: the merged weights, then the
+    merged sizes, several edges into one ``dst`` added atomically), scattered and gathered
+    between block barriers. (An (L, R) comparison in registers, the first form, spilled at
+    the dense tasks' L ~ 1000.)
     """
     offs = tl.arange(0, BLOCK_L)
     ml = offs < L
     row = b * L
-    w = tl.load(size_ptr + row + offs, mask=ml, other=0.)
-    w_rem = tl.load(size_ptr + row + rem, mask=mr, other=0.)
+    merged = mr & (dst >= 0)
+    w = tl.load(wt_ptr + row + offs, mask=ml, other=0.)
+    w_rem = tl.load(wt_ptr + row + rem, mask=mr, other=0.)
     tl.store(f_ptr + row + offs, tl.zeros((BLOCK_L, ), dtype=tl.int32), mask=ml)
     tl.store(g_ptr + row + offs, w, mask=ml)
     tl.debug_barrier()
-    merged = mr & (dst >= 0)
     tl.store(f_ptr + row + rem, (ro * 0 + 1).to(tl.int32), mask=mr)
     tl.atomic_add(g_ptr + row + dst, w_rem, mask=merged)
     tl.debug_barrier()
@@ -58,12 +64,16 @@ def _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr, r
     ni = tl.where((mid >= 0) & (rank >= mid), rank + 1, rank)
     is_cls = (p == -1) & ml
     ni = tl.where(is_cls, mid, ni)
-    ni = tl.where(kp | is_cls, ni, -1)
+    is_fused = (p == -2) & ml & (~removed)
+    ni = tl.where(is_fused, L_new - 1, ni)
+    ni = tl.where(kp | is_cls | is_fused, ni, -1)
     valid = ml & (ni >= 0)
     tl.store(rows_ptr + b * L_new + ni, offs, mask=valid)
-    tl.store(rcoef_ptr + b * L_new + ni, w / tl.maximum(wn, 1e-12), mask=valid)
+    tl.store(rcoef_ptr + b * L_new + ni, tl.where(wn > 0, w / tl.maximum(wn, 1e-12), 1.),
+             mask=valid)
     tl.store(npos_ptr + b * L_new + ni, p, mask=valid)
-    tl.store(nsize_ptr + b * L_new + ni, wn, mask=valid)
+    if not SEP_W:
+        tl.store(nsize_ptr + b * L_new + ni, wn, mask=valid)
     tl.debug_barrier()
     tl.store(f_ptr + row + offs, ni, mask=ml)
     tl.debug_barrier()
@@ -73,7 +83,19 @@ def _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr, r
     tl.store(rmcoef_ptr + b * R + ro, tl.where(merged, w_rem / tl.maximum(wd, 1e-12), 0.),
              mask=mr)
     tl.debug_barrier()
-    tl.store(f_ptr + row + rem, tgt, mask=mr)                               # removed -> dst
+    if FREEZE:
+        tl.store(f_ptr + row + rem, tgt * 0 - 1, mask=mr)                   # removed -> none
+    else:
+        tl.store(f_ptr + row + rem, tgt, mask=mr)                           # removed -> dst
+    if SEP_W:   # the sizes, merged as the weights were (g is free again)
+        sz = tl.load(size_ptr + row + offs, mask=ml, other=0.)
+        sz_rem = tl.load(size_ptr + row + rem, mask=mr, other=0.)
+        tl.store(g_ptr + row + offs, sz, mask=ml)
+        tl.debug_barrier()
+        tl.atomic_add(g_ptr + row + dst, sz_rem, mask=merged)
+        tl.debug_barrier()
+        sn = tl.load(g_ptr + row + offs, mask=ml, other=0.)
+        tl.store(nsize_ptr + b * L_new + ni, sn, mask=valid)
     tl.debug_barrier()
     mo = tl.arange(0, BLOCK_M)
     mm = mo < M
@@ -90,7 +112,7 @@ def _seq_index(j, cls):
 
 
 def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls, k,
-                      pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr,
+                      pos_ptr, size_ptr, wt_ptr, src_ptr, f_ptr, g_ptr,
                       rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr,
                       M, mid,
                       HAS_RES: tl.constexpr, HAS_W: tl.constexpr, DOT: tl.constexpr,
@@ -157,9 +179,9 @@ def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls
         at = (rank[:, None] == ro[None, :]) & sel[:, None]                 # (A, R)
         rem = tl.where(mr, tl.sum(tl.where(at, sa[:, None], 0), axis=0), -1)
         dst = tl.where(mr, tl.sum(tl.where(at, sd[:, None], 0), axis=0), -1)
-        _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, src_ptr, f_ptr, g_ptr, rows_ptr,
-                    rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr, L, k, M,
-                    L - k, mid, BLOCK_L, BLOCK_M)
+        _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, wt_ptr, src_ptr, f_ptr, g_ptr,
+                    rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr, L,
+                    k, M, L - k, mid, BLOCK_L, BLOCK_M, False, False)
 
 
 def rank_perm_kernel(pos_ptr, rank_ptr, rev_ptr, buf_ptr, out_ptr, B, L, M, cls, n,

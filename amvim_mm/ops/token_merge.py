@@ -12,8 +12,8 @@ tokens save. Here no merged stream is ever written: the plan says, per new token
 token it keeps (with its weight) and where each removed token adds (with its weight), and the
 block's add + RMSNorm reads the old streams through it.
 
-Only for steps without frozen sources and without EViT's fused token: ToMe's merges, pruning
-(ToP, DynamicViT, random pruning: ``dst = -1``) or both (LTMP), at inference.
+Every reducer's step at inference: ToMe's merges, pruning (ToP, DynamicViT, random pruning:
+``dst = -1``), both (LTMP), EViT's importance-weighted merge into its fused token.
 ``AMVIM_FUSED_REDUCTION_KERNELS=0`` matches and orders reduced paths with PyTorch ops instead
 (for comparison; the merge step stays fused). CPU tensors run in Triton's interpreter when
 ``TRITON_INTERPRET=1`` is set (tests).
@@ -71,30 +71,38 @@ class MergePlan(NamedTuple):
 
 
 def plan_merge(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor, dst: Tensor,
-               new_cls: int) -> Tuple[MergePlan, Tensor, Tensor, Tensor]:
+               new_cls: int, weight: Optional[Tensor] = None, freeze: bool = False
+               ) -> Tuple[MergePlan, Tensor, Tensor, Tensor]:
     """Plan merging ``removed`` tokens into ``dst`` and compacting (one launch).
 
     Args:
-        pos: (B, L) grid positions (-1: class token); size: (B, L) token sizes (the weights);
+        pos: (B, L) grid positions (-1: class token, -2: EViT's fused token, kept last);
+        size: (B, L) token sizes (the weights unless ``weight`` is given; summed into ``dst``);
         source: (B, M) token carrying each grid patch; removed, dst: (B, r) sequence indices
         (distinct removed tokens, never the class token; every dst a survivor, or -1: the
         token is pruned and its patches lose their carrier, source -1).
         new_cls: the class token's new index (-1: none).
+        weight: (B, L) merge weights other than the sizes (EViT's importance); a token whose
+            weights are all zero keeps its value.
+        freeze: merged tokens' patches lose their carrier too (EViT's fused token stands for
+            no patch).
 
     Returns:
         (plan, new pos, new size, new source) with L' = L - r tokens.
     """
     plan_k, *_ = _kernels()
     removed, dst = removed.contiguous(), dst.contiguous()
-    bufs, (L, r, M, L_new), meta, out = _plan_args(pos, size, source, removed)
-    plan_k[(pos.shape[0], )](removed, dst, *bufs, L, r, M, L_new, new_cls, **meta, num_warps=4)
+    bufs, (L, r, M, L_new), meta, out = _plan_args(pos, size, source, removed, weight)
+    plan_k[(pos.shape[0], )](removed, dst, *bufs, L, r, M, L_new, new_cls, **meta,
+                             SEP_W=weight is not None, FREEZE=bool(freeze), num_warps=4)
     return out
 
 
-def _plan_args(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor):
-    """The plan step's launch arguments after ``removed, dst``: (the 12 tensors: state in,
-    two scratch rows, plan and new state out; sizes (L, r, M, L'); block sizes; (plan, npos, nsize,
-    nsrc))."""
+def _plan_args(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor,
+               weight: Optional[Tensor] = None):
+    """The plan step's launch arguments after ``removed, dst``: (the 13 tensors: state in,
+    weights, two scratch rows, plan and new state out; sizes (L, r, M, L'); block sizes; (plan,
+    npos, nsize, nsrc))."""
     import triton
     B, L = pos.shape
     r = removed.shape[1]
@@ -110,8 +118,10 @@ def _plan_args(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor):
     npos = torch.empty(B, L_new, device=dev, dtype=pos.dtype)
     nsize = torch.empty(B, L_new, **f32)
     nsrc = torch.empty(B, M, device=dev, dtype=source.dtype)
-    bufs = (pos.contiguous(), size.float().contiguous(), source.contiguous(), scratch,
-            scratch_w, plan.rows, plan.row_coef, plan.rem_tgt, plan.rem_coef, npos, nsize, nsrc)
+    size = size.float().contiguous()
+    wt = size if weight is None else weight.float().contiguous()
+    bufs = (pos.contiguous(), size, wt, source.contiguous(), scratch, scratch_w, plan.rows,
+            plan.row_coef, plan.rem_tgt, plan.rem_coef, npos, nsize, nsrc)
     meta = dict(BLOCK_L=triton.next_power_of_2(L), BLOCK_R=max(triton.next_power_of_2(r), 2),
                 BLOCK_M=triton.next_power_of_2(M))
     return bufs, (L, r, M, L_new), meta, (plan, npos, nsize, nsrc)
@@ -194,7 +204,7 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
         bufs, (_, _, M, _), meta, planned = _plan_args(*plan_state, removed)
         plan_args = bufs + (M, new_cls)
     else:
-        plan_args = (h, ) * 12 + (0, -1)                     # unused (PLAN=False)
+        plan_args = (h, ) * 13 + (0, -1)                     # unused (PLAN=False)
         meta = dict(BLOCK_L=2, BLOCK_R=2, BLOCK_M=2)
     match_k[(B, )](h, r, w, removed, dst, L, D, n_a, n_b, cls_index, k, *plan_args,
                    HAS_RES=residual is not None, HAS_W=weight is not None,

@@ -203,7 +203,8 @@ TOP_SCRIPT = textwrap.dedent('''
             ('Vim', 48, dict(type='ToP', keep_rate=0.7, locations=(0, 1)), 'featmap'),
             ('AMVim', 64, dict(type='ToP', keep_rate=0.6, locations=(1, ), gap_delta='token'),
              'featmap'),
-            ('Vim', 48, dict(type='DynamicViT', keep_rate=0.7, locations=(1, )), 'cls_token')]:
+            ('Vim', 48, dict(type='DynamicViT', keep_rate=0.7, locations=(1, )), 'cls_token'),
+            ('Vim', 48, dict(type='EViT', keep_rate=0.7, locations=(0, 1)), 'featmap')]:
         cfg = dict(type=typ, arch='test', img_size=size, out_type=out_type, token_reduction=red)
         if out_type == 'featmap':
             cfg['out_indices'] = (-1, )
@@ -225,19 +226,20 @@ TOP_SCRIPT = textwrap.dedent('''
 
 
 @needs_triton
-def test_top_on_the_triton_route_equals_the_pytorch_mixer_in_the_interpreter():
+def test_importance_reducers_on_the_triton_route_equal_the_pytorch_mixer_in_the_interpreter():
     """ToP's importance (the block before each step) and aligned scans (every later block,
     gap_delta bias and token, Vim's two paths and AMVim's four) on the fused Triton route of
     the whole backbone, against the PyTorch mixer: same survivors, outputs to 1e-5 (fp32).
-    The pruning steps (ToP's, DynamicViT's) are planned into the next add + RMSNorm; the
-    pruned patches keep their features for dense outputs only."""
+    The steps (ToP's and DynamicViT's pruning, EViT's merge into its fused token) are planned
+    into the next add + RMSNorm; the removed patches keep their features for dense outputs
+    only."""
     env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1')
     proc = subprocess.run([sys.executable, '-c', FAST_INTERPRETER + TOP_SCRIPT], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
     out = json.loads(line[len('RESULT'):])
-    assert len(out) == 3
+    assert len(out) == 4
     for r in out:
         assert r['routes'] == ['triton'] and r['same'] and r['err'] < 1e-5, r
         assert r['merge'] == ['triton'] and 'plan' in r['planned'], r

@@ -133,11 +133,13 @@ class ReductionSession:
                                    step='cpu-step')
         else:
             self._check(reducer, sel)
-            if step.merge == TRITON and sel.weight is None and not ctx.has_fused:
+            if step.merge == TRITON:
                 prunes = not reducer.merges if reducer.prunes is None else reducer.prunes
-                merge, ctx = plan_merge_step(
-                    ctx, sel.removed, sel.dst, sel.plan,
-                    stream=streams.total() if prunes and self.keep_frozen else None)
+                frozen = (prunes or reducer.freeze_sources) and self.keep_frozen
+                merge, ctx = plan_merge_step(ctx, sel.removed, sel.dst, sel.plan,
+                                             stream=streams.total() if frozen else None,
+                                             weight=sel.weight,
+                                             freeze_sources=reducer.freeze_sources)
             else:
                 hidden, residual, ctx = reduce_tokens(
                     ctx, hidden, residual, sel.removed, sel.dst, sel.weight,

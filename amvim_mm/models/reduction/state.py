@@ -147,13 +147,15 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
 def _merge_stream(t: torch.Tensor, w: torch.Tensor, w_rem: torch.Tensor, w_new: torch.Tensor,
                   removed: torch.Tensor, safe_dst: torch.Tensor) -> torch.Tensor:
     """One stream with each removed token's weighted value added into its destination
-    (size-weighted average, in fp32, back in the stream's dtype)."""
+    (weighted average, in fp32, back in the stream's dtype; a token whose weights are all
+    zero, e.g. an EViT survivor of importance 0, keeps its value)."""
     D = t.shape[-1]
     tf = t.float()
     acc = tf * w.unsqueeze(-1)
     add = _gather_tokens(tf, removed) * w_rem.unsqueeze(-1)
     acc = acc.scatter_add(1, safe_dst.unsqueeze(-1).expand(-1, -1, D), add)
-    return (acc / w_new.clamp_min(1e-12).unsqueeze(-1)).to(t.dtype)
+    out = acc / w_new.clamp_min(1e-12).unsqueeze(-1)
+    return torch.where((w_new > 0).unsqueeze(-1), out, tf).to(t.dtype)
 
 
 def _hand_over(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor,
@@ -248,9 +250,10 @@ def folded_successor(ctx: ScanContext, r: int, pos: torch.Tensor, size: torch.Te
 
 
 def plan_merge_step(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor,
-                    planned: Optional[tuple] = None, stream: Optional[torch.Tensor] = None):
-    """The fused path's step (ToMe's merges, pruning's ``dst = -1``, or both): the new context
-    now, the merge itself later.
+                    planned: Optional[tuple] = None, stream: Optional[torch.Tensor] = None,
+                    weight: Optional[torch.Tensor] = None, freeze_sources: bool = False):
+    """The fused path's step (ToMe's merges, pruning's ``dst = -1``, both, or EViT's merge
+    into its fused token): the new context now, the merge itself later.
 
     Returns ``(plan, new_ctx)``: a :class:`~amvim_mm.ops.token_merge.MergePlan` that the block
     applies inside its fused add + RMSNorm (``VimBlock.forward(..., merge=plan)``) to the
@@ -259,7 +262,8 @@ def plan_merge_step(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor,
     kernel made in the same launch (:attr:`~.reducers.Selection.plan`); else it is made here.
     ``stream``: the step's input ``residual + hidden`` when pruned patches keep their last
     features for a dense restore (:func:`freeze_pruned`); None: they are not kept (outputs
-    without a grid, e.g. the class token).
+    without a grid, e.g. the class token). ``weight``, ``freeze_sources``: as in
+    :func:`reduce_tokens`.
     """
     r = removed.shape[1]
     n_keep = ctx.n_patches - r
@@ -269,11 +273,11 @@ def plan_merge_step(ctx: ScanContext, removed: torch.Tensor, dst: torch.Tensor,
         step = 'kernel-plan'
     else:
         plan, npos, nsize, nsrc = plan_merge(ctx.pos, ctx.size, ctx.source, removed, dst,
-                                             new_cls)
+                                             new_cls, weight, freeze_sources)
         step = 'plan'
     frozen = ctx.frozen if stream is None else freeze_pruned(ctx, nsrc, stream)
     return plan, ctx.successor(new_cls, npos, n_keep, size=nsize, source=nsrc,
-                               frozen=frozen, step=step, has_fused=False)
+                               frozen=frozen, step=step, has_fused=ctx.has_fused)
 
 
 def restore_grid(ctx: ScanContext, feat: torch.Tensor) -> torch.Tensor:
