@@ -67,7 +67,7 @@ def test_traces_and_compiles_stay_eager(monkeypatch):
         assert torch.allclose(p, q, atol=1e-6)
 
 
-def test_key_follows_weights_shape_autocast_and_reducer():
+def test_key_follows_weights_shape_autocast_reducer_and_outputs():
     m = build().eval()
     x = torch.randn(1, 3, 32, 32)
     k = InferenceGraphs.key(m, x)
@@ -84,6 +84,11 @@ def test_key_follows_weights_shape_autocast_and_reducer():
     assert InferenceGraphs.key(m, x) == k3
     with runtime.override(fused_mixer=False):
         assert InferenceGraphs.key(m, x) != k3
+    # the outputs' form (last_featmap switches it for one call): another graph
+    m.out_type = 'raw'
+    assert InferenceGraphs.key(m, x) != k3
+    m.out_type, m.out_indices = 'featmap', [0]
+    assert InferenceGraphs.key(m, x) != k3
 
 
 def test_copies_start_without_graphs():

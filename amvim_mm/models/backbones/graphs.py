@@ -11,8 +11,9 @@ test loops call the backbone eagerly, where a token-reduced forward (more launch
 work per block, less GPU work) was slower than the full one (benchmarks/README.md).
 
 How: :class:`InferenceGraphs` keeps, per key (input shape, dtype, autocast state, the runtime
-switches, the mixers' ``fused`` settings, the token reducer's configuration and every
-parameter's and buffer's storage and version), one captured forward. A key is run eagerly the
+switches, the mixers' ``fused`` settings, the token reducer's configuration, the outputs'
+``out_type`` and ``out_indices``, and every parameter's and buffer's storage and version), one
+captured forward. A key is run eagerly the
 first time it is seen (that call compiles the kernels and serves as the warm-up), captured the
 second time and replayed from then on: the images are copied into the graph's static input,
 the outputs are cloned out of its static output (a later replay overwrites those). A weight
@@ -173,9 +174,12 @@ class InferenceGraphs:
             (k, v) for k, v in vars(reducer).items()
             if isinstance(v, (int, float, str, bool, tuple, type(None))))))
         autocast = (torch.is_autocast_enabled('cuda'), torch.get_autocast_dtype('cuda'))
+        # what the outputs are (out_type, out_indices), which a user may change between calls
+        outputs = (getattr(module, 'out_type', None),
+                   tuple(getattr(module, 'out_indices', None) or ()))
         # the weights' part last: a capture drops the graphs made with other weights
         return (tuple(x.shape), x.dtype, x.device, autocast, runtime.settings(), fused,
-                reduction, state)
+                reduction, outputs, state)
 
     # ------------------------------------------------------------------ running
     def run(self, module: nn.Module, x: torch.Tensor, eager: Callable[[torch.Tensor], object],
