@@ -499,3 +499,60 @@ def test_gpu_aligned_scan_cuda(reverse):
     y_c = aligned_selective_scan(*kept, gap, backend='cuda')
     y_t = aligned_selective_scan(*kept, gap, backend='torch')
     assert rel_err(y_c, y_t) < 1e-5
+
+
+# ----------------------------------------------------------------------------------------------
+# mamba-ssm's even-length path: the sequences padded to the kernel's chunk length
+# ----------------------------------------------------------------------------------------------
+def _recording_kernel(seen):
+    """A stand-in for mamba-ssm's selective_scan_fn (positional arguments as it takes them):
+    records the length it is called with and scans with the reference."""
+    def fn(u, delta, A, B, C, D, z, delta_bias, softplus, last):
+        seen.append(u.shape[-1])
+        return selective_scan_ref(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias,
+                                  delta_softplus=softplus, return_last_state=last)
+    return fn
+
+
+@pytest.mark.parametrize('length,padded', [(42, 128), (117, 128), (128, 128), (196, 256),
+                                           (600, 1024), (1100, 1100)])
+@pytest.mark.parametrize('groups', [None, 2])
+def test_mamba_even_length_pads_to_the_chunk_and_cuts_back(length, padded, groups):
+    from amvim_mm.ops.selective_scan import mamba_even_length
+    x = make_inputs(bsz=1, dim=4, dstate=3, length=length, groups=groups, seed=5)
+    seen = []
+    y = mamba_even_length(_recording_kernel(seen), x['u'], x['delta'], x['A'], x['B'], x['C'],
+                          x['D'], x['z'], x['delta_bias'], True, False)
+    assert seen == [padded] and y.shape == x['u'].shape and y.is_contiguous()
+    ref = call(selective_scan_ref, x)
+    assert torch.equal(y, ref) if padded == length else rel_err(y, ref) < 1e-6
+
+
+def test_mamba_even_length_leaves_last_state_and_autograd_calls_alone():
+    from amvim_mm.ops.selective_scan import mamba_even_length
+    x = make_inputs(bsz=1, dim=4, dstate=3, length=50, seed=6)
+    args = [x[k] for k in ('u', 'delta', 'A', 'B', 'C', 'D', 'z', 'delta_bias')]
+    seen = []
+    y, h = mamba_even_length(_recording_kernel(seen), *args, True, True)   # last state asked
+    u = x['u'].clone().requires_grad_(True)
+    mamba_even_length(_recording_kernel(seen), u, *args[1:], True, False)
+    with torch.no_grad():
+        mamba_even_length(_recording_kernel(seen), u, *args[1:], True, False)
+    assert seen == [50, 50, 128]
+
+
+@pytest.mark.gpu
+@requires_mamba
+@pytest.mark.parametrize('length', [42, 117, 196])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_gpu_mamba_even_length_is_bit_identical(length, dtype):
+    """The padded call (selective_scan_fn, backend cuda) gives the unpadded kernel's outputs
+    bit for bit: the same launch configuration, the same arithmetic before L."""
+    fn = backends.mamba_selective_scan()[0]
+    x = {k: (v if k in ('A', 'D', 'delta_bias') else v.to(dtype)) for k, v in make_inputs(
+        bsz=2, dim=64, dstate=16, length=length, groups=4, device='cuda', seed=7).items()}
+    with torch.no_grad():
+        padded = call(selective_scan_fn, x, backend='cuda')
+        direct = fn(x['u'], x['delta'], x['A'], x['B'], x['C'], x['D'], x['z'],
+                    x['delta_bias'], True, False)
+    assert torch.equal(padded, direct)
