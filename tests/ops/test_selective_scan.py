@@ -519,7 +519,7 @@ def _recording_kernel(seen):
 @pytest.mark.parametrize('groups', [None, 2])
 def test_mamba_even_length_pads_to_the_chunk_and_cuts_back(length, padded, groups):
     from amvim_mm.ops.selective_scan import mamba_even_length
-    x = make_inputs(bsz=1, dim=4, dstate=3, length=length, groups=groups, seed=5)
+    x = make_inputs(bsz=1, dim=4, dstate=16, length=length, groups=groups, seed=5)
     seen = []
     y = mamba_even_length(_recording_kernel(seen), x['u'], x['delta'], x['A'], x['B'], x['C'],
                           x['D'], x['z'], x['delta_bias'], True, False)
@@ -528,9 +528,9 @@ def test_mamba_even_length_pads_to_the_chunk_and_cuts_back(length, padded, group
     assert torch.equal(y, ref) if padded == length else rel_err(y, ref) < 1e-6
 
 
-def test_mamba_even_length_leaves_last_state_and_autograd_calls_alone():
+def test_mamba_even_length_leaves_last_state_autograd_and_small_states_alone():
     from amvim_mm.ops.selective_scan import mamba_even_length
-    x = make_inputs(bsz=1, dim=4, dstate=3, length=50, seed=6)
+    x = make_inputs(bsz=1, dim=4, dstate=16, length=50, seed=6)
     args = [x[k] for k in ('u', 'delta', 'A', 'B', 'C', 'D', 'z', 'delta_bias')]
     seen = []
     y, h = mamba_even_length(_recording_kernel(seen), *args, True, True)   # last state asked
@@ -538,7 +538,10 @@ def test_mamba_even_length_leaves_last_state_and_autograd_calls_alone():
     mamba_even_length(_recording_kernel(seen), u, *args[1:], True, False)
     with torch.no_grad():
         mamba_even_length(_recording_kernel(seen), u, *args[1:], True, False)
-    assert seen == [50, 50, 128]
+    one = make_inputs(bsz=1, dim=4, dstate=1, length=50, seed=6)   # VMamba's single state
+    mamba_even_length(_recording_kernel(seen), *[one[k] for k in (
+        'u', 'delta', 'A', 'B', 'C', 'D', 'z', 'delta_bias')], True, False)
+    assert seen == [50, 50, 128, 50]
 
 
 @pytest.mark.gpu
