@@ -88,14 +88,8 @@ def _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, wt_ptr, src_ptr, f_ptr, 
     else:
         tl.store(f_ptr + row + rem, tgt, mask=mr)                           # removed -> dst
     if SEP_W:   # the sizes, merged as the weights were (g is free again)
-        sz = tl.load(size_ptr + row + offs, mask=ml, other=0.)
-        sz_rem = tl.load(size_ptr + row + rem, mask=mr, other=0.)
-        tl.store(g_ptr + row + offs, sz, mask=ml)
-        tl.debug_barrier()
-        tl.atomic_add(g_ptr + row + dst, sz_rem, mask=merged)
-        tl.debug_barrier()
-        sn = tl.load(g_ptr + row + offs, mask=ml, other=0.)
-        tl.store(nsize_ptr + b * L_new + ni, sn, mask=valid)
+        _merged_sizes(size_ptr, g_ptr, nsize_ptr + b * L_new, row, offs, ml, rem, mr, dst,
+                      merged, ni, valid)
     tl.debug_barrier()
     mo = tl.arange(0, BLOCK_M)
     mm = mo < M
@@ -103,6 +97,20 @@ def _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, wt_ptr, src_ptr, f_ptr, 
     has = mm & (src >= 0)
     ns = tl.load(f_ptr + row + src, mask=has, other=0)
     tl.store(nsrc_ptr + b * M + mo, tl.where(has, ns.to(tl.int64), src), mask=mm)
+
+
+@triton.jit
+def _merged_sizes(size_ptr, g_ptr, out_ptr, row, offs, ml, rem, mr, dst, merged, ni, valid):
+    """The sizes after a merge whose weights were not the sizes (EViT): each token's size plus
+    those merged into it, through the scratch row ``g``, stored at the new indices ``ni``."""
+    sz = tl.load(size_ptr + row + offs, mask=ml, other=0.)
+    sz_rem = tl.load(size_ptr + row + rem, mask=mr, other=0.)
+    tl.store(g_ptr + row + offs, sz, mask=ml)
+    tl.debug_barrier()
+    tl.atomic_add(g_ptr + row + dst, sz_rem, mask=merged)
+    tl.debug_barrier()
+    sn = tl.load(g_ptr + row + offs, mask=ml, other=0.)
+    tl.store(out_ptr + ni, sn, mask=valid)
 
 
 @triton.jit
