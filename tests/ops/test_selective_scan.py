@@ -518,7 +518,7 @@ def _recording_kernel(seen):
                                            (600, 1024), (1100, 1100)])
 @pytest.mark.parametrize('groups', [None, 2])
 def test_mamba_even_length_pads_to_the_chunk_and_cuts_back(length, padded, groups):
-    from amvim_mm.ops.selective_scan import mamba_even_length
+    from amvim_mm.ops.mamba_scan import mamba_even_length
     x = make_inputs(bsz=1, dim=4, dstate=16, length=length, groups=groups, seed=5)
     seen = []
     y = mamba_even_length(_recording_kernel(seen), x['u'], x['delta'], x['A'], x['B'], x['C'],
@@ -529,7 +529,7 @@ def test_mamba_even_length_pads_to_the_chunk_and_cuts_back(length, padded, group
 
 
 def test_mamba_even_length_leaves_last_state_autograd_and_small_states_alone():
-    from amvim_mm.ops.selective_scan import mamba_even_length
+    from amvim_mm.ops.mamba_scan import mamba_even_length
     x = make_inputs(bsz=1, dim=4, dstate=16, length=50, seed=6)
     args = [x[k] for k in ('u', 'delta', 'A', 'B', 'C', 'D', 'z', 'delta_bias')]
     seen = []
