@@ -52,13 +52,11 @@ def build_reducer(cfg: Union[dict, 'TokenReducer', None]) -> Optional['TokenRedu
 
 
 def _patch_indices(ctx) -> torch.Tensor:
-    """(B, n) sequence indices of the patch tokens, in sequence order."""
-    if not ctx.has_fused:
-        # the canonical layout: every token but the class token (at cls_index) is a patch
-        idx = _regular_patch_indices(ctx.n_patches, ctx.cls_index, str(ctx.pos.device))
-        return idx.expand(ctx.pos.shape[0] if ctx.pos.dim() == 2 else 1, -1)
-    is_patch = ctx.pos >= 0
-    return stable_argsort((~is_patch).to(torch.int8), dim=1)[:, :ctx.n_patches]
+    """(B, n) sequence indices of the patch tokens, in sequence order: every token but the
+    class token (at ``cls_index``) and EViT's fused token (always the last one,
+    :func:`~.state.append_fused_slot`) is a patch."""
+    idx = _regular_patch_indices(ctx.n_patches, ctx.cls_index, str(ctx.pos.device))
+    return idx.expand(ctx.pos.shape[0] if ctx.pos.dim() == 2 else 1, -1)
 
 
 @constant_cache(256)
