@@ -83,10 +83,9 @@ def load_task_model(args):
     """(config, model in eval mode with its weights and the asked reduction) from the parsed
     :func:`add_model_args` options; one-line errors for bad input."""
     from amvim_mm.apis.runner import load_config, load_model_weights
-    from amvim_mm.apis.sweep.methods import (LEARNED, cell_reducer,
+    from amvim_mm.apis.sweep.methods import (LEARNED, cell_reducer, check_reduction_args,
                                              config_has_learned_reducer, learned_reducer)
     from amvim_mm.engine.hooks import find_reducible_backbone
-    from amvim_mm.apis.sweep.methods import check_reduction_args
     check_reduction_args(args.reduce, args.ratio, args.seed, args.locations)
     if not osp.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')

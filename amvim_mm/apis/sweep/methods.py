@@ -47,7 +47,6 @@ def check_ratio(ratio: float) -> None:
         raise ConfigError(f'ratio {ratio} is outside [0, 1)')
 
 
-
 def check_reduction_args(method: Optional[str], ratio: Optional[float], seed: Optional[int],
                          locations: Optional[Sequence[int]]) -> None:
     """One-line errors for the combinations of the tools' ``--reduce`` options (``--ratio``,

@@ -169,6 +169,12 @@ class TokenReducer:
     prunes: Optional[bool] = None
     freeze_sources = False
 
+    @property
+    def drops_patches(self) -> bool:
+        """Whether a step can leave grid patches without a carrier (pruned, or merged into
+        EViT's fused token): a dense restore then needs their last features."""
+        return (not self.merges if self.prunes is None else self.prunes) or self.freeze_sources
+
     def __repr__(self) -> str:
         return f'{type(self).__name__}({self.schedule})'
 

@@ -134,8 +134,7 @@ class ReductionSession:
         else:
             self._check(reducer, sel)
             if step.merge == TRITON:
-                prunes = not reducer.merges if reducer.prunes is None else reducer.prunes
-                frozen = (prunes or reducer.freeze_sources) and self.keep_frozen
+                frozen = reducer.drops_patches and self.keep_frozen
                 merge, ctx = plan_merge_step(ctx, sel.removed, sel.dst, sel.plan,
                                              stream=streams.total() if frozen else None,
                                              weight=sel.weight,
