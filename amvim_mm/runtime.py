@@ -32,6 +32,7 @@ variable                           field                     values
 ``AMVIM_FUSED_SCAN_CHUNK``         ``scan_chunk``            auto (None), 0 (sequential), T
 ``AMVIM_TOME_MATCH_CONFIG``        ``match_config``          "BLOCK_D,num_warps,num_stages"
 ``AMVIM_EMBED_CONFIG``             ``embed_config``          "BLOCK_M,BLOCK_N,warps,stages"
+``AMVIM_SNAKE_SCAN_CONFIG``        ``snake_config``          "BLOCK_E,num_warps"
 ``AMVIM_UNSAFE_LOAD``              ``unsafe_load``           checkpoint paths, ``os.pathsep``
 ``AMVIM_CPU_KERNELS``              ``cpu_kernels``           1 (default), 0
 ``AMVIM_CUDA_GRAPH``               ``cuda_graph``            1 (default), 0
@@ -69,6 +70,7 @@ class Settings:
     scan_chunk: Optional[int] = None
     match_config: Optional[Tuple[int, int, int]] = None
     embed_config: Optional[Tuple[int, int, int, int]] = None
+    snake_config: Optional[Tuple[int, int]] = None
     unsafe_load: Tuple[str, ...] = ()
     cpu_kernels: bool = True
     cuda_graph: bool = True
@@ -172,6 +174,8 @@ VARIABLES = {
     'embed_config': ('AMVIM_EMBED_CONFIG',
                      _launch('AMVIM_EMBED_CONFIG', 'BLOCK_M,BLOCK_N,num_warps,num_stages',
                              '64,128,4,4')),
+    'snake_config': ('AMVIM_SNAKE_SCAN_CONFIG',
+                     _launch('AMVIM_SNAKE_SCAN_CONFIG', 'BLOCK_E,num_warps', '32,1')),
     'unsafe_load': ('AMVIM_UNSAFE_LOAD', _paths),
     'cpu_kernels': ('AMVIM_CPU_KERNELS', _switch('AMVIM_CPU_KERNELS')),
     'cuda_graph': ('AMVIM_CUDA_GRAPH', _switch('AMVIM_CUDA_GRAPH', default=True)),

@@ -30,8 +30,8 @@ def _segment_sum(fa, va, fb, vb):
 
 
 def plain_aligned_kernel(u_ptr, dt_ptr, b1_ptr, slot_ptr, jtab_ptr, steps_ptr, d2_ptr, u2_ptr,
-                         L, M, E, K, n_eb, GAP_TOKEN: tl.constexpr, BLOCK_T: tl.constexpr,
-                         BLOCK_E: tl.constexpr):
+                         L, M, E, K, n_eb, s_ok, s_oj, s_oe, GAP_TOKEN: tl.constexpr,
+                         BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, WRITE_U: tl.constexpr):
     """One program per (sample b, direction k, block of channels).
 
     u (B, K, E, L) any float dtype, the direction's kept steps in order; dt (B, L, E) fp32, the
@@ -69,7 +69,9 @@ def plain_aligned_kernel(u_ptr, dt_ptr, b1_ptr, slot_ptr, jtab_ptr, steps_ptr, d
             _, d2 = tl.associative_scan((flag, v), 0, _segment_sum)
             carry = tl.sum(tl.where((t == t0 + BLOCK_T - 1)[:, None], d2, 0.), 0)
         mk = kept[:, None] & me[None, :]
-        off = row + tl.maximum(j, 0).to(tl.int64)[:, None]
-        u = tl.load(u_ptr + off, mask=mk, other=0.).to(tl.float32)
+        jj = tl.maximum(j, 0).to(tl.int64)[:, None]
+        off = bk * s_ok + jj * s_oj + e[None, :] * s_oe
         tl.store(d2_ptr + off, d2, mask=mk)
-        tl.store(u2_ptr + off, u * tl.math.div_rn(f, tl.maximum(d2, TINY)), mask=mk)
+        if WRITE_U:
+            u = tl.load(u_ptr + row + jj, mask=mk, other=0.).to(tl.float32)
+            tl.store(u2_ptr + off, u * tl.math.div_rn(f, tl.maximum(d2, TINY)), mask=mk)

@@ -35,7 +35,7 @@ from amvim_mm.errors import ConfigError
 from .cross_scan import exporting
 from .selective_scan import _finish, selective_scan_fn
 
-__all__ = ['ALIGN_MODES', 'aligned_inputs', 'aligned_inputs_torch', 'aligned_scan', 'at_steps',
+__all__ = ['ALIGN_MODES', 'aligned_decay', 'aligned_inputs', 'aligned_inputs_torch', 'aligned_scan', 'at_steps',
            'override_kernels', 'step_lookup', 'use_kernels']
 
 #: ``ctx.align``: how a gap's zero-input steps size their decay
@@ -174,6 +174,37 @@ def use_kernels(u: Tensor, dt: Tensor) -> bool:
     return forced if forced is not None else _available(u.device.type)
 
 
+def _slot_table(pos: Tensor, M: int) -> Tensor:
+    """(B, M) int32: the stored index of the survivor at raster cell c, -1 where none is."""
+    B, L = pos.shape
+    ar = torch.arange(L, device=pos.device, dtype=torch.int32)
+    return torch.full((B, M), -1, device=pos.device, dtype=torch.int32).scatter_(
+        1, pos, ar.expand(B, L))
+
+
+def _launch(u: Optional[Tensor], dt: Tensor, b1: Tensor, steps: Tensor, slot: Tensor, M: int,
+            align: str, d2: Tensor, u2: Optional[Tensor], strides: Tuple[int, int, int],
+            block_t: Optional[int]) -> None:
+    """The kernel writing ``d2`` (and ``u2`` when given) at ``strides`` (per direction row
+    ``b * K + k``, per kept step, per channel)."""
+    import triton
+    if align not in ALIGN_MODES:
+        raise ConfigError(f'aligned_inputs: align must be one of {ALIGN_MODES}, got {align!r}')
+    B, K, L = steps.shape
+    E = dt.shape[-1]
+    ar = torch.arange(L, device=dt.device, dtype=torch.int32)
+    jtab = torch.full((B, K, M), -1, device=dt.device, dtype=torch.int32).scatter_(
+        2, steps, ar.expand(B, K, L))
+    block_t = block_t or min(BLOCK_T, triton.next_power_of_2(M))
+    block_e = min(BLOCK_E, triton.next_power_of_2(E))
+    n_eb = triton.cdiv(E, block_e)
+    _kernels(not dt.is_cuda)[(B * K * n_eb, )](
+        d2 if u is None else u.contiguous(), dt.float().contiguous(), b1.float().contiguous(),
+        slot, jtab, steps.long().contiguous(), d2, d2 if u2 is None else u2, L, M, E, K, n_eb,
+        *strides, GAP_TOKEN=align == 'token', BLOCK_T=block_t, BLOCK_E=block_e,
+        WRITE_U=u2 is not None)
+
+
 def aligned_inputs(u: Tensor, dt: Tensor, b1: Tensor, steps: Tensor, pos: Tensor, M: int,
                    align: str, block_t: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """``(d', u')`` (B, K*E, L) fp32 of the folded scan, written by the Triton kernel.
@@ -182,26 +213,26 @@ def aligned_inputs(u: Tensor, dt: Tensor, b1: Tensor, steps: Tensor, pos: Tensor
     ``dt_proj`` outputs; b1 (E,) the dt bias; steps (B, K, L) the full-grid step of each kept
     step (ascending); pos (B, L) the survivors' raster cells (ascending); M = H * W;
     ``block_t``: full-grid steps per block of the kernel's walk (a power of 2; tests)."""
-    import triton
-    if align not in ALIGN_MODES:
-        raise ConfigError(f'aligned_inputs: align must be one of {ALIGN_MODES}, got {align!r}')
     B, K, E, L = u.shape
-    dev = u.device
-    ar = torch.arange(L, device=dev, dtype=torch.int32)
-    slot = torch.full((B, M), -1, device=dev, dtype=torch.int32).scatter_(
-        1, pos, ar.expand(B, L))
-    jtab = torch.full((B, K, M), -1, device=dev, dtype=torch.int32).scatter_(
-        2, steps, ar.expand(B, K, L))
-    d2 = torch.empty(B, K * E, L, device=dev, dtype=torch.float32)
+    d2 = torch.empty(B, K * E, L, device=u.device, dtype=torch.float32)
     u2 = torch.empty_like(d2)
-    block_t = block_t or min(BLOCK_T, triton.next_power_of_2(M))
-    block_e = min(BLOCK_E, triton.next_power_of_2(E))
-    n_eb = triton.cdiv(E, block_e)
-    _kernels(not u.is_cuda)[(B * K * n_eb, )](
-        u.contiguous(), dt.float().contiguous(), b1.float().contiguous(), slot, jtab,
-        steps.long().contiguous(), d2, u2, L, M, E, K, n_eb, GAP_TOKEN=align == 'token',
-        BLOCK_T=block_t, BLOCK_E=block_e)
+    _launch(u, dt, b1, steps, _slot_table(pos, M), M, align, d2, u2, (E * L, 1, L), block_t)
     return d2, u2
+
+
+def aligned_decay(dt: Tensor, b1: Tensor, steps: Tensor, pos: Tensor, M: int, align: str,
+                  block_t: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+    """The aligned scan's decay step sizes for :func:`~amvim_mm.ops.plain_scan.snake_scan`:
+    ``d'`` (B, K, L, E) fp32 (the kernel's, without ``u'``: the scan applies the input term
+    with the kept step's own size) and ``q`` (B, K, L) int32, the stored survivor at each kept
+    step's raster cell (-1 where the cell is absent). Arguments as :func:`aligned_inputs`."""
+    B, K, L = steps.shape
+    E = dt.shape[-1]
+    slot = _slot_table(pos, M)
+    d2 = torch.empty(B, K, L, E, device=dt.device, dtype=torch.float32)
+    _launch(None, dt, b1, steps, slot, M, align, d2, None, (L * E, E, 1), block_t)
+    q = torch.gather(slot, 1, steps.reshape(B, K * L)).view(B, K, L)
+    return d2, q
 
 
 def aligned_scan(u: Tensor, dt: Tensor, bias: Tensor, steps: Tensor, pos: Tensor, M: int,

@@ -38,8 +38,9 @@ import torch.nn.functional as F
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.cross_scan import cross_merge, cross_scan
-from amvim_mm.ops.plain_aligned import (aligned_inputs_torch, aligned_scan, at_steps,
-                                        step_lookup, use_kernels)
+from amvim_mm.ops.plain_aligned import (aligned_decay, aligned_inputs_torch, aligned_scan,
+                                        at_steps, step_lookup, use_kernels)
+from amvim_mm.ops.plain_scan import snake_scan, use_snake_scan
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from ..layout.grid_conv import grid_depthwise_conv, whole_grid
 from ..layout.scan_context import ScanContext
@@ -135,16 +136,24 @@ class PlainMamba2D(nn.Module):
             # (B, K, L): the cell each direction visits at each of its steps
             index_cells = torch.gather(cell.unsqueeze(0).expand(K, -1, -1), 2,
                                        index.perm).permute(1, 0, 2)
-        xs = cross_scan(xc, H, W, index)                # only u goes into each order (Q1)
-        ct = torch.float64 if xs.dtype == torch.float64 else torch.float32
-        A = -torch.exp(self.A_log.to(ct)).repeat(K, 1)
-        bias = self.dt_proj.bias.to(ct).repeat(K)
-        if index_cells is not None and ctx.align is not None and ctx.reduced:
-            y = self._aligned_scan(xs, x_dbl, cell, index_cells, ctx, A, bias)
+        aligned = index_cells is not None and ctx.align is not None and ctx.reduced
+        if aligned and ctx.has_fused:
+            raise ConfigError('PlainMamba: hidden-state alignment with a fused token (EViT) '
+                              'is not defined')
+        if use_snake_scan(x, E, self.d_state, self.scan_backend):
+            y = self._snake_scan(xc, x_dbl, ctx, index, codes if index_cells is None else None,
+                                 index_cells, cell if aligned else None)
         else:
-            y = self._scan(xs, x_dbl, codes if index_cells is None
-                           else self._reduced_codes(index_cells, H, W), A, bias)
-        y = cross_merge(y.view(B, K, E, L), H, W, index)                    # (B, L, E) sum
+            xs = cross_scan(xc, H, W, index)            # only u goes into each order (Q1)
+            ct = torch.float64 if xs.dtype == torch.float64 else torch.float32
+            A = -torch.exp(self.A_log.to(ct)).repeat(K, 1)
+            bias = self.dt_proj.bias.to(ct).repeat(K)
+            if aligned:
+                y = self._aligned_scan(xs, x_dbl, cell, index_cells, ctx, A, bias)
+            else:
+                y = self._scan(xs, x_dbl, codes if index_cells is None
+                               else self._reduced_codes(index_cells, H, W), A, bias)
+            y = cross_merge(y.view(B, K, E, L), H, W, index)                # (B, L, E) sum
         if ctx.want_importance:
             # ToP importance: the clipped channel sum of the summed 4-direction output
             ctx.importance = y.float().clamp_min(0).sum(-1).detach()
@@ -221,6 +230,29 @@ class PlainMamba2D(nn.Module):
                                  D, None, delta_bias=bias,                       # again (Q2)
                                  delta_softplus=True, backend=self.scan_backend)
 
+    def _snake_scan(self, xc: torch.Tensor, x_dbl: torch.Tensor, ctx: ScanContext, index,
+                    codes: Optional[torch.Tensor], index_cells: Optional[torch.Tensor],
+                    cell: Optional[torch.Tensor]) -> torch.Tensor:
+        """:meth:`_scan` / :meth:`_aligned_scan` and the cross-merge as one Triton kernel
+        (:func:`~amvim_mm.ops.plain_scan.snake_scan`): (B, L, E) fp32. ``codes`` (K, L) on the
+        whole grid; else ``index_cells`` (B, K, L) the visited cells and, with ToP's
+        alignment, ``cell`` (B, L) the survivors' raster cells."""
+        H, W = ctx.grid
+        dt = self.dt_proj(x_dbl[..., :self.dt_rank])              # first application of the bias
+        q = decay = None
+        if cell is not None:
+            B = xc.shape[0]
+            steps_tab, cell_codes = snake_cell_tables(H, W, xc.device)
+            steps = torch.gather(steps_tab.unsqueeze(0).expand(B, -1, -1), 2, index_cells)
+            codes = torch.gather(cell_codes.unsqueeze(0).expand(B, -1, -1), 2, index_cells)
+            decay, q = aligned_decay(dt, self.dt_proj.bias, steps, cell.contiguous(), H * W,
+                                     ctx.align)
+        elif codes is None:
+            codes = self._reduced_codes(index_cells, H, W)
+        return snake_scan(xc, dt, x_dbl, index.perm, codes, self.direction_Bs,
+                          -torch.exp(self.A_log.float()), self.dt_proj.bias, self.D,
+                          self.dt_rank, q=q, decay=decay)
+
     def _reduced_codes(self, index_cells: torch.Tensor, H: int, W: int) -> torch.Tensor:
         """(B, K, L) direction codes of a reduced sequence's steps: each survivor's own
         full-grid code (``'positional'``) or the code of the displacement from the previous
@@ -253,9 +285,6 @@ class PlainMamba2D(nn.Module):
         N, R = self.d_state, self.dt_rank
         H, W = ctx.grid
         ct = A.dtype
-        if ctx.has_fused:
-            raise ConfigError('PlainMamba: hidden-state alignment with a fused token (EViT) '
-                              'is not defined')
         steps_tab, cell_codes = snake_cell_tables(H, W, xs.device)
         steps = torch.gather(steps_tab.unsqueeze(0).expand(B, -1, -1), 2, index_cells)
         codes = torch.gather(cell_codes.unsqueeze(0).expand(B, -1, -1), 2, index_cells)

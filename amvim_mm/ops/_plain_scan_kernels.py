@@ -1,0 +1,107 @@
+"""Triton kernel of :mod:`amvim_mm.ops.plain_scan` (undecorated: that module compiles it, or wraps
+it for Triton's interpreter on CPU tensors; the helpers it calls are decorated).
+
+PlainMamba's four snake directions, each a selective scan with the official quirks: step ``j``
+of direction ``k`` takes ``u`` of the token the direction visits there (``perm[k, b, j]``) and
+``delta``, B, C of the token stored at index ``q_j`` (``j`` itself, the first quirk; with ToP's
+alignment the survivor at raster cell ``s_j`` or none), B plus the direction's learned bias
+``dirB[code]``, the dt bias applied a second time (the second quirk) and ``D * u``. The four
+directions' outputs are summed at the visited tokens.
+"""
+import triton
+import triton.language as tl
+
+from ._fused_mixer_kernels import softplus
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _step_operands(xc_ptr, dt_ptr, xd_ptr, pm_row, cd_row, q_row, g_row, out_ptr, b, j, more,
+                   offs_e, offs_n, me, dtb, s_xb, s_xl, s_tb, s_tl, s_db, s_dl, s_ob, s_ol,
+                   s_gl, R, N: tl.constexpr, HAS_Q: tl.constexpr, HAS_GAP: tl.constexpr,
+                   ACCUMULATE: tl.constexpr):
+    """The operands of step ``j`` (masked by ``more``): visited token, u, raw dt (one bias),
+    B's row, C's row, the direction code, the decay's step size (``HAS_GAP``), the output
+    already at the token (``ACCUMULATE``)."""
+    t = tl.load(pm_row + j, mask=more, other=0)
+    u = tl.load(xc_ptr + b * s_xb + t * s_xl + offs_e, mask=me & more, other=0.)
+    if HAS_Q:
+        q = tl.load(q_row + j, mask=more, other=-1)
+        present = q >= 0
+        q = tl.maximum(q, 0)
+    else:
+        q = j
+        present = more
+    dt = tl.load(dt_ptr + b * s_tb + q * s_tl + offs_e, mask=me & present, other=0.)
+    dt = tl.where(present, dt.to(tl.float32), dtb)       # an absent cell: dt_proj(0) = bias
+    bv = tl.load(xd_ptr + b * s_db + q * s_dl + R + offs_n, mask=present, other=0.)
+    cv = tl.load(xd_ptr + b * s_db + q * s_dl + R + N + offs_n, mask=present, other=0.)
+    code = tl.load(cd_row + j, mask=more, other=0)
+    if HAS_GAP:
+        gd = tl.load(g_row + j * s_gl + offs_e, mask=me & more, other=0.)
+    else:
+        gd = dt
+    if ACCUMULATE:
+        prev = tl.load(out_ptr + b * s_ob + t * s_ol + offs_e, mask=me & more, other=0.)
+    else:
+        prev = dt
+    return t, u, dt, bv, cv, code, gd, prev
+
+
+def plain_scan_kernel(xc_ptr, dt_ptr, xd_ptr, perm_ptr, code_ptr, q_ptr, gap_ptr, dirb_ptr,
+                      a_ptr, dtb_ptr, d_ptr, out_ptr, L, E, R, s_xb, s_xl, s_tb, s_tl, s_db,
+                      s_dl, s_pk, s_pb, s_ck, s_cb, s_qb, s_qk, s_gb, s_gk, s_gl, s_ob, s_ol,
+                      K: tl.constexpr, N: tl.constexpr, BLOCK_E: tl.constexpr,
+                      HAS_Q: tl.constexpr, HAS_GAP: tl.constexpr):
+    """One program: sample b, channels [eb * BLOCK_E, ...); walks the K directions one after
+    the other, each step by step, and sums their outputs into ``out`` (the first direction
+    writes, the others add: deterministic, no atomics).
+
+    xc (B, L, E) the conv output in storage order (u); dt (B, L, E) ``dt_proj``'s output (one
+    bias); xd (B, L, R + 2N) ``x_proj``'s output (B at R, C at R + N); perm (K, B or 1, L) the
+    stored token each step visits; code (K, L) or (B, K, L) each step's direction code;
+    q (B, K, L) int (``HAS_Q``) the stored token whose dt, B, C step j takes, -1 for none (an
+    absent cell: dt = bias, B = 0 + dirB, C = 0), else step j takes token j's; gap (B, K, L, E)
+    fp32 (``HAS_GAP``) the decay's step size (ToP's alignment: the folded gaps included);
+    dirb (5, N); A (E, N) fp32 (negative); dtb, D (E,). out (B, L, E) fp32.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    eb = tl.program_id(1)
+    offs_e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_n = tl.arange(0, N)
+    me = offs_e < E
+    a2 = tl.load(a_ptr + offs_e[:, None] * N + offs_n[None, :], mask=me[:, None],
+                 other=0.).to(tl.float32) * LOG2E
+    dtb = tl.load(dtb_ptr + offs_e, mask=me, other=0.).to(tl.float32)
+    dsk = tl.load(d_ptr + offs_e, mask=me, other=0.).to(tl.float32)
+    for k in tl.static_range(K):
+        pm_row = perm_ptr + k * s_pk + b * s_pb
+        cd_row = code_ptr + k * s_ck + b * s_cb
+        q_row = q_ptr + b * s_qb + k * s_qk
+        g_row = gap_ptr + b * s_gb + k * s_gk
+        h = tl.zeros((BLOCK_E, N), dtype=tl.float32)
+        # step 0's operands; each iteration prefetches the next step's
+        t_n, u_n, dt_n, b_n, c_n, cd_n, g_n, p_n = _step_operands(
+            xc_ptr, dt_ptr, xd_ptr, pm_row, cd_row, q_row, g_row, out_ptr, b, 0, L > 0,
+            offs_e, offs_n, me, dtb, s_xb, s_xl, s_tb, s_tl, s_db, s_dl, s_ob, s_ol, s_gl, R,
+            N, HAS_Q, HAS_GAP, k > 0)
+        for j in range(L):
+            t, u, dt, bv, cv, cd, gd, prev = t_n, u_n, dt_n, b_n, c_n, cd_n, g_n, p_n
+            t_n, u_n, dt_n, b_n, c_n, cd_n, g_n, p_n = _step_operands(
+                xc_ptr, dt_ptr, xd_ptr, pm_row, cd_row, q_row, g_row, out_ptr, b, j + 1,
+                j + 1 < L, offs_e, offs_n, me, dtb, s_xb, s_xl, s_tb, s_tl, s_db, s_dl, s_ob,
+                s_ol, s_gl, R, N, HAS_Q, HAS_GAP, k > 0)
+            u = u.to(tl.float32)
+            bv = bv.to(tl.float32) + tl.load(dirb_ptr + cd * N + offs_n).to(tl.float32)
+            delta = softplus(dt + dtb)                        # the bias again (second quirk)
+            if HAS_GAP:
+                dA = gd
+            else:
+                dA = delta
+            h = tl.exp2(dA[:, None] * a2) * h + (delta * u)[:, None] * bv[None, :]
+            y = tl.sum(h * cv.to(tl.float32)[None, :], axis=1) + dsk * u
+            if k > 0:
+                y += prev
+            tl.store(out_ptr + b * s_ob + t * s_ol + offs_e, y, mask=me)
+        tl.debug_barrier()          # the next direction reads what this one wrote

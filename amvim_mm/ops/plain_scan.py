@@ -1,0 +1,131 @@
+"""PlainMamba's four snake-direction scans in one Triton kernel (:func:`snake_scan`).
+
+The unfused mixer forms each direction's ``u`` in its order (a cross-scan copy), ``delta``, B
+and C per direction, runs mamba-ssm's grouped scan and sums the four outputs back in storage
+order (a cross-merge). mamba-ssm's kernel costs about the same for any sequence up to its chunk
+length (128 steps), so a reduced sequence of 42-117 tokens saves little there. The kernel here
+walks each direction's L steps, reading ``u`` of the visited token, dt, B and C of the step's
+token (the official index pairing, or ToP's aligned survivor) straight from the mixer's
+projections and summing the directions in storage order, so its cost follows L.
+
+:func:`use_snake_scan` decides: CUDA tensors (or Triton's interpreter on CPU tensors when the
+fused path is forced, tests), no autograd graph recorded (the kernel has no backward), not
+while exporting, the scan backend left automatic and the fused path not switched off
+(``AMVIM_FUSED_MIXER=0`` / ``runtime.override(fused_mixer=False)``), and on automatic enough
+programs to fill the GPU (below that mamba-ssm's kernel is faster).
+:func:`~amvim_mm.models.backbones.plain_mamba_mixer.PlainMamba2D._scan` stays the reference.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from amvim_mm import runtime
+from amvim_mm.errors import BackendUnavailableError, ConfigError
+from .backends import requested_backend
+from .scan_choice import TARGET_PROGRAMS
+
+__all__ = ['SNAKE_CONFIG', 'snake_config', 'snake_scan', 'snake_scan_available',
+           'use_snake_scan']
+
+#: (BLOCK_E, num_warps): channels and warps per program, measured on an H200
+#: (benchmarks/README.md); ``AMVIM_SNAKE_SCAN_CONFIG`` overrides it
+SNAKE_CONFIG = (32, 1)
+
+
+def snake_config(E: int) -> Tuple[int, int]:
+    """(BLOCK_E, num_warps) of the kernel for inner width E (BLOCK_E at most E's power of 2)."""
+    block_e, warps = runtime.settings().snake_config or SNAKE_CONFIG
+    if block_e < 1 or block_e & (block_e - 1) or warps < 1:
+        raise ConfigError(f'snake scan config ({block_e}, {warps}): BLOCK_E must be a power '
+                          'of 2 and num_warps >= 1')
+    return min(block_e, 1 << max(E - 1, 0).bit_length()), warps
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(interpret: bool):
+    import triton
+
+    from . import _plain_scan_kernels as k
+    if interpret and not triton.knobs.runtime.interpret:
+        raise BackendUnavailableError("PlainMamba's snake-scan kernel runs on CPU tensors in "
+                                      "Triton's interpreter only: set TRITON_INTERPRET=1 "
+                                      'before starting Python')
+    return triton.jit(k.plain_scan_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def snake_scan_available(device_type: str) -> bool:
+    """Whether the kernel can run on tensors of ``device_type`` (CPU: the interpreter)."""
+    try:
+        _kernel(device_type != 'cuda')
+    except Exception:   # no triton, or CPU tensors without the interpreter
+        return False
+    return device_type != 'cuda' or torch.cuda.is_available()
+
+
+def use_snake_scan(x: Tensor, d_inner: int, d_state: int, scan_backend: Optional[str]) -> bool:
+    """Whether PlainMamba's mixer runs :func:`snake_scan` on ``x`` (its (B, L, C) input);
+    ``d_state`` must be a power of 2 (the kernel's state block)."""
+    if x.dtype == torch.float64 or runtime.exporting() or d_state & (d_state - 1):
+        return False
+    if torch.is_grad_enabled() and x.requires_grad:
+        return False
+    if requested_backend(scan_backend) != 'auto':
+        return False
+    fused = runtime.settings().fused_mixer
+    if fused is False or (not x.is_cuda and not fused):
+        return False
+    if not snake_scan_available(x.device.type):
+        return False
+    return bool(fused) or x.shape[0] * -(-d_inner // snake_config(d_inner)[0]) >= TARGET_PROGRAMS
+
+
+def snake_scan(xc: Tensor, dt: Tensor, x_dbl: Tensor, perm: Tensor, codes: Tensor,
+               dir_bs: Tensor, A: Tensor, dt_bias: Tensor, D: Tensor, dt_rank: int,
+               q: Optional[Tensor] = None, decay: Optional[Tensor] = None) -> Tensor:
+    """The four directions' summed scan outputs, ``sum_k y_k + D * u`` (B, L, E) fp32 in
+    storage order (before the gate), as the unfused ``_scan`` / ``_aligned_scan`` followed by
+    the cross-merge give them.
+
+    xc (B, L, E) the conv output (u); dt (B, L, E) ``dt_proj``'s output (its bias once);
+    x_dbl (B, L, R + 2N) ``x_proj``'s output; perm (K, B or 1, L) the stored token each
+    direction visits at each step; codes (K, L) or (B, K, L) the steps' direction codes;
+    dir_bs (5, N) ``direction_Bs``; A (E, N) negative; dt_bias (E,) (applied again here);
+    D (E,); ``dt_rank`` R. ToP's alignment: q (B, K, L) the stored token whose dt, B, C step
+    ``j`` takes (-1: an absent cell), decay (B, K, L, E) fp32 the decay's step sizes with the
+    gaps folded in (:func:`~amvim_mm.ops.plain_aligned.aligned_decay`); without them step
+    ``j`` takes token ``j``'s and decays with its own step size.
+    """
+    B, L, E = xc.shape
+    K = perm.shape[0]
+    N = dir_bs.shape[-1]
+    if (q is None) != (decay is None):
+        raise ValueError('snake_scan: q and decay go together (ToP alignment)')
+    xc, dt, x_dbl = xc.contiguous(), dt.contiguous(), x_dbl.contiguous()
+    perm = perm.contiguous()
+    codes = codes.contiguous()
+    code_b = codes.stride(0) if codes.dim() == 3 else 0
+    code_k = codes.stride(1) if codes.dim() == 3 else codes.stride(0)
+    out = torch.empty(B, L, E, device=xc.device, dtype=torch.float32)
+    has_q = q is not None
+    if has_q:
+        q = q.contiguous()
+        decay = decay.contiguous()
+    qq = q if has_q else perm
+    gg = decay if has_q else out
+    block_e, warps = snake_config(E)
+    grid = (B, -(-E // block_e))
+    _kernel(not xc.is_cuda)[grid](
+        xc, dt, x_dbl, perm, codes, qq, gg, dir_bs.float().contiguous(),
+        A.float().contiguous(), dt_bias.float().contiguous(), D.float().contiguous(), out,
+        L, E, dt_rank, xc.stride(0), xc.stride(1), dt.stride(0), dt.stride(1),
+        x_dbl.stride(0), x_dbl.stride(1), perm.stride(0), perm.stride(1) if perm.shape[1] > 1
+        else 0, code_k, code_b, q.stride(0) if has_q else 0, q.stride(1) if has_q else 0,
+        decay.stride(0) if has_q else 0, decay.stride(1) if has_q else 0,
+        decay.stride(2) if has_q else 0, out.stride(0), out.stride(1),
+        K=K, N=N, BLOCK_E=block_e, HAS_Q=has_q, HAS_GAP=has_q, num_warps=warps)
+    return out

@@ -1,0 +1,81 @@
+"""PlainMamba-L3's scan of one layer on an H200 (batch 128, E = 896, N = 16, R = 28, bf16
+inputs, CUDA graph replays, median of 5 x 20): the snake-scan kernel
+(:func:`amvim_mm.ops.plain_scan.snake_scan`, u read at the visited tokens, the four directions
+summed in storage order) per launch configuration, unaligned and ToP-aligned, against
+mamba-ssm's grouped scan as the unfused mixer calls it (padded to its chunk; without the
+cross-scan copy and the cross-merge, which the kernel includes). Run on the GPU machine after
+`bash tools/gpu/run.sh build-scan` with PYTHONPATH=.gpu_build/site:."""
+import torch
+
+from amvim_mm import runtime
+from amvim_mm.models.backbones.plain_mamba_scan import snake_cell_tables
+from amvim_mm.ops.plain_scan import snake_scan
+from amvim_mm.ops.selective_scan import selective_scan_fn
+
+B, K, E, N, R, H, W = 128, 4, 896, 16, 28, 14, 14
+CONFIGS = [(16, 1), (32, 1), (32, 2), (64, 2), (64, 4), (128, 4)]
+
+
+def timed(fn):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(20):
+            g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 20)
+    return sorted(times)[2]
+
+
+def main():
+    dev = dict(device='cuda', dtype=torch.bfloat16)
+    steps_tab, codes_tab = snake_cell_tables(H, W, 'cuda')
+    A = -torch.rand(E, N, device='cuda') - 0.5
+    bias = torch.rand(E, device='cuda') - 4
+    D = torch.ones(E, device='cuda')
+    dir_bs = torch.randn(5, N, device='cuda') * 0.02
+    print('L | ' + ' | '.join(f'snake {c}' for c in CONFIGS) + ' | snake aligned (32,1) | '
+          'mamba-ssm grouped')
+    for L in (196, 117, 70, 42):
+        torch.manual_seed(L)
+        cells = torch.randperm(H * W, device='cuda')[:L].sort().values      # kept raster cells
+        rank = steps_tab[:, cells]                                           # (K, L)
+        perm = rank.argsort(-1)[:, None]                                     # (K, 1, L)
+        codes = torch.gather(codes_tab[:, cells], 1, perm[:, 0])
+        xc = torch.randn(B, L, E, **dev)
+        dt = torch.randn(B, L, E, **dev) * 0.5
+        x_dbl = torch.randn(B, L, R + 2 * N, **dev)
+        q = torch.randint(-1, L, (B, K, L), device='cuda', dtype=torch.int32)
+        decay = torch.rand(B, K, L, E, device='cuda') * 0.1
+        row = []
+        for cfg in CONFIGS:
+            with runtime.override(snake_config=cfg):
+                row.append(timed(lambda: snake_scan(xc, dt, x_dbl, perm, codes, dir_bs, A, bias,
+                                                    D, R)))
+        row.append(timed(lambda: snake_scan(xc, dt, x_dbl, perm, codes, dir_bs, A, bias, D, R,
+                                            q=q, decay=decay)))
+        u = torch.randn(B, K * E, L, **dev)
+        delta = torch.randn(B, K * E, L, **dev) * 0.1
+        Bk = torch.randn(B, K, N, L, **dev)
+        Ck = torch.randn(B, K, N, L, **dev)
+        AK, DK, bK = A.repeat(K, 1), D.repeat(K), bias.repeat(K)
+        row.append(timed(lambda: selective_scan_fn(u, delta, AK, Bk, Ck, DK, None,
+                                                   delta_bias=bK, delta_softplus=True,
+                                                   backend='cuda')))
+        print(f'{L} | ' + ' | '.join(f'{ms:.3f}' for ms in row), flush=True)
+
+
+if __name__ == '__main__':
+    with torch.no_grad():
+        main()
