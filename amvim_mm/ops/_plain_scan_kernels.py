@@ -17,13 +17,14 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _step_operands(xc_ptr, dt_ptr, xd_ptr, pm_row, cd_row, q_row, g_row, out_ptr, b, j, more,
-                   offs_e, offs_n, me, dtb, s_xb, s_xl, s_tb, s_tl, s_db, s_dl, s_ob, s_ol,
-                   s_gl, R, N: tl.constexpr, HAS_Q: tl.constexpr, HAS_GAP: tl.constexpr,
-                   ACCUMULATE: tl.constexpr):
+def _step_operands(xc_ptr, dt_ptr, xd_ptr, pm_row, cd_row, q_row, st_row, pf_row, out_ptr, b, j,
+                   more, s_before, offs_e, offs_n, me, dtb, s_xb, s_xl, s_tb, s_tl, s_db, s_dl,
+                   s_ob, s_ol, s_rm, R, N: tl.constexpr, HAS_Q: tl.constexpr,
+                   GAP: tl.constexpr, ACCUMULATE: tl.constexpr):
     """The operands of step ``j`` (masked by ``more``): visited token, u, raw dt (one bias),
-    B's row, C's row, the direction code, the decay's step size (``HAS_GAP``), the output
-    already at the token (``ACCUMULATE``)."""
+    B's row, C's row, the direction code, its full-grid step ``s_j`` and gap (``GAP`` 1: the
+    summed step sizes of the raster cells strictly between ``s_before`` and ``s_j``, from the
+    prefix sums; 2: their count), the output already at the token (``ACCUMULATE``)."""
     t = tl.load(pm_row + j, mask=more, other=0)
     u = tl.load(xc_ptr + b * s_xb + t * s_xl + offs_e, mask=me & more, other=0.)
     if HAS_Q:
@@ -38,22 +39,28 @@ def _step_operands(xc_ptr, dt_ptr, xd_ptr, pm_row, cd_row, q_row, g_row, out_ptr
     bv = tl.load(xd_ptr + b * s_db + q * s_dl + R + offs_n, mask=present, other=0.)
     cv = tl.load(xd_ptr + b * s_db + q * s_dl + R + N + offs_n, mask=present, other=0.)
     code = tl.load(cd_row + j, mask=more, other=0)
-    if HAS_GAP:
-        gd = tl.load(g_row + j * s_gl + offs_e, mask=me & more, other=0.)
+    if GAP > 0:
+        sj = tl.load(st_row + j, mask=more, other=0)
     else:
-        gd = dt
+        sj = t * 0 + s_before                   # unused; a tensor like the loaded steps
+    if GAP == 1:
+        hi = tl.load(pf_row + sj * s_rm + offs_e, mask=me & more, other=0.)
+        lo = tl.load(pf_row + (s_before + 1) * s_rm + offs_e, mask=me & more, other=0.)
+        gd = (hi - lo).to(tl.float32)
+    else:
+        gd = (sj - s_before - 1).to(tl.float32)
     if ACCUMULATE:
         prev = tl.load(out_ptr + b * s_ob + t * s_ol + offs_e, mask=me & more, other=0.)
     else:
         prev = dt
-    return t, u, dt, bv, cv, code, gd, prev
+    return t, u, dt, bv, cv, code, sj, gd, prev
 
 
-def plain_scan_kernel(xc_ptr, dt_ptr, xd_ptr, perm_ptr, code_ptr, q_ptr, gap_ptr, dirb_ptr,
-                      a_ptr, dtb_ptr, d_ptr, out_ptr, L, E, R, s_xb, s_xl, s_tb, s_tl, s_db,
-                      s_dl, s_pk, s_pb, s_ck, s_cb, s_qb, s_qk, s_gb, s_gk, s_gl, s_ob, s_ol,
-                      K: tl.constexpr, N: tl.constexpr, BLOCK_E: tl.constexpr,
-                      HAS_Q: tl.constexpr, HAS_GAP: tl.constexpr):
+def plain_scan_kernel(xc_ptr, dt_ptr, xd_ptr, perm_ptr, code_ptr, q_ptr, steps_ptr, pref_ptr,
+                      dirb_ptr, a_ptr, dtb_ptr, d_ptr, out_ptr, L, E, R, s_xb, s_xl, s_tb, s_tl,
+                      s_db, s_dl, s_pk, s_pb, s_ck, s_cb, s_qb, s_qk, s_sb, s_sk, s_rb, s_rm,
+                      s_ob, s_ol, K: tl.constexpr, N: tl.constexpr, BLOCK_E: tl.constexpr,
+                      HAS_Q: tl.constexpr, GAP: tl.constexpr):
     """One program: sample b, channels [eb * BLOCK_E, ...); walks the K directions one after
     the other, each step by step, and sums their outputs into ``out`` (the first direction
     writes, the others add: deterministic, no atomics).
@@ -62,9 +69,11 @@ def plain_scan_kernel(xc_ptr, dt_ptr, xd_ptr, perm_ptr, code_ptr, q_ptr, gap_ptr
     bias); xd (B, L, R + 2N) ``x_proj``'s output (B at R, C at R + N); perm (K, B or 1, L) the
     stored token each step visits; code (K, L) or (B, K, L) each step's direction code;
     q (B, K, L) int (``HAS_Q``) the stored token whose dt, B, C step j takes, -1 for none (an
-    absent cell: dt = bias, B = 0 + dirB, C = 0), else step j takes token j's; gap (B, K, L, E)
-    fp32 (``HAS_GAP``) the decay's step size (ToP's alignment: the folded gaps included);
-    dirb (5, N); A (E, N) fp32 (negative); dtb, D (E,). out (B, L, E) fp32.
+    absent cell: dt = bias, B = 0 + dirB, C = 0), else step j takes token j's. ToP's alignment
+    (``GAP`` 1 'bias' / 2 'token', 0 none): steps (B, K, L) int64 the full-grid step of each
+    kept step; pref (B, M + 1, E) fp64 the raster prefix sums of the step sizes ('bias'); the
+    decay then takes ``delta + gap`` ('token': ``delta + count * delta``), the input term
+    ``delta``. dirb (5, N); A (E, N) fp32 (negative); dtb, D (E,). out (B, L, E) fp32.
     """
     b = tl.program_id(0).to(tl.int64)
     eb = tl.program_id(1)
@@ -79,24 +88,27 @@ def plain_scan_kernel(xc_ptr, dt_ptr, xd_ptr, perm_ptr, code_ptr, q_ptr, gap_ptr
         pm_row = perm_ptr + k * s_pk + b * s_pb
         cd_row = code_ptr + k * s_ck + b * s_cb
         q_row = q_ptr + b * s_qb + k * s_qk
-        g_row = gap_ptr + b * s_gb + k * s_gk
+        st_row = steps_ptr + b * s_sb + k * s_sk
+        pf_row = pref_ptr + b * s_rb
         h = tl.zeros((BLOCK_E, N), dtype=tl.float32)
         # step 0's operands; each iteration prefetches the next step's
-        t_n, u_n, dt_n, b_n, c_n, cd_n, g_n, p_n = _step_operands(
-            xc_ptr, dt_ptr, xd_ptr, pm_row, cd_row, q_row, g_row, out_ptr, b, 0, L > 0,
-            offs_e, offs_n, me, dtb, s_xb, s_xl, s_tb, s_tl, s_db, s_dl, s_ob, s_ol, s_gl, R,
-            N, HAS_Q, HAS_GAP, k > 0)
+        t_n, u_n, dt_n, b_n, c_n, cd_n, s_n, g_n, p_n = _step_operands(
+            xc_ptr, dt_ptr, xd_ptr, pm_row, cd_row, q_row, st_row, pf_row, out_ptr, b, 0,
+            L > 0, -1, offs_e, offs_n, me, dtb, s_xb, s_xl, s_tb, s_tl, s_db, s_dl, s_ob, s_ol,
+            s_rm, R, N, HAS_Q, GAP, k > 0)
         for j in range(L):
-            t, u, dt, bv, cv, cd, gd, prev = t_n, u_n, dt_n, b_n, c_n, cd_n, g_n, p_n
-            t_n, u_n, dt_n, b_n, c_n, cd_n, g_n, p_n = _step_operands(
-                xc_ptr, dt_ptr, xd_ptr, pm_row, cd_row, q_row, g_row, out_ptr, b, j + 1,
-                j + 1 < L, offs_e, offs_n, me, dtb, s_xb, s_xl, s_tb, s_tl, s_db, s_dl, s_ob,
-                s_ol, s_gl, R, N, HAS_Q, HAS_GAP, k > 0)
+            t, u, dt, bv, cv, cd, sj, gd, prev = t_n, u_n, dt_n, b_n, c_n, cd_n, s_n, g_n, p_n
+            t_n, u_n, dt_n, b_n, c_n, cd_n, s_n, g_n, p_n = _step_operands(
+                xc_ptr, dt_ptr, xd_ptr, pm_row, cd_row, q_row, st_row, pf_row, out_ptr, b,
+                j + 1, j + 1 < L, sj, offs_e, offs_n, me, dtb, s_xb, s_xl, s_tb, s_tl, s_db,
+                s_dl, s_ob, s_ol, s_rm, R, N, HAS_Q, GAP, k > 0)
             u = u.to(tl.float32)
             bv = bv.to(tl.float32) + tl.load(dirb_ptr + cd * N + offs_n).to(tl.float32)
             delta = softplus(dt + dtb)                        # the bias again (second quirk)
-            if HAS_GAP:
-                dA = gd
+            if GAP == 1:
+                dA = delta + gd
+            elif GAP == 2:
+                dA = delta + gd * delta
             else:
                 dA = delta
             h = tl.exp2(dA[:, None] * a2) * h + (delta * u)[:, None] * bv[None, :]

@@ -35,8 +35,8 @@ from amvim_mm.errors import ConfigError
 from .cross_scan import exporting
 from .selective_scan import _finish, selective_scan_fn
 
-__all__ = ['ALIGN_MODES', 'aligned_decay', 'aligned_inputs', 'aligned_inputs_torch', 'aligned_scan', 'at_steps',
-           'override_kernels', 'step_lookup', 'use_kernels']
+__all__ = ['ALIGN_MODES', 'aligned_inputs', 'aligned_inputs_torch', 'aligned_prefix',
+           'aligned_scan', 'at_steps', 'override_kernels', 'step_lookup', 'use_kernels']
 
 #: ``ctx.align``: how a gap's zero-input steps size their decay
 ALIGN_MODES = ('bias', 'token')
@@ -142,6 +142,15 @@ def _kernels(interpret: bool):
 
 
 @functools.lru_cache(maxsize=None)
+def _prefix_kernel(interpret: bool):
+    import triton
+
+    from . import _plain_aligned_kernels as k
+    _kernels(interpret)                      # the same check of the interpreter
+    return triton.jit(k.plain_prefix_kernel)
+
+
+@functools.lru_cache(maxsize=None)
 def _available(device_type: str) -> bool:
     try:
         _kernels(device_type != 'cuda')
@@ -220,19 +229,27 @@ def aligned_inputs(u: Tensor, dt: Tensor, b1: Tensor, steps: Tensor, pos: Tensor
     return d2, u2
 
 
-def aligned_decay(dt: Tensor, b1: Tensor, steps: Tensor, pos: Tensor, M: int, align: str,
-                  block_t: Optional[int] = None) -> Tuple[Tensor, Tensor]:
-    """The aligned scan's decay step sizes for :func:`~amvim_mm.ops.plain_scan.snake_scan`:
-    ``d'`` (B, K, L, E) fp32 (the kernel's, without ``u'``: the scan applies the input term
-    with the kept step's own size) and ``q`` (B, K, L) int32, the stored survivor at each kept
-    step's raster cell (-1 where the cell is absent). Arguments as :func:`aligned_inputs`."""
-    B, K, L = steps.shape
-    E = dt.shape[-1]
+def aligned_prefix(dt: Tensor, b1: Tensor, pos: Tensor, M: int, sums: bool = True
+                   ) -> Tuple[Tensor, Optional[Tensor]]:
+    """The snake-scan kernel's aligned inputs (:func:`~amvim_mm.ops.plain_scan.snake_scan`):
+    ``slot`` (B, M) int32, the stored survivor at each raster cell (-1: absent), and the raster
+    prefix sums ``P`` (B, M + 1, E) fp64 of the cells' step sizes (``softplus(dt_c + b)`` at a
+    present cell, ``softplus(2 b)`` at an absent one), from which the kernel reads each gap
+    ``P[s_j] - P[s_{j-1} + 1]`` ('bias'). dt (B, L, E) the stored survivors' ``dt_proj``
+    outputs; b1 (E,) the dt bias; pos (B, L) the survivors' raster cells; M = H * W;
+    ``sums=False``: ``slot`` only (the 'token' gaps need no sums)."""
+    import triton
+    B, L, E = dt.shape
     slot = _slot_table(pos, M)
-    d2 = torch.empty(B, K, L, E, device=dt.device, dtype=torch.float32)
-    _launch(None, dt, b1, steps, slot, M, align, d2, None, (L * E, E, 1), block_t)
-    q = torch.gather(slot, 1, steps.reshape(B, K * L)).view(B, K, L)
-    return d2, q
+    if not sums:
+        return slot, None
+    pref = torch.empty(B, M + 1, E, device=dt.device, dtype=torch.float64)
+    block_e = min(64, triton.next_power_of_2(E))
+    n_eb = triton.cdiv(E, block_e)
+    _prefix_kernel(not dt.is_cuda)[(B * n_eb, )](
+        dt.float().contiguous(), b1.float().contiguous(), slot, pref, L, M, E, n_eb,
+        BLOCK_T=min(BLOCK_T, triton.next_power_of_2(M)), BLOCK_E=block_e)
+    return slot, pref
 
 
 def aligned_scan(u: Tensor, dt: Tensor, bias: Tensor, steps: Tensor, pos: Tensor, M: int,

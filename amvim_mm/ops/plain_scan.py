@@ -33,7 +33,7 @@ __all__ = ['SNAKE_CONFIG', 'snake_config', 'snake_scan', 'snake_scan_available',
 
 #: (BLOCK_E, num_warps): channels and warps per program, measured on an H200
 #: (benchmarks/README.md); ``AMVIM_SNAKE_SCAN_CONFIG`` overrides it
-SNAKE_CONFIG = (32, 1)
+SNAKE_CONFIG = (64, 2)
 
 
 def snake_config(E: int) -> Tuple[int, int]:
@@ -86,7 +86,8 @@ def use_snake_scan(x: Tensor, d_inner: int, d_state: int, scan_backend: Optional
 
 def snake_scan(xc: Tensor, dt: Tensor, x_dbl: Tensor, perm: Tensor, codes: Tensor,
                dir_bs: Tensor, A: Tensor, dt_bias: Tensor, D: Tensor, dt_rank: int,
-               q: Optional[Tensor] = None, decay: Optional[Tensor] = None) -> Tensor:
+               q: Optional[Tensor] = None, steps: Optional[Tensor] = None,
+               prefix: Optional[Tensor] = None, align: Optional[str] = None) -> Tensor:
     """The four directions' summed scan outputs, ``sum_k y_k + D * u`` (B, L, E) fp32 in
     storage order (before the gate), as the unfused ``_scan`` / ``_aligned_scan`` followed by
     the cross-merge give them.
@@ -95,37 +96,39 @@ def snake_scan(xc: Tensor, dt: Tensor, x_dbl: Tensor, perm: Tensor, codes: Tenso
     x_dbl (B, L, R + 2N) ``x_proj``'s output; perm (K, B or 1, L) the stored token each
     direction visits at each step; codes (K, L) or (B, K, L) the steps' direction codes;
     dir_bs (5, N) ``direction_Bs``; A (E, N) negative; dt_bias (E,) (applied again here);
-    D (E,); ``dt_rank`` R. ToP's alignment: q (B, K, L) the stored token whose dt, B, C step
-    ``j`` takes (-1: an absent cell), decay (B, K, L, E) fp32 the decay's step sizes with the
-    gaps folded in (:func:`~amvim_mm.ops.plain_aligned.aligned_decay`); without them step
-    ``j`` takes token ``j``'s and decays with its own step size.
+    D (E,); ``dt_rank`` R. Without ``align`` step ``j`` takes token ``j``'s dt, B, C and decays
+    with its own step size. ToP's alignment (``align`` 'bias' or 'token'): q (B, K, L) the
+    stored token whose dt, B, C step ``j`` takes (-1: an absent cell), steps (B, K, L) the
+    full-grid step of each kept step, ``prefix`` (B, M + 1, E) fp64 the raster prefix sums of
+    the step sizes ('bias'; :func:`~amvim_mm.ops.plain_aligned.aligned_prefix`).
     """
     B, L, E = xc.shape
     K = perm.shape[0]
     N = dir_bs.shape[-1]
-    if (q is None) != (decay is None):
-        raise ValueError('snake_scan: q and decay go together (ToP alignment)')
+    gap = {None: 0, 'bias': 1, 'token': 2}.get(align)
+    if gap is None:
+        raise ConfigError(f"snake_scan: align must be None, 'bias' or 'token', got {align!r}")
+    if gap and (q is None or steps is None or (gap == 1 and prefix is None)):
+        raise ValueError(f'snake_scan: align={align!r} takes q, steps (and prefix for bias)')
     xc, dt, x_dbl = xc.contiguous(), dt.contiguous(), x_dbl.contiguous()
     perm = perm.contiguous()
     codes = codes.contiguous()
     code_b = codes.stride(0) if codes.dim() == 3 else 0
     code_k = codes.stride(1) if codes.dim() == 3 else codes.stride(0)
     out = torch.empty(B, L, E, device=xc.device, dtype=torch.float32)
-    has_q = q is not None
-    if has_q:
-        q = q.contiguous()
-        decay = decay.contiguous()
-    qq = q if has_q else perm
-    gg = decay if has_q else out
+    q = q.contiguous() if gap else perm
+    steps = steps.long().contiguous() if gap else perm
+    prefix = prefix.contiguous() if gap == 1 else out
     block_e, warps = snake_config(E)
     grid = (B, -(-E // block_e))
     _kernel(not xc.is_cuda)[grid](
-        xc, dt, x_dbl, perm, codes, qq, gg, dir_bs.float().contiguous(),
+        xc, dt, x_dbl, perm, codes, q, steps, prefix, dir_bs.float().contiguous(),
         A.float().contiguous(), dt_bias.float().contiguous(), D.float().contiguous(), out,
         L, E, dt_rank, xc.stride(0), xc.stride(1), dt.stride(0), dt.stride(1),
         x_dbl.stride(0), x_dbl.stride(1), perm.stride(0), perm.stride(1) if perm.shape[1] > 1
-        else 0, code_k, code_b, q.stride(0) if has_q else 0, q.stride(1) if has_q else 0,
-        decay.stride(0) if has_q else 0, decay.stride(1) if has_q else 0,
-        decay.stride(2) if has_q else 0, out.stride(0), out.stride(1),
-        K=K, N=N, BLOCK_E=block_e, HAS_Q=has_q, HAS_GAP=has_q, num_warps=warps)
+        else 0, code_k, code_b, q.stride(0) if gap else 0, q.stride(1) if gap else 0,
+        steps.stride(0) if gap else 0, steps.stride(1) if gap else 0,
+        prefix.stride(0) if gap == 1 else 0, prefix.stride(1) if gap == 1 else 0,
+        out.stride(0), out.stride(1),
+        K=K, N=N, BLOCK_E=block_e, HAS_Q=gap > 0, GAP=gap, num_warps=warps)
     return out

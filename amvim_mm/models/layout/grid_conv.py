@@ -48,10 +48,12 @@ def grid_depthwise_conv(x: torch.Tensor, ctx: ScanContext, conv: nn.Conv2d) -> t
     else:
         grid = torch.gather(x, 1, src.clamp(min=0).unsqueeze(-1).expand(-1, -1, E))
         grid = torch.where((src >= 0).unsqueeze(-1), grid, torch.zeros_like(grid))
-    g = grid.transpose(1, 2).reshape(B, E, H, W)
-    out = F.conv2d(g, w, b, padding=conv.padding, groups=conv.groups).flatten(2)
-    out = torch.cat([out, out.new_zeros(B, E, 1)], 2)
-    out = torch.gather(out, 2, cell.unsqueeze(1).expand(-1, E, -1)).transpose(1, 2)
+    g = grid.view(B, H, W, E).permute(0, 3, 1, 2)     # the channel-last grid's NCHW view
+    out = F.conv2d(g, w, b, padding=conv.padding, groups=conv.groups)
+    out = out.permute(0, 2, 3, 1).reshape(B, H * W, E)
+    out = torch.gather(out, 1, cell.clamp(max=H * W - 1).unsqueeze(-1).expand(-1, -1, E))
+    if ctx.cls_index >= 0 and not bool(ctx.has_fused):    # a token without a cell reads zero
+        out = torch.where((pos >= 0).unsqueeze(-1), out, torch.zeros_like(out))
     if not bool(ctx.has_fused):
         return out
     # tokens without a cell (EViT's fused token): the centre tap only

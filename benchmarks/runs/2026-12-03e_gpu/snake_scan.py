@@ -45,7 +45,7 @@ def main():
     bias = torch.rand(E, device='cuda') - 4
     D = torch.ones(E, device='cuda')
     dir_bs = torch.randn(5, N, device='cuda') * 0.02
-    print('L | ' + ' | '.join(f'snake {c}' for c in CONFIGS) + ' | snake aligned (32,1) | '
+    print('L | ' + ' | '.join(f'snake {c}' for c in CONFIGS) + ' | snake aligned (64, 2) | '
           'mamba-ssm grouped')
     for L in (196, 117, 70, 42):
         torch.manual_seed(L)
@@ -57,14 +57,15 @@ def main():
         dt = torch.randn(B, L, E, **dev) * 0.5
         x_dbl = torch.randn(B, L, R + 2 * N, **dev)
         q = torch.randint(-1, L, (B, K, L), device='cuda', dtype=torch.int32)
-        decay = torch.rand(B, K, L, E, device='cuda') * 0.1
+        steps = rank.sort(-1).values.unsqueeze(0).expand(B, -1, -1)
+        prefix = torch.rand(B, H * W + 1, E, device='cuda', dtype=torch.float64).cumsum(1)
         row = []
         for cfg in CONFIGS:
             with runtime.override(snake_config=cfg):
                 row.append(timed(lambda: snake_scan(xc, dt, x_dbl, perm, codes, dir_bs, A, bias,
                                                     D, R)))
         row.append(timed(lambda: snake_scan(xc, dt, x_dbl, perm, codes, dir_bs, A, bias, D, R,
-                                            q=q, decay=decay)))
+                                            q=q, steps=steps, prefix=prefix, align='bias')))
         u = torch.randn(B, K * E, L, **dev)
         delta = torch.randn(B, K * E, L, **dev) * 0.1
         Bk = torch.randn(B, K, N, L, **dev)
