@@ -22,9 +22,9 @@ def _step_operands(xc_ptr, dt_ptr, xd_ptr, pm_row, cd_row, q_row, st_row, pf_row
                    s_ob, s_ol, s_rm, R, N: tl.constexpr, HAS_Q: tl.constexpr,
                    GAP: tl.constexpr, ACCUMULATE: tl.constexpr):
     """The operands of step ``j`` (masked by ``more``): visited token, u, raw dt (one bias),
-    B's row, C's row, the direction code, its full-grid step ``s_j`` and gap (``GAP`` 1: the
-    summed step sizes of the raster cells strictly between ``s_before`` and ``s_j``, from the
-    prefix sums; 2: their count), the output already at the token (``ACCUMULATE``)."""
+    B's row, C's row, the direction code, its full-grid step ``s_j`` and (``GAP`` 1) the raster
+    prefix sum ``P[s_j]`` or (2) the number of full-grid steps strictly between ``s_before``
+    and ``s_j``, the output already at the token (``ACCUMULATE``)."""
     t = tl.load(pm_row + j, mask=more, other=0)
     u = tl.load(xc_ptr + b * s_xb + t * s_xl + offs_e, mask=me & more, other=0.)
     if HAS_Q:
@@ -43,10 +43,8 @@ def _step_operands(xc_ptr, dt_ptr, xd_ptr, pm_row, cd_row, q_row, st_row, pf_row
         sj = tl.load(st_row + j, mask=more, other=0)
     else:
         sj = t * 0 + s_before                   # unused; a tensor like the loaded steps
-    if GAP == 1:
-        hi = tl.load(pf_row + sj * s_rm + offs_e, mask=me & more, other=0.)
-        lo = tl.load(pf_row + (s_before + 1) * s_rm + offs_e, mask=me & more, other=0.)
-        gd = (hi - lo).to(tl.float32)
+    if GAP == 1:       # P[s_j]; the scan subtracts P[s_{j-1} + 1] = P[s_{j-1}] + delta_{j-1}
+        gd = tl.load(pf_row + sj * s_rm + offs_e, mask=me & more, other=0.)
     else:
         gd = (sj - s_before - 1).to(tl.float32)
     if ACCUMULATE:
@@ -91,6 +89,9 @@ def plain_scan_kernel(xc_ptr, dt_ptr, xd_ptr, perm_ptr, code_ptr, q_ptr, steps_p
         st_row = steps_ptr + b * s_sb + k * s_sk
         pf_row = pref_ptr + b * s_rb
         h = tl.zeros((BLOCK_E, N), dtype=tl.float32)
+        # 'bias' gaps: P[s_{j-1} + 1] = P[s_{j-1}] + delta_{j-1} (the kept step's own cell);
+        # 0 before the first kept step (s_{-1} = -1)
+        p_end = tl.zeros((BLOCK_E, ), dtype=tl.float64)
         # step 0's operands; each iteration prefetches the next step's
         t_n, u_n, dt_n, b_n, c_n, cd_n, s_n, g_n, p_n = _step_operands(
             xc_ptr, dt_ptr, xd_ptr, pm_row, cd_row, q_row, st_row, pf_row, out_ptr, b, 0,
@@ -106,7 +107,8 @@ def plain_scan_kernel(xc_ptr, dt_ptr, xd_ptr, perm_ptr, code_ptr, q_ptr, steps_p
             bv = bv.to(tl.float32) + tl.load(dirb_ptr + cd * N + offs_n).to(tl.float32)
             delta = softplus(dt + dtb)                        # the bias again (second quirk)
             if GAP == 1:
-                dA = delta + gd
+                dA = delta + (gd - p_end).to(tl.float32)
+                p_end = gd + delta.to(tl.float64)
             elif GAP == 2:
                 dA = delta + gd * delta
             else:

@@ -35,12 +35,15 @@ from amvim_mm.errors import ConfigError
 from .cross_scan import exporting
 from .selective_scan import _finish, selective_scan_fn
 
-__all__ = ['ALIGN_MODES', 'aligned_inputs', 'aligned_inputs_torch', 'aligned_prefix',
-           'aligned_scan', 'at_steps', 'override_kernels', 'step_lookup', 'use_kernels']
+__all__ = ['ALIGN_MODES', 'PREFIX_CONFIG', 'aligned_inputs', 'aligned_inputs_torch',
+           'aligned_prefix', 'aligned_scan', 'at_steps', 'override_kernels', 'step_lookup',
+           'use_kernels']
 
 #: ``ctx.align``: how a gap's zero-input steps size their decay
 ALIGN_MODES = ('bias', 'token')
 BLOCK_T, BLOCK_E = 64, 32
+#: the prefix-sum kernel's (BLOCK_T, BLOCK_E, num_warps): small fp64 tiles (H200)
+PREFIX_CONFIG = (16, 32, 2)
 _forced = threading.local()
 
 
@@ -229,7 +232,8 @@ def aligned_inputs(u: Tensor, dt: Tensor, b1: Tensor, steps: Tensor, pos: Tensor
     return d2, u2
 
 
-def aligned_prefix(dt: Tensor, b1: Tensor, pos: Tensor, M: int, sums: bool = True
+def aligned_prefix(dt: Tensor, b1: Tensor, pos: Tensor, M: int, sums: bool = True,
+                   config: Optional[Tuple[int, int, int]] = None
                    ) -> Tuple[Tensor, Optional[Tensor]]:
     """The snake-scan kernel's aligned inputs (:func:`~amvim_mm.ops.plain_scan.snake_scan`):
     ``slot`` (B, M) int32, the stored survivor at each raster cell (-1: absent), and the raster
@@ -237,18 +241,20 @@ def aligned_prefix(dt: Tensor, b1: Tensor, pos: Tensor, M: int, sums: bool = Tru
     present cell, ``softplus(2 b)`` at an absent one), from which the kernel reads each gap
     ``P[s_j] - P[s_{j-1} + 1]`` ('bias'). dt (B, L, E) the stored survivors' ``dt_proj``
     outputs; b1 (E,) the dt bias; pos (B, L) the survivors' raster cells; M = H * W;
-    ``sums=False``: ``slot`` only (the 'token' gaps need no sums)."""
+    ``sums=False``: ``slot`` only (the 'token' gaps need no sums); ``config``: the kernel's
+    (BLOCK_T, BLOCK_E, num_warps), default :data:`PREFIX_CONFIG` (benchmarks)."""
     import triton
     B, L, E = dt.shape
     slot = _slot_table(pos, M)
     if not sums:
         return slot, None
     pref = torch.empty(B, M + 1, E, device=dt.device, dtype=torch.float64)
-    block_e = min(64, triton.next_power_of_2(E))
+    block_t, block_e, warps = config or PREFIX_CONFIG
+    block_e = min(block_e, triton.next_power_of_2(E))
     n_eb = triton.cdiv(E, block_e)
     _prefix_kernel(not dt.is_cuda)[(B * n_eb, )](
         dt.float().contiguous(), b1.float().contiguous(), slot, pref, L, M, E, n_eb,
-        BLOCK_T=min(BLOCK_T, triton.next_power_of_2(M)), BLOCK_E=block_e)
+        BLOCK_T=min(block_t, triton.next_power_of_2(M)), BLOCK_E=block_e, num_warps=warps)
     return slot, pref
 
 

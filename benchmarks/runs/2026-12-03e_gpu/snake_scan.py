@@ -3,13 +3,17 @@ inputs, CUDA graph replays, median of 5 x 20): the snake-scan kernel
 (:func:`amvim_mm.ops.plain_scan.snake_scan`, u read at the visited tokens, the four directions
 summed in storage order) per launch configuration, unaligned and ToP-aligned, against
 mamba-ssm's grouped scan as the unfused mixer calls it (padded to its chunk; without the
-cross-scan copy and the cross-merge, which the kernel includes). Run on the GPU machine after
-`bash tools/gpu/run.sh build-scan` with PYTHONPATH=.gpu_build/site:."""
+cross-scan copy and the cross-merge, which the kernel includes; only where mamba-ssm is built);
+and the aligned scan's raster prefix-sum kernel per (BLOCK_T, BLOCK_E, num_warps). Run on the
+GPU machine after `bash tools/gpu/run.sh build-scan` (or `none`: no mamba-ssm column) with
+PYTHONPATH=.gpu_build/site:."""
 import torch
 
 from amvim_mm import runtime
 from amvim_mm.models.backbones.plain_mamba_scan import snake_cell_tables
 from amvim_mm.ops.plain_scan import snake_scan
+from amvim_mm.ops.backends import mamba_selective_scan
+from amvim_mm.ops.plain_aligned import aligned_prefix
 from amvim_mm.ops.selective_scan import selective_scan_fn
 
 B, K, E, N, R, H, W = 128, 4, 896, 16, 28, 14, 14
@@ -66,6 +70,9 @@ def main():
                                                     D, R)))
         row.append(timed(lambda: snake_scan(xc, dt, x_dbl, perm, codes, dir_bs, A, bias, D, R,
                                             q=q, steps=steps, prefix=prefix, align='bias')))
+        if mamba_selective_scan()[0] is None:
+            print(f'{L} | ' + ' | '.join(f'{ms:.3f}' for ms in row) + ' | (not built)')
+            continue
         u = torch.randn(B, K * E, L, **dev)
         delta = torch.randn(B, K * E, L, **dev) * 0.1
         Bk = torch.randn(B, K, N, L, **dev)
@@ -77,6 +84,24 @@ def main():
         print(f'{L} | ' + ' | '.join(f'{ms:.3f}' for ms in row), flush=True)
 
 
+PREFIX_CONFIGS = [(64, 64, 4), (64, 32, 4), (32, 32, 4), (32, 32, 2), (16, 32, 2), (32, 16, 2),
+                  (16, 16, 1), (32, 64, 8)]
+
+
+def prefix():
+    print('prefix kernel, L survivors of 196 | ' + ' | '.join(map(str, PREFIX_CONFIGS)))
+    for L in (117, 70, 42):
+        torch.manual_seed(L)
+        pos = torch.stack([torch.randperm(H * W, device='cuda')[:L].sort().values
+                           for _ in range(B)])
+        dt = torch.randn(B, L, E, device='cuda', dtype=torch.bfloat16)
+        b1 = torch.rand(E, device='cuda') - 4
+        row = [timed(lambda: aligned_prefix(dt, b1, pos, H * W, config=c))
+               for c in PREFIX_CONFIGS]
+        print(f'{L} | ' + ' | '.join(f'{ms:.3f}' for ms in row), flush=True)
+
+
 if __name__ == '__main__':
     with torch.no_grad():
+        prefix()
         main()
