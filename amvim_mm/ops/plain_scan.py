@@ -18,7 +18,7 @@ programs to fill the GPU (below that mamba-ssm's kernel is faster).
 from __future__ import annotations
 
 import functools
-from typing import Optional, Tuple
+from typing import Iterable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -67,12 +67,14 @@ def snake_scan_available(device_type: str) -> bool:
     return device_type != 'cuda' or torch.cuda.is_available()
 
 
-def use_snake_scan(x: Tensor, d_inner: int, d_state: int, scan_backend: Optional[str]) -> bool:
+def use_snake_scan(x: Tensor, d_inner: int, d_state: int, scan_backend: Optional[str],
+                   params: Iterable[Tensor] = ()) -> bool:
     """Whether PlainMamba's mixer runs :func:`snake_scan` on ``x`` (its (B, L, C) input);
-    ``d_state`` must be a power of 2 (the kernel's state block)."""
+    ``d_state`` must be a power of 2 (the kernel's state block); ``params``: the mixer's
+    parameters (none may want a gradient while autograd records)."""
     if x.dtype == torch.float64 or runtime.exporting() or d_state & (d_state - 1):
         return False
-    if torch.is_grad_enabled() and x.requires_grad:
+    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
         return False
     if requested_backend(scan_backend) != 'auto':
         return False

@@ -105,6 +105,11 @@ def test_when_the_mixer_takes_the_kernel():
         assert not use_snake_scan(x.requires_grad_(), 16, 8, None)
         assert not use_snake_scan(x.detach(), 16, 12, None)
         assert not use_snake_scan(x.detach(), 16, 8, 'torch')
+        weight = torch.zeros(3, requires_grad=True)       # a trainable mixer, a frozen input
+        assert not use_snake_scan(x.detach(), 16, 8, None, [weight])
+        with torch.no_grad():
+            assert use_snake_scan(x.detach(), 16, 8, None, [weight]) == bool(
+                os.environ.get('TRITON_INTERPRET'))
 
 
 def test_launch_config_is_validated(monkeypatch):

@@ -23,6 +23,10 @@ acts on the layers' single stream, as in Vim (no class token to protect):
   all of its cells and the pruned cells at zero (:mod:`~amvim_mm.models.layout.grid_conv`);
   the 3x3 block's BN normalises the present tokens.
 * ToP's importance: the clipped channel sum of the summed four-direction output.
+* CUDA inference runs the four scans and their sum as one Triton kernel
+  (:func:`~amvim_mm.ops.plain_scan.snake_scan`, chosen by
+  :func:`~amvim_mm.ops.plain_scan.use_snake_scan`): the same quirks, pairings and aligned gaps;
+  the cross-scan, the grouped selective scan and the cross-merge below stay the reference.
 * dense outputs get the full grid back before their norm (merged tokens copied to their cells,
   pruned cells keep their last feature); ``avg_featmap`` is the size-weighted token mean.
 """
@@ -140,7 +144,7 @@ class PlainMamba2D(nn.Module):
         if aligned and ctx.has_fused:
             raise ConfigError('PlainMamba: hidden-state alignment with a fused token (EViT) '
                               'is not defined')
-        if use_snake_scan(x, E, self.d_state, self.scan_backend):
+        if use_snake_scan(x, E, self.d_state, self.scan_backend, self.parameters()):
             y = self._snake_scan(xc, x_dbl, ctx, index, codes if index_cells is None else None,
                                  index_cells, cell if aligned else None)
         else:
