@@ -29,6 +29,20 @@ def _segment_sum(fa, va, fb, vb):
     return fa | fb, tl.where(fb != 0, vb, va + vb)
 
 
+@triton.jit
+def _cell_steps(dt_ptr, slot_ptr, b, t0, e, me, b1, L, M, E, BLOCK_T: tl.constexpr):
+    """Full-grid steps ``t`` in ``[t0, t0 + BLOCK_T)``, their mask and ``f(t)`` (BLOCK_T,
+    BLOCK_E) fp32: the step size of raster cell t (the stored survivor's dt there, else the
+    bias, plus the bias again)."""
+    t = t0 + tl.arange(0, BLOCK_T)
+    mt = t < M
+    slot = tl.load(slot_ptr + b * M + t, mask=mt, other=-1)
+    here = slot >= 0
+    dt = tl.load(dt_ptr + (b * L + tl.maximum(slot, 0))[:, None] * E + e[None, :],
+                 mask=here[:, None] & me[None, :], other=0.).to(tl.float32)
+    return t, mt, softplus(tl.where(here[:, None], dt, b1[None, :]) + b1[None, :])
+
+
 def plain_aligned_kernel(u_ptr, dt_ptr, b1_ptr, slot_ptr, jtab_ptr, steps_ptr, d2_ptr, u2_ptr,
                          L, M, E, K, n_eb, s_ok, s_oj, s_oe, GAP_TOKEN: tl.constexpr,
                          BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, WRITE_U: tl.constexpr):
@@ -48,13 +62,7 @@ def plain_aligned_kernel(u_ptr, dt_ptr, b1_ptr, slot_ptr, jtab_ptr, steps_ptr, d
     row = (bk * E + e[None, :]) * L                     # (b, k * E + e, 0) of u, d', u'
     carry = tl.zeros((BLOCK_E, ), dtype=tl.float32)     # the open gap's sum
     for t0 in range(0, M, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        mt = t < M
-        slot = tl.load(slot_ptr + b * M + t, mask=mt, other=-1)
-        here = slot >= 0
-        dt = tl.load(dt_ptr + (b * L + tl.maximum(slot, 0))[:, None] * E + e[None, :],
-                     mask=here[:, None] & me[None, :], other=0.)
-        f = softplus(tl.where(here[:, None], dt, b1[None, :]) + b1[None, :])
+        t, mt, f = _cell_steps(dt_ptr, slot_ptr, b, t0, e, me, b1, L, M, E, BLOCK_T)
         j = tl.load(jtab_ptr + bk * M + t, mask=mt, other=-1)
         kept = j >= 0
         if GAP_TOKEN:
@@ -84,8 +92,8 @@ def plain_prefix_kernel(dt_ptr, b1_ptr, slot_ptr, pref_ptr, L, M, E, n_eb,
     before a kept step at full-grid step ``s_j`` is ``P[s_j] - P[s_{j-1} + 1]`` (the steps of a
     direction take the raster cells' step sizes, the first quirk, so a gap is a raster range
     and one table serves the four directions). fp64 keeps the differences exact to fp32.
-    One program per (sample b, block of channels); dt (B, L, E), slot (B, M) int32 as above;
-    P (B, M + 1, E) fp64."""
+    One program per (sample b, block of channels); dt (B, L, E) fp32, slot (B, M) int32 as
+    above; P (B, M + 1, E) fp64."""
     pid = tl.program_id(0)
     b = (pid // n_eb).to(tl.int64)
     e = (pid % n_eb) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -95,13 +103,7 @@ def plain_prefix_kernel(dt_ptr, b1_ptr, slot_ptr, pref_ptr, L, M, E, n_eb,
     tl.store(row, tl.zeros((1, BLOCK_E), dtype=tl.float64), mask=me[None, :])
     carry = tl.zeros((BLOCK_E, ), dtype=tl.float64)
     for t0 in range(0, M, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        mt = t < M
-        slot = tl.load(slot_ptr + b * M + t, mask=mt, other=-1)
-        here = slot >= 0
-        dt = tl.load(dt_ptr + (b * L + tl.maximum(slot, 0))[:, None] * E + e[None, :],
-                     mask=here[:, None] & me[None, :], other=0.)
-        f = softplus(tl.where(here[:, None], dt, b1[None, :]) + b1[None, :])
+        t, mt, f = _cell_steps(dt_ptr, slot_ptr, b, t0, e, me, b1, L, M, E, BLOCK_T)
         f = tl.where(mt[:, None], f, 0.).to(tl.float64)
         p = tl.cumsum(f, 0) + carry[None, :]
         tl.store(row + (t + 1)[:, None] * E, p, mask=mt[:, None] & me[None, :])

@@ -1,12 +1,8 @@
 """The fused mLSTM kernel (amvim_mm.ops.mlstm.mlstm_triton) against the parallel form
 (``mlstm_parallel``, the official ``parallel_stabilized_simple``) in Triton's interpreter on CPU
 (in a subprocess) and compiled on the GPU, its errors, and the dispatcher's route to it."""
-import json
 import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,10 +10,8 @@ import torch
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops import mlstm as mlstm_mod
 from amvim_mm.ops.mlstm import mlstm, mlstm_parallel, mlstm_triton
-from amvim_mm.testing.triton_interpreter import PREAMBLE as FAST_INTERPRETER
-from tests.ops.triton_support import HAS_TRITON, needs_triton
+from tests.ops.triton_support import HAS_TRITON, needs_triton, run_in_interpreter
 
-ROOT = Path(__file__).resolve().parents[2]
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA is not available')
 
 
@@ -88,12 +82,7 @@ def test_kernel_equals_the_parallel_form_in_the_interpreter():
     forms them; the row maximum from the prefix max differs by rounding only, which scales
     numerator and row sum alike), fp16 to its rounding; any S, padded head dims, extreme and
     skipped-token gates, strided inputs."""
-    env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable, '-c', FAST_INTERPRETER + SCRIPT], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
-    res = json.loads(line[len('RESULT'):])
+    res = run_in_interpreter(SCRIPT)
     assert len(res) == len(CASES)
     for (name, _, _, tol), r in zip(CASES, res, strict=True):
         assert r['ok'] and r['err'] <= tol, (name, r)

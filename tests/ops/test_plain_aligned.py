@@ -3,13 +3,8 @@
 ``aligned_selective_scan`` folds it) for both gap modes and several kept-step patterns, and the
 whole reduced PlainMamba forward on the kernel path against the PyTorch path (in Triton's
 interpreter on CPU, in a subprocess; compiled on the GPU)."""
-import json
 import os
-import subprocess
-import sys
 import textwrap
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,10 +13,7 @@ import torch.nn.functional as F
 from amvim_mm.models.backbones.plain_mamba_scan import snake_cell_tables
 from amvim_mm.ops.plain_aligned import (aligned_inputs, aligned_inputs_torch, override_kernels,
                                         step_lookup, use_kernels)
-from amvim_mm.testing.triton_interpreter import PREAMBLE as FAST_INTERPRETER
-from tests.ops.triton_support import needs_triton
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.ops.triton_support import needs_triton, run_in_interpreter
 
 
 def directions(pos, H, W):
@@ -114,15 +106,6 @@ MODEL_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _interpret(script: str):
-    env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable, '-c', FAST_INTERPRETER + script], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
-    return json.loads(line[len('RESULT'):])
-
-
 def test_the_pytorch_path_stays_the_cpu_path():
     """Without the interpreter CPU tensors take the PyTorch ops; fp64 and inputs recording an
     autograd graph never take the kernel, even when forced."""
@@ -142,7 +125,7 @@ def test_kernel_inputs_equal_the_pytorch_reference_in_the_interpreter():
     """d' and u' of the kernel equal the PyTorch reference to 1e-6 (fp32) in both gap modes:
     per-sample different pruning, gaps at the start and end of the directions, nothing
     pruned, one survivor, bf16 u, gaps crossing the walk's blocks, a channel tail."""
-    res = _interpret(KERNEL_SCRIPT)
+    res = run_in_interpreter(KERNEL_SCRIPT)
     assert len(res) == 2 * 2 * 5
     for r in res:
         assert r['d'] <= 1e-6 and r['u'] <= 1e-6, r
@@ -152,7 +135,7 @@ def test_kernel_inputs_equal_the_pytorch_reference_in_the_interpreter():
 def test_reduced_plainmamba_forward_equals_the_pytorch_path_in_the_interpreter():
     """The whole backbone with ToP aligned (pruning after layers 0 and 2 of four), kernel path
     against PyTorch path: same survivors, features equal to float rounding."""
-    for r in _interpret(MODEL_SCRIPT):
+    for r in run_in_interpreter(MODEL_SCRIPT):
         assert r['same'] and r['err'] <= 1e-6 and r['shape'] == [2, 32, 6, 5], r
 
 

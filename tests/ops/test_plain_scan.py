@@ -3,12 +3,8 @@ against the unfused mixer (cross-scan, the PyTorch scan, cross-merge), unreduced
 kind of reduced sequence (merged, pruned per sample, a fused token, ToP aligned in both gap
 modes, displacement codes), in Triton's interpreter on CPU (a subprocess) and compiled on the
 GPU; and when the mixer takes the kernel."""
-import json
 import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,10 +12,7 @@ import torch
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.plain_scan import snake_config, use_snake_scan
-from amvim_mm.testing.triton_interpreter import PREAMBLE as FAST_INTERPRETER
-from tests.ops.triton_support import needs_triton
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.ops.triton_support import needs_triton, run_in_interpreter
 
 #: (name, arch, reduction, mixer options): every route of the kernel
 CASES = [
@@ -37,7 +30,7 @@ CASES = [
 ]
 
 SCRIPT = textwrap.dedent('''
-    import json, sys, torch
+    import json, torch
     from tests.ops.test_plain_scan import compare_paths
     print('RESULT' + json.dumps(compare_paths('cpu', torch.float32, 2, (96, 80))))
 ''')
@@ -77,12 +70,7 @@ def compare_paths(device, dtype, batch, img_size, cases=CASES):
 @needs_triton
 def test_snake_scan_equals_the_unfused_mixer_in_the_interpreter():
     """Every route of the kernel equals the unfused mixer to float rounding (fp32, 1e-6)."""
-    env = dict(os.environ, TRITON_INTERPRET='1', OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable, '-c', FAST_INTERPRETER + SCRIPT], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
-    res = json.loads(line[len('RESULT'):])
+    res = run_in_interpreter(SCRIPT)
     assert [r['case'] for r in res] == [c[0] for c in CASES]
     for r in res:
         assert r['same'] and r['err'] <= 1e-6, r
