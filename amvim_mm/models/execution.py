@@ -145,7 +145,7 @@ class StepPlan:
     """One token-reduction step (before block ``block``).
 
     ``match``: ``'triton'`` (the reducer's matching kernel, which plans the merge in the same
-    launch; ToMe's holds at most ``MAX_MATCH_ROWS`` rows, checked per step), ``'cpu'`` (the whole
+    launch; beyond ToMe's ``MAX_MATCH_ROWS`` rows it matches in blocks), ``'cpu'`` (the whole
     step in one compiled call) or ``'torch'`` (the reducer's ``select``); ``merge``:
     ``'triton'`` (planned, applied inside the next block's Triton add + RMSNorm), ``'cpu'``
     (compiled) or ``'torch'``; ``fold``: the two streams are merged as one (inference)."""

@@ -84,27 +84,3 @@ def plain_aligned_kernel(u_ptr, dt_ptr, b1_ptr, slot_ptr, jtab_ptr, steps_ptr, d
             u = tl.load(u_ptr + row + jj, mask=mk, other=0.).to(tl.float32)
             tl.store(u2_ptr + off, u * tl.math.div_rn(f, tl.maximum(d2, TINY)), mask=mk)
 
-
-def plain_prefix_kernel(dt_ptr, b1_ptr, slot_ptr, pref_ptr, L, M, E, n_eb,
-                        BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
-    """The raster prefix sums of the aligned step sizes, for the snake-scan kernel's 'bias'
-    gaps: ``P[b, c, e] = sum_{t < c} f(t)`` (fp64, c in [0, M]) with ``f`` as above, so the gap
-    before a kept step at full-grid step ``s_j`` is ``P[s_j] - P[s_{j-1} + 1]`` (the steps of a
-    direction take the raster cells' step sizes, the first quirk, so a gap is a raster range
-    and one table serves the four directions). fp64 keeps the differences exact to fp32.
-    One program per (sample b, block of channels); dt (B, L, E) fp32, slot (B, M) int32 as
-    above; P (B, M + 1, E) fp64."""
-    pid = tl.program_id(0)
-    b = (pid // n_eb).to(tl.int64)
-    e = (pid % n_eb) * BLOCK_E + tl.arange(0, BLOCK_E)
-    me = e < E
-    b1 = tl.load(b1_ptr + e, mask=me, other=0.)
-    row = pref_ptr + b * (M + 1) * E + e[None, :]
-    tl.store(row, tl.zeros((1, BLOCK_E), dtype=tl.float64), mask=me[None, :])
-    carry = tl.zeros((BLOCK_E, ), dtype=tl.float64)
-    for t0 in range(0, M, BLOCK_T):
-        t, mt, f = _cell_steps(dt_ptr, slot_ptr, b, t0, e, me, b1, L, M, E, BLOCK_T)
-        f = tl.where(mt[:, None], f, 0.).to(tl.float64)
-        p = tl.cumsum(f, 0) + carry[None, :]
-        tl.store(row + (t + 1)[:, None] * E, p, mask=mt[:, None] & me[None, :])
-        carry = tl.sum(f, 0) + carry

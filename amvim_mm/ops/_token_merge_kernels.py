@@ -192,6 +192,66 @@ def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls
                     k, M, L - k, mid, BLOCK_L, BLOCK_M, False, False)
 
 
+def tome_best_kernel(h_ptr, r_ptr, w_ptr, best_ptr, bidx_ptr, L, D, n_a, n_b, cls,
+                     HAS_RES: tl.constexpr, HAS_W: tl.constexpr, DOT: tl.constexpr,
+                     BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (sample b, block of A rows): each A row's best B row on the stream ``h + r``
+    (B, L, D) for sequences too long for :func:`tome_match_kernel`'s one tile (dense tasks).
+
+    The same similarity as that kernel (dot products of ``x * w`` with ``input_precision=DOT``
+    over ``BLOCK_D`` columns at a time, divided by both norms), the B rows ``BLOCK_B`` at a time;
+    a row's best is replaced only by a strictly higher score, so ties go to the lower B index.
+    Writes ``best`` (B, n_a) fp32 and ``bidx`` (B, n_a) int32 (B-set index)."""
+    b = tl.program_id(0).to(tl.int64)
+    ja = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
+    ma = ja < n_a
+    sa = _seq_index(2 * ja, cls)
+    na2 = tl.zeros((BLOCK_A, ), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        dd = d0 + tl.arange(0, BLOCK_D)
+        a = _weighted_rows(h_ptr, r_ptr, w_ptr, b, sa, ma, dd, dd < D, L, D, HAS_RES, HAS_W)
+        na2 += tl.sum(a * a, axis=1)
+    na = tl.maximum(tl.sqrt(na2), 1e-12)
+    best = tl.full((BLOCK_A, ), float('-inf'), tl.float32)
+    bidx = tl.zeros((BLOCK_A, ), dtype=tl.int32)
+    for j0 in range(0, n_b, BLOCK_B):
+        jb = j0 + tl.arange(0, BLOCK_B)
+        mb = jb < n_b
+        sb = _seq_index(2 * jb + 1, cls)
+        acc = tl.zeros((BLOCK_A, BLOCK_B), dtype=tl.float32)
+        nb2 = tl.zeros((BLOCK_B, ), dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            dd = d0 + tl.arange(0, BLOCK_D)
+            md = dd < D
+            a = _weighted_rows(h_ptr, r_ptr, w_ptr, b, sa, ma, dd, md, L, D, HAS_RES, HAS_W)
+            c = _weighted_rows(h_ptr, r_ptr, w_ptr, b, sb, mb, dd, md, L, D, HAS_RES, HAS_W)
+            acc += tl.dot(a, tl.trans(c), input_precision=DOT)
+            nb2 += tl.sum(c * c, axis=1)
+        nb = tl.maximum(tl.sqrt(nb2), 1e-12)
+        scores = tl.where(mb[None, :], acc / (na[:, None] * nb[None, :]), float('-inf'))
+        blk = tl.max(scores, axis=1)
+        arg = tl.argmax(scores, axis=1, tie_break_left=True) + j0
+        better = blk > best
+        best = tl.where(better, blk, best)
+        bidx = tl.where(better, arg, bidx)
+    tl.store(best_ptr + b * n_a + ja, best, mask=ma)
+    tl.store(bidx_ptr + b * n_a + ja, bidx, mask=ma)
+
+
+@triton.jit
+def _weighted_rows(h_ptr, r_ptr, w_ptr, b, rows, mrow, dd, md, L, D, HAS_RES: tl.constexpr,
+                   HAS_W: tl.constexpr):
+    """``(h + r) * w`` at sequence rows ``rows``, columns ``dd`` (fp32; 0 where masked)."""
+    off = (b * L + rows[:, None]) * D + dd[None, :]
+    m2 = mrow[:, None] & md[None, :]
+    x = tl.load(h_ptr + off, mask=m2, other=0.).to(tl.float32)
+    if HAS_RES:
+        x += tl.load(r_ptr + off, mask=m2, other=0.).to(tl.float32)
+    if HAS_W:
+        x = x * tl.load(w_ptr + dd, mask=md, other=0.).to(tl.float32)[None, :]
+    return x
+
+
 def rank_perm_kernel(pos_ptr, rank_ptr, rev_ptr, buf_ptr, out_ptr, B, L, M, cls, n,
                      BLOCK_L: tl.constexpr, BLOCK_M: tl.constexpr):
     """Program (sample b, path p): the order of the sample's tokens along path p, given by the

@@ -35,15 +35,12 @@ from amvim_mm.errors import ConfigError
 from .cross_scan import exporting
 from .selective_scan import _finish, selective_scan_fn
 
-__all__ = ['ALIGN_MODES', 'PREFIX_CONFIG', 'aligned_inputs', 'aligned_inputs_torch',
-           'aligned_prefix', 'aligned_scan', 'at_steps', 'override_kernels', 'step_lookup',
-           'use_kernels']
+__all__ = ['ALIGN_MODES', 'aligned_inputs', 'aligned_inputs_torch', 'aligned_scan', 'at_steps',
+           'override_kernels', 'snake_gap_tables', 'step_lookup', 'use_kernels']
 
 #: ``ctx.align``: how a gap's zero-input steps size their decay
 ALIGN_MODES = ('bias', 'token')
 BLOCK_T, BLOCK_E = 64, 32
-#: the prefix-sum kernel's (BLOCK_T, BLOCK_E, num_warps): small fp64 tiles (H200)
-PREFIX_CONFIG = (16, 32, 2)
 _forced = threading.local()
 
 
@@ -145,15 +142,6 @@ def _kernels(interpret: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def _prefix_kernel(interpret: bool):
-    import triton
-
-    from . import _plain_aligned_kernels as k
-    _kernels(interpret)                      # the same check of the interpreter
-    return triton.jit(k.plain_prefix_kernel)
-
-
-@functools.lru_cache(maxsize=None)
 def _available(device_type: str) -> bool:
     try:
         _kernels(device_type != 'cuda')
@@ -232,30 +220,21 @@ def aligned_inputs(u: Tensor, dt: Tensor, b1: Tensor, steps: Tensor, pos: Tensor
     return d2, u2
 
 
-def aligned_prefix(dt: Tensor, b1: Tensor, pos: Tensor, M: int, sums: bool = True,
-                   config: Optional[Tuple[int, int, int]] = None
-                   ) -> Tuple[Tensor, Optional[Tensor]]:
+def snake_gap_tables(pos: Tensor, steps: Tensor, M: int, below: bool = True
+                     ) -> Tuple[Tensor, Optional[Tensor]]:
     """The snake-scan kernel's aligned inputs (:func:`~amvim_mm.ops.plain_scan.snake_scan`):
-    ``slot`` (B, M) int32, the stored survivor at each raster cell (-1: absent), and the raster
-    prefix sums ``P`` (B, M + 1, E) fp64 of the cells' step sizes (``softplus(dt_c + b)`` at a
-    present cell, ``softplus(2 b)`` at an absent one), from which the kernel reads each gap
-    ``P[s_j] - P[s_{j-1} + 1]`` ('bias'). dt (B, L, E) the stored survivors' ``dt_proj``
-    outputs; b1 (E,) the dt bias; pos (B, L) the survivors' raster cells; M = H * W;
-    ``sums=False``: ``slot`` only (the 'token' gaps need no sums); ``config``: the kernel's
-    (BLOCK_T, BLOCK_E, num_warps), default :data:`PREFIX_CONFIG` (benchmarks)."""
-    import triton
-    B, L, E = dt.shape
-    slot = _slot_table(pos, M)
-    if not sums:
-        return slot, None
-    pref = torch.empty(B, M + 1, E, device=dt.device, dtype=torch.float64)
-    block_t, block_e, warps = config or PREFIX_CONFIG
-    block_e = min(block_e, triton.next_power_of_2(E))
-    n_eb = triton.cdiv(E, block_e)
-    _prefix_kernel(not dt.is_cuda)[(B * n_eb, )](
-        dt.float().contiguous(), b1.float().contiguous(), slot, pref, L, M, E, n_eb,
-        BLOCK_T=min(block_t, triton.next_power_of_2(M)), BLOCK_E=block_e, num_warps=warps)
-    return slot, pref
+    ``q`` (B, K, L) int32, the stored survivor at each kept step's raster cell ``s_j`` (-1:
+    absent), and ``below`` (B, K, L) int32, the number of survivors at raster cells below
+    ``s_j``, from which the kernel finds the survivors inside each 'bias' gap (``below=False``:
+    None; 'token' gaps need only the steps). pos (B, L) the survivors' raster cells
+    (ascending, the storage order); steps (B, K, L) the full-grid step of each kept step;
+    M = H * W."""
+    B, K, L = steps.shape
+    flat = steps.reshape(B, K * L)
+    q = torch.gather(_slot_table(pos, M), 1, flat).view(B, K, L)
+    if not below:
+        return q, None
+    return q, torch.searchsorted(pos, flat, out_int32=True).view(B, K, L)
 
 
 def aligned_scan(u: Tensor, dt: Tensor, bias: Tensor, steps: Tensor, pos: Tensor, M: int,

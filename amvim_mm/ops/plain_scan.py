@@ -89,7 +89,7 @@ def use_snake_scan(x: Tensor, d_inner: int, d_state: int, scan_backend: Optional
 def snake_scan(xc: Tensor, dt: Tensor, x_dbl: Tensor, perm: Tensor, codes: Tensor,
                dir_bs: Tensor, A: Tensor, dt_bias: Tensor, D: Tensor, dt_rank: int,
                q: Optional[Tensor] = None, steps: Optional[Tensor] = None,
-               prefix: Optional[Tensor] = None, align: Optional[str] = None) -> Tensor:
+               below: Optional[Tensor] = None, align: Optional[str] = None) -> Tensor:
     """The four directions' summed scan outputs, ``sum_k y_k + D * u`` (B, L, E) fp32 in
     storage order (before the gate), as the unfused ``_scan`` / ``_aligned_scan`` followed by
     the cross-merge give them.
@@ -101,8 +101,10 @@ def snake_scan(xc: Tensor, dt: Tensor, x_dbl: Tensor, perm: Tensor, codes: Tenso
     D (E,); ``dt_rank`` R. Without ``align`` step ``j`` takes token ``j``'s dt, B, C and decays
     with its own step size. ToP's alignment (``align`` 'bias' or 'token'): q (B, K, L) the
     stored token whose dt, B, C step ``j`` takes (-1: an absent cell), steps (B, K, L) the
-    full-grid step of each kept step, ``prefix`` (B, M + 1, E) fp64 the raster prefix sums of
-    the step sizes ('bias'; :func:`~amvim_mm.ops.plain_aligned.aligned_prefix`).
+    full-grid step of each kept step, ``below`` (B, K, L) the number of survivors at raster
+    cells below each kept step's ('bias'; both from
+    :func:`~amvim_mm.ops.plain_aligned.snake_gap_tables`; the survivors stored in raster
+    order).
     """
     B, L, E = xc.shape
     K = perm.shape[0]
@@ -110,27 +112,26 @@ def snake_scan(xc: Tensor, dt: Tensor, x_dbl: Tensor, perm: Tensor, codes: Tenso
     gap = {None: 0, 'bias': 1, 'token': 2}.get(align)
     if gap is None:
         raise ConfigError(f"snake_scan: align must be None, 'bias' or 'token', got {align!r}")
-    if gap and (q is None or steps is None or (gap == 1 and prefix is None)):
-        raise ValueError(f'snake_scan: align={align!r} takes q, steps (and prefix for bias)')
+    if gap and (q is None or steps is None or (gap == 1 and below is None)):
+        raise ValueError(f'snake_scan: align={align!r} takes q, steps (and below for bias)')
     xc, dt, x_dbl = xc.contiguous(), dt.contiguous(), x_dbl.contiguous()
     perm = perm.contiguous()
     codes = codes.contiguous()
     code_b = codes.stride(0) if codes.dim() == 3 else 0
     code_k = codes.stride(1) if codes.dim() == 3 else codes.stride(0)
     out = torch.empty(B, L, E, device=xc.device, dtype=torch.float32)
-    q = q.contiguous() if gap else perm
+    q = q.to(torch.int32).contiguous() if gap else perm
     steps = steps.long().contiguous() if gap else perm
-    prefix = prefix.contiguous() if gap == 1 else out
+    below = below.to(torch.int32).contiguous() if gap == 1 else q   # strides of q
     block_e, warps = snake_config(E)
     grid = (B, -(-E // block_e))
     _kernel(not xc.is_cuda)[grid](
-        xc, dt, x_dbl, perm, codes, q, steps, prefix, dir_bs.float().contiguous(),
+        xc, dt, x_dbl, perm, codes, q, steps, below, dir_bs.float().contiguous(),
         A.float().contiguous(), dt_bias.float().contiguous(), D.float().contiguous(), out,
         L, E, dt_rank, xc.stride(0), xc.stride(1), dt.stride(0), dt.stride(1),
         x_dbl.stride(0), x_dbl.stride(1), perm.stride(0), perm.stride(1) if perm.shape[1] > 1
         else 0, code_k, code_b, q.stride(0) if gap else 0, q.stride(1) if gap else 0,
         steps.stride(0) if gap else 0, steps.stride(1) if gap else 0,
-        prefix.stride(0) if gap == 1 else 0, prefix.stride(1) if gap == 1 else 0,
         out.stride(0), out.stride(1),
         K=K, N=N, BLOCK_E=block_e, HAS_Q=gap > 0, GAP=gap, num_warps=warps)
     return out

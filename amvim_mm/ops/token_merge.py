@@ -34,8 +34,11 @@ __all__ = ['MergePlan', 'plan_merge', 'apply_merge_plan', 'tome_match', 'MAX_MAT
            'MATCH_CONFIG', 'match_config',
            'extra_kernels_enabled', 'rank_path_perms']
 
-#: the matching kernel holds an (A x B) score tile in registers: at most 128 rows per set
+#: the one-launch matching kernel holds an (A x B) score tile in registers: at most 128 rows
+#: per set; longer sequences (dense tasks) take the blocked route (:func:`tome_match`)
 MAX_MATCH_ROWS = 128
+#: the blocked route's (BLOCK_A, BLOCK_B, BLOCK_D, num_warps)
+BLOCKED_MATCH_CONFIG = (64, 64, 32, 4)
 EXTRA_ENV_VAR = runtime.variable_of('reduction_kernels')
 
 
@@ -52,7 +55,7 @@ def _kernels():
 
     from . import _token_merge_kernels as k
     return (triton.jit(k.merge_plan_kernel), triton.jit(k.tome_match_kernel),
-            triton.jit(k.rank_perm_kernel))
+            triton.jit(k.rank_perm_kernel), triton.jit(k.tome_best_kernel))
 
 
 class MergePlan(NamedTuple):
@@ -170,8 +173,11 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     product: 10 mantissa bits). The default is what the backbone uses under any autocast dtype:
     the gap between the last merged and the first kept edge is often below tf32's / bf16's
     resolution and a lower precision changes which tokens merge. Needs the canonical layout
-    (every token but the class token is a patch) and at most ``MAX_MATCH_ROWS`` tokens per
-    set. Ties between edges go to the lower index, as in ``ToMe.select``.
+    (every token but the class token is a patch). Ties between edges go to the lower index, as
+    in ``ToMe.select``. Beyond ``MAX_MATCH_ROWS`` tokens per set (dense tasks) the best B row
+    of each A row comes from a kernel with a program per (sample, 64 A rows), the edges are
+    ranked by a stable sort and the merge is planned by :func:`plan_merge`: three launches
+    instead of one, the same decisions.
 
     ``plan_state``: the sequence's ``(pos, size, source)``; the same launch then also makes the
     merge plan of the edges (what :func:`plan_merge` does, one launch less per step).
@@ -186,17 +192,29 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
                           f'got {precision!r}')
     B, L, D = hidden.shape
     n_a, n_b = (n_patches + 1) // 2, n_patches // 2
-    if n_a > MAX_MATCH_ROWS:
-        raise ConfigError(f'tome_match handles at most {MAX_MATCH_ROWS} tokens per set; got '
-                          f'{n_a} ({n_patches} patch tokens)')
     if not 0 < k <= n_a:
         raise ConfigError(f'tome_match: cannot merge {k} of {n_a} tokens of set A')
-    _, match_k, _ = _kernels()
+    _, match_k, _, best_k = _kernels()
     h = hidden.contiguous()
     r = residual.contiguous() if residual is not None else h
+    w = weight.contiguous() if weight is not None else h
+    if n_a > MAX_MATCH_ROWS:
+        block_a, block_b, block_d, warps = BLOCKED_MATCH_CONFIG
+        best = torch.empty(B, n_a, device=h.device, dtype=torch.float32)
+        bidx = torch.empty(B, n_a, device=h.device, dtype=torch.int32)
+        best_k[(B, triton.cdiv(n_a, block_a))](
+            h, r, w, best, bidx, L, D, n_a, n_b, cls_index, HAS_RES=residual is not None,
+            HAS_W=weight is not None, DOT=precision, BLOCK_A=block_a, BLOCK_B=block_b,
+            BLOCK_D=block_d, num_warps=warps)
+        ja = torch.sort(best, dim=1, descending=True, stable=True).indices[:, :k]
+        jb = torch.gather(bidx, 1, ja).long()
+        removed, dst = _seq_index(2 * ja, cls_index), _seq_index(2 * jb + 1, cls_index)
+        if plan_state is None:
+            return removed, dst
+        new_cls = cls_index_for(n_patches - k, cls_index >= 0)
+        return removed, dst, plan_merge(*plan_state, removed, dst, new_cls)
     removed = torch.empty(B, k, device=h.device, dtype=torch.long)
     dst = torch.empty(B, k, device=h.device, dtype=torch.long)
-    w = weight.contiguous() if weight is not None else h
     block_d, warps, stages = match_config()
     if plan_state is not None:
         n_keep = n_patches - k
@@ -216,6 +234,11 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     return removed, dst
 
 
+def _seq_index(j: Tensor, cls: int) -> Tensor:
+    """Sequence index of patch ``j`` (the class token, at ``cls`` >= 0, is skipped)."""
+    return j + (j >= cls).long() if cls >= 0 else j
+
+
 def rank_path_perms(pos: Tensor, ranks: Tensor, reverse: Tensor, cls_index: int,
                     n_patches: int) -> Tensor:
     """:func:`~amvim_mm.models.layout.scan_orders.path_permutation` of every path in one
@@ -227,7 +250,7 @@ def rank_path_perms(pos: Tensor, ranks: Tensor, reverse: Tensor, cls_index: int,
     backwards). Returns (P, B, L) int32, the token at each path position.
     """
     import triton
-    *_, perm_k = _kernels()
+    _, _, perm_k, _ = _kernels()
     B, L = pos.shape
     P, M = ranks.shape
     out = torch.empty(P, B, L, device=pos.device, dtype=torch.int32)

@@ -88,7 +88,10 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
     for phase, (bsz, n, cls, dim, k, metric, split) in [
             (ph, c) for ph in phases for c in [(3, 20, 10, 16, 5, 'norm_input', False),
                                                (2, 21, -1, 40, 7, 'stream', True),
-                                               (2, 196, 98, 64, 14, 'norm_input', True)]]:
+                                               (2, 196, 98, 64, 14, 'norm_input', True),
+                                               # beyond one tile: the blocked route
+                                               (2, 300, 150, 40, 60, 'norm_input', True),
+                                               (1, 301, -1, 24, 151, 'stream', False)]]:
         use(phase)    # its matching kernel's launch configuration
         ctx = init_reduction_state(ScanContext((1, n), cls_index=cls), bsz, 'cpu')
         x = torch.randn(bsz, n + (cls >= 0), dim)
@@ -270,7 +273,7 @@ def test_fused_matches_unfused_in_triton_interpreter():
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith('RESULT')][-1]
     out = json.loads(line[len('RESULT'):])
-    assert out['match'] == [True] * 3 * len(PHASES) and out['perms'] == [True, True]
+    assert out['match'] == [True] * 5 * len(PHASES) and out['perms'] == [True, True]
     assert len(out['embeds']) == 4
     for e in out['embeds']:   # fp16: a few accumulation-order flips of one fp16 step (~1e-3)
         assert e['shape'] and e['dtype'] and e['ctx'], e
@@ -601,8 +604,34 @@ def test_gpu_tome_match_fp32_equals_select_on_near_ties():
 @needs_triton
 def test_tome_match_limits_are_named():
     from amvim_mm.ops.token_merge import tome_match
-    x = torch.randn(1, 300, 8)
-    with pytest.raises(ValueError, match='at most 128 tokens per set; got 150'):
-        tome_match(x, None, None, 299, 149, 4)
     with pytest.raises(ValueError, match='cannot merge 20 of 10 tokens'):
         tome_match(torch.randn(1, 21, 8), None, None, 20, 10, 20)
+
+
+@gpu
+def test_gpu_tome_match_blocked_equals_select_at_dense_lengths():
+    """A 512 crop's 1024 patch tokens (set A of 512 rows, beyond one tile): the blocked route
+    picks ToMe.select's edges in its order (fp32 streams, the default 3xTF32 products), and
+    its merge plan equals plan_merge's of those edges."""
+    from amvim_mm.models.layout.scan_context import ScanContext
+    from amvim_mm.models.reduction.reducers import ToMe
+    from amvim_mm.models.reduction.state import Streams, init_reduction_state
+    from amvim_mm.ops.token_merge import plan_merge, tome_match
+    from amvim_mm.token_layout import cls_index_for
+    torch.manual_seed(2)
+    B, n, cls, D, k = 3, 1024, 512, 192, 300
+    hidden = torch.randn(B, n + 1, D, device='cuda')
+    residual = torch.randn_like(hidden)
+    ctx = init_reduction_state(ScanContext((32, 32), cls_index=cls), B, 'cuda')
+    layer = torch.nn.Module()
+    layer.norm = torch.nn.Module()
+    layer.norm.weight = torch.nn.Parameter(torch.rand(D, device='cuda') + 0.5)
+    rem0, dst0, _ = ToMe(r=k, locations=(0, )).select(0, k, Streams(hidden, residual), ctx,
+                                                       layer)
+    rem1, dst1, (plan, npos, nsize, nsrc) = tome_match(
+        hidden, residual, layer.norm.weight, n, cls, k, plan_state=(ctx.pos, ctx.size,
+                                                                    ctx.source))
+    assert torch.equal(rem0, rem1) and torch.equal(dst0, dst1)
+    ref = plan_merge(ctx.pos, ctx.size, ctx.source, rem0, dst0, cls_index_for(n - k, True))
+    for a, b in zip((*plan, npos, nsize, nsrc), (*ref[0], *ref[1:]), strict=True):
+        assert torch.equal(a, b)

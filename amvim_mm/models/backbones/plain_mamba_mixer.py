@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.cross_scan import cross_merge, cross_scan
-from amvim_mm.ops.plain_aligned import (aligned_inputs_torch, aligned_prefix, aligned_scan,
-                                        at_steps, step_lookup, use_kernels)
+from amvim_mm.ops.plain_aligned import (aligned_inputs_torch, aligned_scan, at_steps,
+                                        snake_gap_tables, step_lookup, use_kernels)
 from amvim_mm.ops.plain_scan import snake_scan, use_snake_scan
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
 from ..layout.grid_conv import grid_depthwise_conv, whole_grid
@@ -243,20 +243,19 @@ class PlainMamba2D(nn.Module):
         alignment, ``cell`` (B, L) the survivors' raster cells."""
         H, W = ctx.grid
         dt = self.dt_proj(x_dbl[..., :self.dt_rank])              # first application of the bias
-        q = steps = prefix = None
+        q = steps = below = None
         if cell is not None:
             B = xc.shape[0]
             steps_tab, cell_codes = snake_cell_tables(H, W, xc.device)
             steps = torch.gather(steps_tab.unsqueeze(0).expand(B, -1, -1), 2, index_cells)
             codes = torch.gather(cell_codes.unsqueeze(0).expand(B, -1, -1), 2, index_cells)
-            slot, prefix = aligned_prefix(dt, self.dt_proj.bias, cell.contiguous(), H * W,
-                                          sums=ctx.align == 'bias')
-            q = torch.gather(slot, 1, steps.reshape(B, -1)).view_as(steps)
+            q, below = snake_gap_tables(cell.contiguous(), steps, H * W,
+                                        below=ctx.align == 'bias')
         elif codes is None:
             codes = self._reduced_codes(index_cells, H, W)
         return snake_scan(xc, dt, x_dbl, index.perm, codes, self.direction_Bs,
                           -torch.exp(self.A_log.float()), self.dt_proj.bias, self.D,
-                          self.dt_rank, q=q, steps=steps, prefix=prefix,
+                          self.dt_rank, q=q, steps=steps, below=below,
                           align=ctx.align if cell is not None else None)
 
     def _reduced_codes(self, index_cells: torch.Tensor, H: int, W: int) -> torch.Tensor:

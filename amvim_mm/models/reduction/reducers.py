@@ -241,10 +241,10 @@ class ToMe(TokenReducer):
     def step(self, block, k, stream, ctx, layer) -> Selection:
         """On the step plan's routes (``ctx.step_plan``, :class:`~amvim_mm.models.execution.
         StepPlan`): ``match='triton'``: ToMe's matching kernel (:func:`~amvim_mm.ops.
-        token_merge.tome_match`), which also plans the merge in the same launch, while the
-        patch tokens fit its tile (``MAX_MATCH_ROWS``); ``'cpu'``: the whole step in one
-        compiled call (:func:`~amvim_mm.ops.cpu_ops.tome_step`, bit for bit :meth:`select`
-        and the folded merge); else :meth:`select`."""
+        token_merge.tome_match`), which also plans the merge (in the same launch while the
+        patch tokens fit its tile, ``MAX_MATCH_ROWS``; in blocks beyond); ``'cpu'``: the whole
+        step in one compiled call (:func:`~amvim_mm.ops.cpu_ops.tome_step`, bit for bit
+        :meth:`select` and the folded merge); else :meth:`select`."""
         n, plan = ctx.n_patches, ctx.step_plan
         route = 'torch' if plan is None or not 0 < k <= self.max_merge(n) else plan.match
         w = layer.norm.weight if self.metric == 'norm_input' and route != 'torch' else None
@@ -254,7 +254,7 @@ class ToMe(TokenReducer):
                 stream.hidden, stream.residual, w, ctx.size, ctx.pos, ctx.source, a_idx, b_idx,
                 k, n, ctx.cls_index)
             return Selection(removed, dst, reduced=(hidden, pos, size, source))
-        if route == 'triton' and self.max_merge(n) <= tm.MAX_MATCH_ROWS:
+        if route == 'triton':
             # fp32-accurate dot products whatever the autocast dtype (see select)
             removed, dst, plan = tm.tome_match(
                 stream.hidden, stream.residual, w, n, ctx.cls_index, k,
