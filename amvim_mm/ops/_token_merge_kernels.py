@@ -238,6 +238,41 @@ def tome_best_kernel(h_ptr, r_ptr, w_ptr, best_ptr, bidx_ptr, L, D, n_a, n_b, cl
     tl.store(bidx_ptr + b * n_a + ja, bidx, mask=ma)
 
 
+def tome_rank_plan_kernel(best_ptr, bidx_ptr, rem_ptr, dst_ptr, n_a, cls, k,
+                          pos_ptr, size_ptr, wt_ptr, src_ptr, f_ptr, g_ptr,
+                          rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr,
+                          nsrc_ptr, L, M, mid, PLAN: tl.constexpr, BLOCK_A: tl.constexpr,
+                          BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
+                          BLOCK_M: tl.constexpr):
+    """One program per sample, after :func:`tome_best_kernel`: the ``k`` A rows with the
+    highest best score (ties: lower index first) written in that order to ``rem`` / ``dst``
+    (sequence indices), by one sort of 64-bit keys (the score's order-preserving integer
+    above, ``2^31 - 1 - index`` below); with ``PLAN`` the merge plan of those edges
+    (:func:`merge_plan_kernel`'s work; the arguments after ``k`` are its)."""
+    b = tl.program_id(0).to(tl.int64)
+    ja = tl.arange(0, BLOCK_A)
+    ma = ja < n_a
+    v = tl.load(best_ptr + b * n_a + ja, mask=ma, other=float('-inf'))
+    bits = v.to(tl.int32, bitcast=True)
+    order = bits ^ ((bits >> 31) & 0x7FFFFFFF)            # signed order = the floats' order
+    key = (order.to(tl.int64) << 32) + (0x7FFFFFFF - ja).to(tl.int64)   # masked rows: -inf
+    top = tl.sort(key, 0, descending=True)
+    i = 0x7FFFFFFF - (top & 0x7FFFFFFF).to(tl.int32)   # the A row at each rank
+    sel = ja < k
+    j = tl.load(bidx_ptr + b * n_a + i, mask=sel, other=0)
+    tl.store(rem_ptr + b * k + ja, _seq_index(2 * i, cls).to(tl.int64), mask=sel)
+    tl.store(dst_ptr + b * k + ja, _seq_index(2 * j + 1, cls).to(tl.int64), mask=sel)
+    if PLAN:
+        tl.debug_barrier()
+        ro = tl.arange(0, BLOCK_R)
+        mr = ro < k
+        rem = tl.load(rem_ptr + b * k + ro, mask=mr, other=-1)
+        dst = tl.load(dst_ptr + b * k + ro, mask=mr, other=-1)
+        _merge_plan(b, rem, dst, ro, mr, pos_ptr, size_ptr, wt_ptr, src_ptr, f_ptr, g_ptr,
+                    rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr, nsrc_ptr, L,
+                    k, M, L - k, mid, BLOCK_L, BLOCK_M, False, False)
+
+
 @triton.jit
 def _weighted_rows(h_ptr, r_ptr, w_ptr, b, rows, mrow, dd, md, L, D, HAS_RES: tl.constexpr,
                    HAS_W: tl.constexpr):

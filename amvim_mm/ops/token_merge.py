@@ -37,8 +37,8 @@ __all__ = ['MergePlan', 'plan_merge', 'apply_merge_plan', 'tome_match', 'MAX_MAT
 #: the one-launch matching kernel holds an (A x B) score tile in registers: at most 128 rows
 #: per set; longer sequences (dense tasks) take the blocked route (:func:`tome_match`)
 MAX_MATCH_ROWS = 128
-#: the blocked route's (BLOCK_A, BLOCK_B, BLOCK_D, num_warps)
-BLOCKED_MATCH_CONFIG = (64, 64, 32, 4)
+#: the blocked route's best-match kernel: (BLOCK_A, BLOCK_B, BLOCK_D, num_warps)
+BLOCKED_MATCH_CONFIG = (32, 128, 64, 8)
 EXTRA_ENV_VAR = runtime.variable_of('reduction_kernels')
 
 
@@ -55,7 +55,8 @@ def _kernels():
 
     from . import _token_merge_kernels as k
     return (triton.jit(k.merge_plan_kernel), triton.jit(k.tome_match_kernel),
-            triton.jit(k.rank_perm_kernel), triton.jit(k.tome_best_kernel))
+            triton.jit(k.rank_perm_kernel), triton.jit(k.tome_best_kernel),
+            triton.jit(k.tome_rank_plan_kernel))
 
 
 class MergePlan(NamedTuple):
@@ -93,7 +94,7 @@ def plan_merge(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor, dst: 
     Returns:
         (plan, new pos, new size, new source) with L' = L - r tokens.
     """
-    plan_k, *_ = _kernels()
+    plan_k = _kernels()[0]
     removed, dst = removed.contiguous(), dst.contiguous()
     bufs, (L, r, M, L_new), meta, out = _plan_args(pos, size, source, removed, weight)
     plan_k[(pos.shape[0], )](removed, dst, *bufs, L, r, M, L_new, new_cls, **meta,
@@ -174,13 +175,13 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     the gap between the last merged and the first kept edge is often below tf32's / bf16's
     resolution and a lower precision changes which tokens merge. Needs the canonical layout
     (every token but the class token is a patch). Ties between edges go to the lower index, as
-    in ``ToMe.select``. Beyond ``MAX_MATCH_ROWS`` tokens per set (dense tasks) the best B row
-    of each A row comes from a kernel with a program per (sample, 64 A rows), the edges are
-    ranked by a stable sort and the merge is planned by :func:`plan_merge`: three launches
-    instead of one, the same decisions.
+    in ``ToMe.select``. Beyond ``MAX_MATCH_ROWS`` tokens per set (dense tasks) two launches
+    make the same decisions: each A row's best B row from a program per (sample, block of A
+    rows) (:data:`BLOCKED_MATCH_CONFIG`), then a program per sample sorts the edges and plans
+    the merge.
 
-    ``plan_state``: the sequence's ``(pos, size, source)``; the same launch then also makes the
-    merge plan of the edges (what :func:`plan_merge` does, one launch less per step).
+    ``plan_state``: the sequence's ``(pos, size, source)``; the (last) launch then also makes
+    the merge plan of the edges (what :func:`plan_merge` does, one launch less per step).
 
     Returns:
         (removed, dst): (B, k) sequence indices; with ``plan_state``, (removed, dst, planned)
@@ -194,10 +195,19 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     n_a, n_b = (n_patches + 1) // 2, n_patches // 2
     if not 0 < k <= n_a:
         raise ConfigError(f'tome_match: cannot merge {k} of {n_a} tokens of set A')
-    _, match_k, _, best_k = _kernels()
+    _, match_k, _, best_k, rank_k = _kernels()
     h = hidden.contiguous()
     r = residual.contiguous() if residual is not None else h
     w = weight.contiguous() if weight is not None else h
+    removed = torch.empty(B, k, device=h.device, dtype=torch.long)
+    dst = torch.empty(B, k, device=h.device, dtype=torch.long)
+    if plan_state is not None:
+        new_cls = cls_index_for(n_patches - k, cls_index >= 0)
+        bufs, (_, _, M, _), meta, planned = _plan_args(*plan_state, removed)
+        plan_args = bufs + (M, new_cls)
+    else:
+        plan_args = (h, ) * 13 + (0, -1)                     # unused (PLAN=False)
+        meta = dict(BLOCK_L=2, BLOCK_R=2, BLOCK_M=2)
     if n_a > MAX_MATCH_ROWS:
         block_a, block_b, block_d, warps = BLOCKED_MATCH_CONFIG
         best = torch.empty(B, n_a, device=h.device, dtype=torch.float32)
@@ -206,24 +216,11 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
             h, r, w, best, bidx, L, D, n_a, n_b, cls_index, HAS_RES=residual is not None,
             HAS_W=weight is not None, DOT=precision, BLOCK_A=block_a, BLOCK_B=block_b,
             BLOCK_D=block_d, num_warps=warps)
-        ja = torch.sort(best, dim=1, descending=True, stable=True).indices[:, :k]
-        jb = torch.gather(bidx, 1, ja).long()
-        removed, dst = _seq_index(2 * ja, cls_index), _seq_index(2 * jb + 1, cls_index)
-        if plan_state is None:
-            return removed, dst
-        new_cls = cls_index_for(n_patches - k, cls_index >= 0)
-        return removed, dst, plan_merge(*plan_state, removed, dst, new_cls)
-    removed = torch.empty(B, k, device=h.device, dtype=torch.long)
-    dst = torch.empty(B, k, device=h.device, dtype=torch.long)
+        rank_k[(B, )](best, bidx, removed, dst, n_a, cls_index, k, *plan_args[:13], L,
+                      *plan_args[13:], PLAN=plan_state is not None,
+                      BLOCK_A=triton.next_power_of_2(n_a), **meta, num_warps=8)
+        return (removed, dst) if plan_state is None else (removed, dst, planned)
     block_d, warps, stages = match_config()
-    if plan_state is not None:
-        n_keep = n_patches - k
-        new_cls = cls_index_for(n_keep, cls_index >= 0)
-        bufs, (_, _, M, _), meta, planned = _plan_args(*plan_state, removed)
-        plan_args = bufs + (M, new_cls)
-    else:
-        plan_args = (h, ) * 13 + (0, -1)                     # unused (PLAN=False)
-        meta = dict(BLOCK_L=2, BLOCK_R=2, BLOCK_M=2)
     match_k[(B, )](h, r, w, removed, dst, L, D, n_a, n_b, cls_index, k, *plan_args,
                    HAS_RES=residual is not None, HAS_W=weight is not None,
                    DOT=precision, BLOCK_A=max(triton.next_power_of_2(n_a), 16),
@@ -232,11 +229,6 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     if plan_state is not None:
         return removed, dst, planned
     return removed, dst
-
-
-def _seq_index(j: Tensor, cls: int) -> Tensor:
-    """Sequence index of patch ``j`` (the class token, at ``cls`` >= 0, is skipped)."""
-    return j + (j >= cls).long() if cls >= 0 else j
 
 
 def rank_path_perms(pos: Tensor, ranks: Tensor, reverse: Tensor, cls_index: int,
@@ -250,7 +242,7 @@ def rank_path_perms(pos: Tensor, ranks: Tensor, reverse: Tensor, cls_index: int,
     backwards). Returns (P, B, L) int32, the token at each path position.
     """
     import triton
-    _, _, perm_k, _ = _kernels()
+    perm_k = _kernels()[2]
     B, L = pos.shape
     P, M = ranks.shape
     out = torch.empty(P, B, L, device=pos.device, dtype=torch.int32)

@@ -103,9 +103,20 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
             0, k, Streams(x, resid), ctx, layer)
         rem1, dst1 = tm.tome_match(x, resid, layer.norm.weight if metric == 'norm_input' else None,
                                    n, cls, k)
-        match.append(all(set(zip(a.tolist(), c.tolist(), strict=True))
-                         == set(zip(b.tolist(), d.tolist(), strict=True))
-                         for a, b, c, d in zip(rem0, rem1, dst0, dst1, strict=True)))
+        same = all(set(zip(a.tolist(), c.tolist(), strict=True))
+                   == set(zip(b.tolist(), d.tolist(), strict=True))
+                   for a, b, c, d in zip(rem0, rem1, dst0, dst1, strict=True))
+        if n > 256:   # the blocked route's plan (second launch) against plan_merge's
+            from amvim_mm.token_layout import cls_index_for
+            rem2, dst2, got = tm.tome_match(
+                x, resid, layer.norm.weight if metric == 'norm_input' else None, n, cls, k,
+                plan_state=(ctx.pos, ctx.size, ctx.source))
+            ref = tm.plan_merge(ctx.pos, ctx.size, ctx.source, rem2, dst2,
+                                cls_index_for(n - k, cls >= 0))
+            same = same and torch.equal(rem1, rem2) and torch.equal(dst1, dst2) and all(
+                torch.equal(a, b) for a, b in zip((*got[0], *got[1:]), (*ref[0], *ref[1:]),
+                                                  strict=True))
+        match.append(same)
     use(phases[0])   # the rest does not read the settings
     # a planned merge step (bookkeeping kernel + merge inside the fused add + RMSNorm) against
     # reduce_tokens(fold=True): merged stream, normalised output, pos/size/source
@@ -611,8 +622,10 @@ def test_tome_match_limits_are_named():
 @gpu
 def test_gpu_tome_match_blocked_equals_select_at_dense_lengths():
     """A 512 crop's 1024 patch tokens (set A of 512 rows, beyond one tile): the blocked route
-    picks ToMe.select's edges in its order (fp32 streams, the default 3xTF32 products), and
-    its merge plan equals plan_merge's of those edges."""
+    picks ToMe.select's edges in its order (fp32 streams, the default 3xTF32 products; each A
+    token has a planted partner whose similarity is 1e-4 or more from the next one's: random
+    streams of this length have best scores closer than the products' rounding), and its merge
+    plan equals plan_merge's of those edges."""
     from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.reduction.reducers import ToMe
     from amvim_mm.models.reduction.state import Streams, init_reduction_state
@@ -620,8 +633,15 @@ def test_gpu_tome_match_blocked_equals_select_at_dense_lengths():
     from amvim_mm.token_layout import cls_index_for
     torch.manual_seed(2)
     B, n, cls, D, k = 3, 1024, 512, 192, 300
-    hidden = torch.randn(B, n + 1, D, device='cuda')
-    residual = torch.randn_like(hidden)
+    x = torch.randn(B, n + 1, D, device='cuda')
+    patches = torch.tensor([i for i in range(n + 1) if i != cls], device='cuda')
+    a_idx, b_idx = patches[0::2], patches[1::2]
+    for b in range(B):
+        partner = b_idx[torch.randperm(len(b_idx), device='cuda')]
+        noise = 0.05 + 0.002 * torch.randperm(len(a_idx), device='cuda').float()[:, None]
+        x[b, partner] = x[b, a_idx] + noise * torch.randn(len(a_idx), D, device='cuda')
+    residual = torch.randn_like(x)
+    hidden = x - residual
     ctx = init_reduction_state(ScanContext((32, 32), cls_index=cls), B, 'cuda')
     layer = torch.nn.Module()
     layer.norm = torch.nn.Module()
