@@ -192,74 +192,80 @@ def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls
                     k, M, L - k, mid, BLOCK_L, BLOCK_M, False, False)
 
 
-def tome_best_kernel(h_ptr, r_ptr, w_ptr, best_ptr, bidx_ptr, L, D, n_a, n_b, cls,
+def tome_best_kernel(h_ptr, r_ptr, w_ptr, best_ptr, bidx_ptr, L, D, n_a, n_b, cls, n_split,
                      HAS_RES: tl.constexpr, HAS_W: tl.constexpr, DOT: tl.constexpr,
                      BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Program (sample b, block of A rows): each A row's best B row on the stream ``h + r``
-    (B, L, D) for sequences too long for :func:`tome_match_kernel`'s one tile (dense tasks).
+    """Program (sample b, block of A rows, block s of B rows): each A row's best B row of the
+    block on the stream ``h + r`` (B, L, D), for sequences too long for
+    :func:`tome_match_kernel`'s one tile (dense tasks); :func:`tome_rank_plan_kernel`
+    combines the blocks.
 
     The same similarity as that kernel (dot products of ``x * w`` with ``input_precision=DOT``
-    over ``BLOCK_D`` columns at a time, divided by both norms), the B rows ``BLOCK_B`` at a time;
-    a row's best is replaced only by a strictly higher score, so ties go to the lower B index.
-    Writes ``best`` (B, n_a) fp32 and ``bidx`` (B, n_a) int32 (B-set index)."""
+    over ``BLOCK_D`` columns at a time, divided by both norms); ties within the block go to
+    the lower B index. Writes ``best`` (B, n_split, n_a) fp32 and ``bidx`` (B, n_split, n_a)
+    int32 (B-set index)."""
     b = tl.program_id(0).to(tl.int64)
     ja = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
+    s = tl.program_id(2)
+    jb = s * BLOCK_B + tl.arange(0, BLOCK_B)
     ma = ja < n_a
+    mb = jb < n_b
     sa = _seq_index(2 * ja, cls)
+    sb = _seq_index(2 * jb + 1, cls)
+    acc = tl.zeros((BLOCK_A, BLOCK_B), dtype=tl.float32)
     na2 = tl.zeros((BLOCK_A, ), dtype=tl.float32)
+    nb2 = tl.zeros((BLOCK_B, ), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         dd = d0 + tl.arange(0, BLOCK_D)
-        a = _weighted_rows(h_ptr, r_ptr, w_ptr, b, sa, ma, dd, dd < D, L, D, HAS_RES, HAS_W)
+        md = dd < D
+        a = _weighted_rows(h_ptr, r_ptr, w_ptr, b, sa, ma, dd, md, L, D, HAS_RES, HAS_W)
+        c = _weighted_rows(h_ptr, r_ptr, w_ptr, b, sb, mb, dd, md, L, D, HAS_RES, HAS_W)
+        acc += tl.dot(a, tl.trans(c), input_precision=DOT)
         na2 += tl.sum(a * a, axis=1)
+        nb2 += tl.sum(c * c, axis=1)
     na = tl.maximum(tl.sqrt(na2), 1e-12)
-    best = tl.full((BLOCK_A, ), float('-inf'), tl.float32)
-    bidx = tl.zeros((BLOCK_A, ), dtype=tl.int32)
-    for j0 in range(0, n_b, BLOCK_B):
-        jb = j0 + tl.arange(0, BLOCK_B)
-        mb = jb < n_b
-        sb = _seq_index(2 * jb + 1, cls)
-        acc = tl.zeros((BLOCK_A, BLOCK_B), dtype=tl.float32)
-        nb2 = tl.zeros((BLOCK_B, ), dtype=tl.float32)
-        for d0 in range(0, D, BLOCK_D):
-            dd = d0 + tl.arange(0, BLOCK_D)
-            md = dd < D
-            a = _weighted_rows(h_ptr, r_ptr, w_ptr, b, sa, ma, dd, md, L, D, HAS_RES, HAS_W)
-            c = _weighted_rows(h_ptr, r_ptr, w_ptr, b, sb, mb, dd, md, L, D, HAS_RES, HAS_W)
-            acc += tl.dot(a, tl.trans(c), input_precision=DOT)
-            nb2 += tl.sum(c * c, axis=1)
-        nb = tl.maximum(tl.sqrt(nb2), 1e-12)
-        scores = tl.where(mb[None, :], acc / (na[:, None] * nb[None, :]), float('-inf'))
-        blk = tl.max(scores, axis=1)
-        arg = tl.argmax(scores, axis=1, tie_break_left=True) + j0
-        better = blk > best
-        best = tl.where(better, blk, best)
-        bidx = tl.where(better, arg, bidx)
-    tl.store(best_ptr + b * n_a + ja, best, mask=ma)
-    tl.store(bidx_ptr + b * n_a + ja, bidx, mask=ma)
+    nb = tl.maximum(tl.sqrt(nb2), 1e-12)
+    scores = tl.where(mb[None, :], acc / (na[:, None] * nb[None, :]), float('-inf'))
+    out = (b * n_split + s) * n_a + ja
+    tl.store(best_ptr + out, tl.max(scores, axis=1), mask=ma)
+    tl.store(bidx_ptr + out, tl.argmax(scores, axis=1, tie_break_left=True) + s * BLOCK_B,
+             mask=ma)
 
 
-def tome_rank_plan_kernel(best_ptr, bidx_ptr, rem_ptr, dst_ptr, n_a, cls, k,
+def tome_rank_plan_kernel(best_ptr, bidx_ptr, rem_ptr, dst_ptr, n_a, cls, k, n_split,
                           pos_ptr, size_ptr, wt_ptr, src_ptr, f_ptr, g_ptr,
                           rows_ptr, rcoef_ptr, rtgt_ptr, rmcoef_ptr, npos_ptr, nsize_ptr,
                           nsrc_ptr, L, M, mid, PLAN: tl.constexpr, BLOCK_A: tl.constexpr,
                           BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
                           BLOCK_M: tl.constexpr):
-    """One program per sample, after :func:`tome_best_kernel`: the ``k`` A rows with the
-    highest best score (ties: lower index first) written in that order to ``rem`` / ``dst``
-    (sequence indices), by one sort of 64-bit keys (the score's order-preserving integer
-    above, ``2^31 - 1 - index`` below); with ``PLAN`` the merge plan of those edges
-    (:func:`merge_plan_kernel`'s work; the arguments after ``k`` are its)."""
+    """One program per sample, after :func:`tome_best_kernel`: each A row's best over the
+    ``n_split`` blocks of B rows (a later block only when strictly better: ties to the lower
+    B index), then the ``k`` A rows with the highest best score (ties: lower index first)
+    written in that order to ``rem`` / ``dst`` (sequence indices), by one sort of 64-bit keys
+    (the score's order-preserving integer above, ``2^31 - 1 - index`` below); with ``PLAN``
+    the merge plan of those edges (:func:`merge_plan_kernel`'s work; the arguments after
+    ``n_split`` are its). The combined B index goes to ``bidx``'s first block."""
     b = tl.program_id(0).to(tl.int64)
     ja = tl.arange(0, BLOCK_A)
     ma = ja < n_a
-    v = tl.load(best_ptr + b * n_a + ja, mask=ma, other=float('-inf'))
+    v = tl.full((BLOCK_A, ), float('-inf'), tl.float32)
+    bj = tl.zeros((BLOCK_A, ), dtype=tl.int32)
+    for s in range(n_split):
+        row = (b * n_split + s) * n_a + ja
+        vs = tl.load(best_ptr + row, mask=ma, other=float('-inf'))
+        js = tl.load(bidx_ptr + row, mask=ma, other=0)
+        better = vs > v
+        v = tl.where(better, vs, v)
+        bj = tl.where(better, js, bj)
+    tl.store(bidx_ptr + b * n_split * n_a + ja, bj, mask=ma)
+    tl.debug_barrier()
     bits = v.to(tl.int32, bitcast=True)
     order = bits ^ ((bits >> 31) & 0x7FFFFFFF)            # signed order = the floats' order
     key = (order.to(tl.int64) << 32) + (0x7FFFFFFF - ja).to(tl.int64)   # masked rows: -inf
     top = tl.sort(key, 0, descending=True)
     i = 0x7FFFFFFF - (top & 0x7FFFFFFF).to(tl.int32)   # the A row at each rank
     sel = ja < k
-    j = tl.load(bidx_ptr + b * n_a + i, mask=sel, other=0)
+    j = tl.load(bidx_ptr + b * n_split * n_a + i, mask=sel, other=0)
     tl.store(rem_ptr + b * k + ja, _seq_index(2 * i, cls).to(tl.int64), mask=sel)
     tl.store(dst_ptr + b * k + ja, _seq_index(2 * j + 1, cls).to(tl.int64), mask=sel)
     if PLAN:

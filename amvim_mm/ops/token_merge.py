@@ -38,7 +38,7 @@ __all__ = ['MergePlan', 'plan_merge', 'apply_merge_plan', 'tome_match', 'MAX_MAT
 #: per set; longer sequences (dense tasks) take the blocked route (:func:`tome_match`)
 MAX_MATCH_ROWS = 128
 #: the blocked route's best-match kernel: (BLOCK_A, BLOCK_B, BLOCK_D, num_warps)
-BLOCKED_MATCH_CONFIG = (32, 128, 64, 8)
+BLOCKED_MATCH_CONFIG = (32, 128, 64, 4)
 EXTRA_ENV_VAR = runtime.variable_of('reduction_kernels')
 
 
@@ -176,9 +176,9 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     resolution and a lower precision changes which tokens merge. Needs the canonical layout
     (every token but the class token is a patch). Ties between edges go to the lower index, as
     in ``ToMe.select``. Beyond ``MAX_MATCH_ROWS`` tokens per set (dense tasks) two launches
-    make the same decisions: each A row's best B row from a program per (sample, block of A
-    rows) (:data:`BLOCKED_MATCH_CONFIG`), then a program per sample sorts the edges and plans
-    the merge.
+    make the same decisions: each A row's best B row per block of B rows from a program per
+    (sample, block of A rows, block of B rows) (:data:`BLOCKED_MATCH_CONFIG`), then a program
+    per sample combines the blocks, sorts the edges and plans the merge.
 
     ``plan_state``: the sequence's ``(pos, size, source)``; the (last) launch then also makes
     the merge plan of the edges (what :func:`plan_merge` does, one launch less per step).
@@ -210,14 +210,15 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
         meta = dict(BLOCK_L=2, BLOCK_R=2, BLOCK_M=2)
     if n_a > MAX_MATCH_ROWS:
         block_a, block_b, block_d, warps = BLOCKED_MATCH_CONFIG
-        best = torch.empty(B, n_a, device=h.device, dtype=torch.float32)
-        bidx = torch.empty(B, n_a, device=h.device, dtype=torch.int32)
-        best_k[(B, triton.cdiv(n_a, block_a))](
-            h, r, w, best, bidx, L, D, n_a, n_b, cls_index, HAS_RES=residual is not None,
-            HAS_W=weight is not None, DOT=precision, BLOCK_A=block_a, BLOCK_B=block_b,
-            BLOCK_D=block_d, num_warps=warps)
-        rank_k[(B, )](best, bidx, removed, dst, n_a, cls_index, k, *plan_args[:13], L,
-                      *plan_args[13:], PLAN=plan_state is not None,
+        n_split = triton.cdiv(n_b, block_b)
+        best = torch.empty(B, n_split, n_a, device=h.device, dtype=torch.float32)
+        bidx = torch.empty(B, n_split, n_a, device=h.device, dtype=torch.int32)
+        best_k[(B, triton.cdiv(n_a, block_a), n_split)](
+            h, r, w, best, bidx, L, D, n_a, n_b, cls_index, n_split,
+            HAS_RES=residual is not None, HAS_W=weight is not None, DOT=precision,
+            BLOCK_A=block_a, BLOCK_B=block_b, BLOCK_D=block_d, num_warps=warps)
+        rank_k[(B, )](best, bidx, removed, dst, n_a, cls_index, k, n_split, *plan_args[:13],
+                      L, *plan_args[13:], PLAN=plan_state is not None,
                       BLOCK_A=triton.next_power_of_2(n_a), **meta, num_warps=8)
         return (removed, dst) if plan_state is None else (removed, dst, planned)
     block_d, warps, stages = match_config()
