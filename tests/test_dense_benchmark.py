@@ -172,6 +172,7 @@ def _main():
     (['--smoke', '--repeats', '1'], '--repeats must be at least 2'),
     (['--smoke', '--train-iters', '2.5'], '--train-iters expects a whole number'),
     (['--smoke', '--infer-modes', 'eager', 'fast'], "unknown inference mode 'fast'"),
+    (['--smoke', '--dense-dtype', 'fp16'], "dense dtype must be 'bf16' or 'fp32'"),
 ])
 def test_bad_arguments_give_a_short_error(argv, message, capsys, tmp_path):
     main = _main()
@@ -318,3 +319,20 @@ def test_impls_option_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="unknown dense impl 'bogus'"):
         DB.run_dense(out_dir=str(tmp_path), root='.', command='x', smoke=True,
                      workloads=['ade-backbone'], impls=['auto', 'bogus'])
+
+
+def test_fp32_rows_run_without_autocast(tmp_path, monkeypatch):
+    """``dense_dtype='fp32'`` (mmseg's test tool on our configs): the rows say fp32 and no
+    autocast region is entered."""
+    import amvim_mm.bench.dense.suite as suite_mod
+    entered = []
+    real = suite_mod.autocast_for
+
+    def spy(device, dtype):
+        entered.append(dtype)
+        return real(device, dtype)
+    monkeypatch.setattr(suite_mod, 'autocast_for', spy)
+    res = DB.run_dense(out_dir=str(tmp_path), root='.', command='x', smoke=True,
+                       workloads=['ade-backbone'], impls=['auto'], dense_dtype='fp32')
+    assert res['rows'] and all(r['dtype'] == 'fp32' and 'error' not in r for r in res['rows'])
+    assert entered and set(entered) == {'fp32'}

@@ -144,6 +144,9 @@ def _dense_flags(p: argparse.ArgumentParser) -> None:
     dense.add_argument('--impls', nargs='+', metavar='IMPL',
                        help='only these implementations\' rows (auto, unfused, forced, '
                             'auto-graphs, unfused-graphs, peer; default: all)')
+    dense.add_argument('--dense-dtype', metavar='DTYPE',
+                       help='bf16: every row under bf16 autocast (default); fp32: no autocast, '
+                            "as mmseg's / mmdet's test tools run our configs")
     dense.add_argument('--infer-modes', nargs='+', metavar='MODE',
                        help=f'inference rows in these modes: {", ".join(DB.INFER_MODES)} '
                             '(graph: replays of one CUDA graph); default eager')

@@ -76,7 +76,8 @@ def plain_scan_kernel(xc_ptr, dt_ptr, xd_ptr, perm_ptr, code_ptr, q_ptr, steps_p
     term ``delta``; a 'bias' gap sums the step sizes of the raster cells strictly between
     ``s_{j-1}`` and ``s_j`` (the steps take the raster cells' step sizes, the first quirk): the
     survivors there, stored indices ``[a_j, lo_j)`` with ``a_j = lo_{j-1}`` plus one when a
-    survivor sits at ``s_{j-1}``, summed one by one in fp32 (no prefix-sum differences), and
+    survivor sits at ``s_{j-1}``, summed one by one in fp32 (no prefix-sum differences; a
+    survivor lies in at most one gap, so a direction reads at most L more rows of dt), and
     ``softplus(2 b)`` for each absent cell; a 'token' gap is ``count * delta``.
     dirb (5, N); A (E, N) fp32 (negative); dtb, D (E,). out (B, L, E) fp32.
     """

@@ -149,19 +149,8 @@ def tome_match_kernel(h_ptr, r_ptr, w_ptr, rem_ptr, dst_ptr, L, D, n_a, n_b, cls
     for d0 in tl.range(0, D, BLOCK_D, num_stages=STAGES):
         dd = d0 + tl.arange(0, BLOCK_D)
         md = dd < D
-        oa = (b * L + sa[:, None]) * D + dd[None, :]
-        ob = (b * L + sb[:, None]) * D + dd[None, :]
-        m2a = ma[:, None] & md[None, :]
-        m2b = mb[:, None] & md[None, :]
-        a = tl.load(h_ptr + oa, mask=m2a, other=0.).to(tl.float32)
-        c = tl.load(h_ptr + ob, mask=m2b, other=0.).to(tl.float32)
-        if HAS_RES:
-            a += tl.load(r_ptr + oa, mask=m2a, other=0.).to(tl.float32)
-            c += tl.load(r_ptr + ob, mask=m2b, other=0.).to(tl.float32)
-        if HAS_W:
-            w = tl.load(w_ptr + dd, mask=md, other=0.).to(tl.float32)
-            a = a * w[None, :]
-            c = c * w[None, :]
+        a = _weighted_rows(h_ptr, r_ptr, w_ptr, b, sa, ma, dd, md, L, D, HAS_RES, HAS_W)
+        c = _weighted_rows(h_ptr, r_ptr, w_ptr, b, sb, mb, dd, md, L, D, HAS_RES, HAS_W)
         acc += tl.dot(a, tl.trans(c), input_precision=DOT)
         na2 += tl.sum(a * a, axis=1)
         nb2 += tl.sum(c * c, axis=1)

@@ -37,8 +37,9 @@ __all__ = ['MergePlan', 'plan_merge', 'apply_merge_plan', 'tome_match', 'MAX_MAT
 #: the one-launch matching kernel holds an (A x B) score tile in registers: at most 128 rows
 #: per set; longer sequences (dense tasks) take the blocked route (:func:`tome_match`)
 MAX_MATCH_ROWS = 128
-#: the blocked route's best-match kernel: (BLOCK_A, BLOCK_B, BLOCK_D, num_warps)
-BLOCKED_MATCH_CONFIG = (32, 128, 64, 4)
+#: the blocked route's best-match kernel: (BLOCK_A, BLOCK_B, BLOCK_D, num_warps), the fastest
+#: of eight measured at a 512 crop on an H200 (benchmarks/README.md)
+BLOCKED_MATCH_CONFIG = (64, 64, 64, 4)
 EXTRA_ENV_VAR = runtime.variable_of('reduction_kernels')
 
 

@@ -51,6 +51,9 @@ Workloads (``--workloads``):
   0.1, AdamW lr 4e-5 wd 0.05 through the layer-decay constructor), 224, batch 128; Vim-T is run
   with the same recipe (only the backbone type differs).
 
+Precision: every row under bf16 autocast by default; ``--dense-dtype fp32`` runs them without
+autocast, as mmseg's / mmdet's test tools run our configs (they set no AMP).
+
 Token reduction: ToMe at ratios 0.17 and 0.46 for the inference rows, ToP (ToP-ViM's Tiny
 protocol: keep 0.8 after blocks 9 and 19, scaled to the depth) for the training rows; the
 unreduced rows of every workload run first, so a short budget drops reduction rows first.
@@ -108,11 +111,14 @@ def run_dense(*, out_dir: str, root: str, command: str, smoke: bool,
               budget_s: Optional[str] = None, repeats: Optional[str] = None,
               warmup: Optional[str] = None, train_iters: Optional[str] = None,
               infer_iters: Optional[str] = None, infer_modes: Optional[Sequence[str]] = None,
-              impls: Optional[Sequence[str]] = None,
+              impls: Optional[Sequence[str]] = None, dense_dtype: Optional[str] = None,
               log: Callable[[str], None] = print) -> dict:
     """Check the options, plan and run the suite; write ``benchmark_dense.json`` and
     ``benchmark_dense.md`` to ``out_dir``; return the result. ``impls``: only these rows'
-    implementations (``peer`` for mmseg's ViT; default: every one)."""
+    implementations (``peer`` for mmseg's ViT; default: every one); ``dense_dtype``: 'bf16'
+    (autocast, default) or 'fp32' (none: mmseg's test tool on our configs)."""
+    if dense_dtype not in (None, 'bf16', 'fp32'):
+        raise ConfigError(f"dense dtype must be 'bf16' or 'fp32', got {dense_dtype!r}")
     cuda = torch.cuda.is_available()
     sizes, chosen, budget, modes = resolve_options(
         smoke=smoke, workloads=workloads, whole_sizes=whole_sizes, budget_s=budget_s,
@@ -129,5 +135,5 @@ def run_dense(*, out_dir: str, root: str, command: str, smoke: bool,
         cases = [c for c in cases if c.impl in impls]
     suite = DenseSuite(sizes=sizes, workloads=chosen, device=device, out_dir=out_dir,
                        root=root, command=command, budget_s=budget, smoke=smoke,
-                       infer_modes=modes, log=log)
+                       infer_modes=modes, log=log, dtype=dense_dtype or 'bf16')
     return suite.run(cases)

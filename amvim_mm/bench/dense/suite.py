@@ -32,11 +32,11 @@ class DenseSuite:
     def __init__(self, *, sizes: DenseSizes, workloads: Sequence[str], device: str,
                  out_dir: str, root: str, command: str, budget_s: Optional[float] = None,
                  smoke: bool = False, infer_modes: Sequence[str] = ('eager', ),
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, dtype: str = 'bf16') -> None:
         self.sizes, self.workloads, self.device = sizes, list(workloads), device
         self.infer_modes = tuple(infer_modes)
         self.out_dir, self.root, self.log, self.smoke = out_dir, root, log, smoke
-        self.dtype = 'bf16'
+        self.dtype = dtype          # 'bf16': autocast; 'fp32': none
         self.t0 = time.perf_counter()
         self.deadline = None if budget_s is None else self.t0 + budget_s
         self.models: Dict[Tuple[str, str], object] = {}
