@@ -114,6 +114,9 @@ def snake_scan(xc: Tensor, dt: Tensor, x_dbl: Tensor, perm: Tensor, codes: Tenso
         raise ConfigError(f"snake_scan: align must be None, 'bias' or 'token', got {align!r}")
     if gap and (q is None or steps is None or (gap == 1 and below is None)):
         raise ValueError(f'snake_scan: align={align!r} takes q, steps (and below for bias)')
+    if gap == 1 and below.shape != q.shape:      # the kernel reads below with q's strides
+        raise ValueError(f'snake_scan: below {tuple(below.shape)} must match q '
+                         f'{tuple(q.shape)}')
     xc, dt, x_dbl = xc.contiguous(), dt.contiguous(), x_dbl.contiguous()
     perm = perm.contiguous()
     codes = codes.contiguous()

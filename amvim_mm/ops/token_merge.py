@@ -21,6 +21,7 @@ Every reducer's step at inference: ToMe's merges, pruning (ToP, DynamicViT, rand
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -55,9 +56,11 @@ def _kernels():
     import triton
 
     from . import _token_merge_kernels as k
-    return (triton.jit(k.merge_plan_kernel), triton.jit(k.tome_match_kernel),
-            triton.jit(k.rank_perm_kernel), triton.jit(k.tome_best_kernel),
-            triton.jit(k.tome_rank_plan_kernel))
+    return SimpleNamespace(plan=triton.jit(k.merge_plan_kernel),
+                           match=triton.jit(k.tome_match_kernel),
+                           perm=triton.jit(k.rank_perm_kernel),
+                           best=triton.jit(k.tome_best_kernel),
+                           rank_plan=triton.jit(k.tome_rank_plan_kernel))
 
 
 class MergePlan(NamedTuple):
@@ -95,7 +98,7 @@ def plan_merge(pos: Tensor, size: Tensor, source: Tensor, removed: Tensor, dst: 
     Returns:
         (plan, new pos, new size, new source) with L' = L - r tokens.
     """
-    plan_k = _kernels()[0]
+    plan_k = _kernels().plan
     removed, dst = removed.contiguous(), dst.contiguous()
     bufs, (L, r, M, L_new), meta, out = _plan_args(pos, size, source, removed, weight)
     plan_k[(pos.shape[0], )](removed, dst, *bufs, L, r, M, L_new, new_cls, **meta,
@@ -196,7 +199,8 @@ def tome_match(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     n_a, n_b = (n_patches + 1) // 2, n_patches // 2
     if not 0 < k <= n_a:
         raise ConfigError(f'tome_match: cannot merge {k} of {n_a} tokens of set A')
-    _, match_k, _, best_k, rank_k = _kernels()
+    kernels = _kernels()
+    match_k, best_k, rank_k = kernels.match, kernels.best, kernels.rank_plan
     h = hidden.contiguous()
     r = residual.contiguous() if residual is not None else h
     w = weight.contiguous() if weight is not None else h
@@ -244,7 +248,7 @@ def rank_path_perms(pos: Tensor, ranks: Tensor, reverse: Tensor, cls_index: int,
     backwards). Returns (P, B, L) int32, the token at each path position.
     """
     import triton
-    perm_k = _kernels()[2]
+    perm_k = _kernels().perm
     B, L = pos.shape
     P, M = ranks.shape
     out = torch.empty(P, B, L, device=pos.device, dtype=torch.int32)
