@@ -336,3 +336,38 @@ def test_fp32_rows_run_without_autocast(tmp_path, monkeypatch):
                        workloads=['ade-backbone'], impls=['auto'], dense_dtype='fp32')
     assert res['rows'] and all(r['dtype'] == 'fp32' and 'error' not in r for r in res['rows'])
     assert entered and set(entered) == {'fp32'}
+
+
+def test_rows_differing_in_reduction_are_timed_in_interleaved_rounds(tmp_path, monkeypatch):
+    """The inference rows of one model, impl and size (none, ToMe 0.17, ToMe 0.46) are timed
+    round by round, each with its own reducer set (a drift of the host hits them alike); the
+    rows still say which reduction ran (token counts) and carry one time per round."""
+    import amvim_mm.bench.dense.suite as suite_mod
+    seen = []
+    real = suite_mod._timer
+
+    def spy(call, iters, device):
+        seen.append((suite.models[('ade', 'vim')][0].backbone.token_reducer, iters))
+        return real(call, iters, device)
+    monkeypatch.setattr(suite_mod, '_timer', spy)
+    sizes = dataclasses.replace(DB.SMOKE, repeats=3, slide_batches=(1, ))
+    cases = [c for c in DB.plan_cases(sizes, ['ade-backbone'], DB.ours_depth(sizes))
+             if c.impl == 'auto' and c.model == 'vim']
+    suite = DB.DenseSuite(sizes=sizes, workloads=['ade-backbone'], device='cpu',
+                          out_dir=str(tmp_path), root=str(ROOT), command='test', smoke=True,
+                          log=lambda msg: None)
+    res = suite.run(cases)
+    rows = res['rows']
+    n_sizes = len({(c.res, c.batch) for c in cases})
+    assert len(rows) == len(cases) == 3 * n_sizes
+    names = [r['reduction'] for r in rows]
+    assert names == ['none', 'ToMe 0.17', 'ToMe 0.46'] * n_sizes   # grouped per size
+    reducers = [None if r is None else r.schedule.ratio for r, _ in seen]
+    assert reducers == [None, 0.17, 0.46] * 3 * n_sizes              # round after round
+    assert {i for _, i in seen} == {sizes.infer_iters}
+    for r in rows:
+        assert 'error' not in r, r
+        assert len(r['times_ms']) == 3 and r['ms_per_iter'] > 0
+        if r['reduction'] != 'none':
+            assert r['token_counts'][-1] < r['token_counts'][0], r
+            assert r['speedup_vs_unreduced'] > 0

@@ -94,7 +94,7 @@ from .plan import Case, model_name, plan_cases
 from .probe import PathProbe, set_fused_mixer
 from .report import COLUMNS, add_ratios, markdown, stack_versions
 from .suite import DenseSuite
-from .timing import tensor_bytes, time_step
+from .timing import prepare_step, summarize, tensor_bytes
 
 __all__ = [
     'ADE_CONFIGS', 'COCO_BACKBONE', 'COCO_NECK', 'FULL', 'GRAPH_IMPLS', 'IMPLS', 'IN1K_BACKBONE',
@@ -103,7 +103,8 @@ __all__ = [
     'resolve_options', 'BackboneNeck', 'ClsTokenClassifier', 'ade_config', 'build_ade',
     'build_coco', 'build_in1k', 'ours_depth', 'ours_width', 'quarter_indices', 'Case',
     'model_name', 'plan_cases', 'PathProbe', 'set_fused_mixer', 'COLUMNS', 'add_ratios',
-    'markdown', 'stack_versions', 'DenseSuite', 'tensor_bytes', 'time_step', 'run_dense']
+    'markdown', 'stack_versions', 'DenseSuite', 'tensor_bytes', 'prepare_step', 'summarize',
+    'run_dense']
 
 
 def run_dense(*, out_dir: str, root: str, command: str, smoke: bool,

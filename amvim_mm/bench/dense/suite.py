@@ -1,6 +1,7 @@
 """The dense suite's runner: builds, runs and records the planned rows."""
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import gc
@@ -15,14 +16,30 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from amvim_mm.bench.measure import _timer
 from amvim_mm.errors import ConfigError
+from amvim_mm.models.reduction.reducers import build_reducer
 
 from .config import GRAPH_IMPLS, IMPLS, IN1K_HEAD, PEER_NOTE, TRAINING, WORKLOADS, DenseSizes
 from .models import build_ade, build_coco, build_in1k
 from .plan import Case, model_name
 from .probe import set_fused_mixer
 from .report import add_ratios, markdown, stack_versions
-from .timing import autocast_for, tensor_bytes, time_step
+from .timing import autocast_for, prepare_step, summarize, tensor_bytes
+
+
+def group_key(case: Case, index: int) -> tuple:
+    """Rows timed together in interleaved rounds (:meth:`DenseSuite.run_group`): the inference
+    rows of one model, implementation, size and mode, whatever their reduction; a training or
+    peer row is a group of its own (``index``: its place in the plan)."""
+    if case.workload in TRAINING or case.model == 'peer':
+        return ('row', index)
+    return (case.workload, case.model, case.impl, case.res, case.batch, case.mode)
+
+
+def _label(case: Case) -> str:
+    return (f'{case.workload} {case.res}px b{case.batch} {case.model} {case.impl} '
+            f'{case.reduction_name}' + (' graph' if case.mode == 'graph' else ''))
 
 
 class DenseSuite:
@@ -85,7 +102,11 @@ class DenseSuite:
             'reduction',
             'the peer\'s AdamW is one parameter group (the layer-decay constructor needs '
             'get_layer_depth); the same lr, weight decay and betas',
-            'weights are restored to the same starting values before every row',
+            'weights are restored to the same starting values before every row (group)',
+            'inference rows of one model, impl, size and mode (their reductions: none, ToMe '
+            '...) are timed in interleaved rounds: each row warmed up on its own, then a round '
+            'times every row\'s iters calls once; medians over the rounds, so a drift of the '
+            'host hits every row of the group alike',
         ]
 
     def _model(self, workload: str, model: str):
@@ -240,58 +261,106 @@ class DenseSuite:
                 for i in range(case.batch)]
 
     # -------------------------------------------------------------------- rows
-    def run_case(self, case: Case) -> dict:
-        """Measure one row (errors are recorded in it, not raised)."""
-        s = self.sizes
-        row: Dict[str, object] = dict(
-            workload=case.workload, model=model_name(case.model, s), impl=case.impl,
+    def _row_head(self, case: Case) -> Dict[str, object]:
+        return dict(
+            workload=case.workload, model=model_name(case.model, self.sizes), impl=case.impl,
             reduction=case.reduction_name, res=case.res, batch=case.batch, dtype=self.dtype,
             mode=f'{"train" if case.workload in TRAINING else "infer"}-{case.mode}',
             fused_mixer=str(IMPLS[case.impl]) if case.impl in IMPLS else None,
             backbone_cuda_graph=case.impl in GRAPH_IMPLS)
+
+    @staticmethod
+    def _error(e: Exception) -> str:
+        msg = str(e).strip().splitlines()
+        return f'{type(e).__name__}: {msg[0][:300]}' if msg else type(e).__name__
+
+    def run_group(self, cases: Sequence[Case]) -> List[dict]:
+        """Measure rows of one model that differ only in their reduction (:func:`group_key`;
+        one row for training and peer rows): each row is set up, warmed up and probed on its
+        own, then all are timed in interleaved rounds - a round times every row's ``iters``
+        calls once, the row's reducer set before them - so a drift of the host (the rows at
+        batch 1 are bound by it) hits every row of the group alike. Errors are recorded in
+        the rows, not raised."""
+        s, first = self.sizes, cases[0]
+        rows = [self._row_head(c) for c in cases]
+        iters = s.train_iters if first.workload in TRAINING else s.infer_iters
         net = None
+        live: list = []       # (case, row, call, reducer, graph counters)
         try:
-            net, optim_cfg, snapshot = self._model(case.workload, case.model)
+            net, optim_cfg, snapshot = self._model(first.workload, first.model)
             with torch.no_grad():
                 for t, v in zip(net.state_dict().values(), snapshot):
                     t.copy_(v)
-            if case.model != 'peer':
-                set_fused_mixer(net, IMPLS[case.impl])
-                backbone = net.backbone
-                backbone.cuda_graph = case.impl in GRAPH_IMPLS    # False: plain eager
-                backbone.set_token_reduction(case.reduction)
-            step, info, inputs = self._step(case, net, optim_cfg)
-            row.update(info)
-            iters = s.train_iters if case.workload in TRAINING else s.infer_iters
-            own = tensor_bytes(list(net.parameters()) + list(net.buffers()) + inputs)
-            row.update(time_step(step, net, device=self.device, batch=case.batch,
-                                 warmup=s.warmup, iters=iters, repeats=s.repeats,
-                                 own_bytes=own, graph=case.mode == 'graph'))
-            row.update(warmup=s.warmup, iters=iters, repeats=s.repeats)
-            if case.reduction is not None:
-                row['token_counts'] = list(getattr(backbone, 'token_counts', []))
-        except Exception as e:   # noqa: BLE001  (one failing row must not lose the run)
-            msg = str(e).strip().splitlines()
-            row['error'] = f'{type(e).__name__}: {msg[0][:300]}' if msg else type(e).__name__
-            step = None
-            gc.collect()     # the traceback's frames hold the row's tensors
+            ours = first.model != 'peer'
+            if ours:
+                set_fused_mixer(net, IMPLS[first.impl])
+                net.backbone.cuda_graph = first.impl in GRAPH_IMPLS    # False: plain eager
+            stats = net.backbone._graphs.stats if ours else None
+
+            def counted(fn):
+                """Run ``fn``; its CUDA-graph captures and replays."""
+                before = collections.Counter(stats) if stats is not None else None
+                out = fn()
+                return out, (collections.Counter(stats) - before) if before is not None \
+                    else collections.Counter()
+
+            for case, row in zip(cases, rows):
+                try:
+                    red = None
+                    if ours:
+                        red = build_reducer(case.reduction)
+                        net.backbone.set_token_reduction(red)
+                    step, info, inputs = self._step(case, net, optim_cfg)
+                    row.update(info)
+                    own = tensor_bytes(list(net.parameters()) + list(net.buffers()) + inputs)
+                    (call, fields), graphs = counted(lambda: prepare_step(
+                        step, net, device=self.device, warmup=s.warmup, own_bytes=own,
+                        graph=case.mode == 'graph'))
+                    row.update(fields)
+                    if red is not None:
+                        row['token_counts'] = list(getattr(net.backbone, 'token_counts', []))
+                    live.append((case, row, call, red, graphs, []))
+                except Exception as e:   # noqa: BLE001  (one failing row must not lose the run)
+                    row['error'] = self._error(e)
+                    gc.collect()     # the traceback's frames hold the row's tensors
+            for _ in range(s.repeats):
+                for item in list(live):
+                    case, row, call, red, graphs, times = item
+                    try:
+                        if ours:
+                            net.backbone.set_token_reduction(red)
+                        t, got = counted(lambda: _timer(call, iters, self.device))
+                        times.append(t)
+                        graphs.update(got)
+                    except Exception as e:   # noqa: BLE001
+                        row['error'] = self._error(e)
+                        live.remove(item)
+                        gc.collect()
+            for case, row, call, red, graphs, times in live:
+                row.update(summarize(times, case.batch))
+                row.update(warmup=s.warmup, iters=iters, repeats=s.repeats)
+                if case.impl in GRAPH_IMPLS:
+                    row['backbone_graphs'] = (f'{graphs["capture"]} captured, '
+                                              f'{graphs["replay"]} replays')
+        except Exception as e:   # noqa: BLE001  (the model's build; recorded in every row)
+            for row in rows:
+                row.setdefault('error', self._error(e))
+            gc.collect()
         finally:
+            live.clear()                         # the captured graphs and their memory
             if net is not None:
                 net.zero_grad(set_to_none=True)
-                if case.model != 'peer':
+                if first.model != 'peer':
                     net.backbone.set_token_reduction(None)
                     set_fused_mixer(net, None)
                     net.backbone.cuda_graph = None
                     net.backbone.reset_cuda_graphs()
-                    if case.impl in GRAPH_IMPLS:
-                        g = net.backbone._graphs.stats
-                        row['backbone_graphs'] = f'{g["capture"]} captured, {g["replay"]} replays'
-                        g.clear()
+                    net.backbone._graphs.stats.clear()
             if self.device == 'cuda':
                 torch.cuda.empty_cache()
-        return row
+        return rows
 
-    def _skip_reason(self, case: Case) -> Optional[str]:
+    def _skip_reason(self, case: Case, rows: int = 1) -> Optional[str]:
         if case.mode == 'graph' and self.device != 'cuda':
             return 'CUDA graphs need a CUDA device'
         if case.impl == 'forced':
@@ -304,43 +373,52 @@ class DenseSuite:
         if self.deadline is not None:
             left = self.deadline - time.perf_counter()
             # the median, not the longest: a workload's first rows also compile kernels
-            need = statistics.median(self.row_cost.get(case.workload, [0.0]))
+            need = statistics.median(self.row_cost.get(case.workload, [0.0])) * rows
             if left <= need or left <= 0:
                 return (f'time budget: {max(left, 0):.0f} s left, a {case.workload} row '
-                        f'takes about {need:.0f} s')
+                        f'takes about {need / rows:.0f} s')
         return None
 
     def run(self, cases: Sequence[Case]) -> dict:
-        """Run ``cases`` in order; returns the result dict (also written to ``out_dir``)."""
+        """Run ``cases`` (in groups of :func:`group_key`, in the order of each group's first
+        case); returns the result dict (also written to ``out_dir``)."""
         from amvim_mm.bench.measure import environment
         self.result['environment'] = dict(environment(), **stack_versions())
         self.log(f'environment: {self.result["environment"]}')
         self.log(f'dense suite: {len(cases)} rows on {self.device}'
                  + (f', budget {self.deadline - self.t0:.0f} s' if self.deadline else ''))
-        kinds_left = [('ade' if c.workload.startswith('ade') else c.workload) for c in cases]
+        groups: Dict[tuple, List[Case]] = {}
         for i, case in enumerate(cases):
-            self._release(set(kinds_left[i:]))
-            label = (f'{case.workload} {case.res}px b{case.batch} {case.model} {case.impl} '
-                     f'{case.reduction_name}' + (' graph' if case.mode == 'graph' else ''))
-            why = self._skip_reason(case)
+            groups.setdefault(group_key(case, i), []).append(case)
+        kind = lambda c: 'ade' if c.workload.startswith('ade') else c.workload  # noqa: E731
+        order = list(groups.values())
+        done = 0
+        for g, group in enumerate(order):
+            self._release({kind(c) for later in order[g:] for c in later})
+            first = group[0]
+            why = self._skip_reason(first, len(group))
             if why is not None:
-                self.skipped.append(dict(
-                    workload=case.workload, model=model_name(case.model, self.sizes),
-                    impl=case.impl, reduction=case.reduction_name, res=case.res,
-                    batch=case.batch, mode=case.mode, reason=why))
-                self.log(f'  [{i + 1}/{len(cases)}] {label}: skipped ({why})')
+                for case in group:
+                    done += 1
+                    self.skipped.append(dict(
+                        workload=case.workload, model=model_name(case.model, self.sizes),
+                        impl=case.impl, reduction=case.reduction_name, res=case.res,
+                        batch=case.batch, mode=case.mode, reason=why))
+                    self.log(f'  [{done}/{len(cases)}] {_label(case)}: skipped ({why})')
                 continue
             t, built = time.perf_counter(), self.build_s
-            row = self.run_case(case)
-            cost = time.perf_counter() - t - (self.build_s - built)
-            self.row_cost.setdefault(case.workload, []).append(cost)
-            row['row_wall_s'] = round(cost, 2)
-            self.rows.append(row)
-            self.log(f'  [{i + 1}/{len(cases)}] {label}: '
-                     + (f'{row.get("img_per_s")} img/s, {row.get("ms_per_iter")} ms, '
-                        f'{row.get("peak_mib")} MiB, path {row.get("path_ran")} '
-                        f'({row.get("fused_calls", "-")})' if 'error' not in row
-                        else f'ERROR {row["error"]}'))
+            rows = self.run_group(group)
+            cost = (time.perf_counter() - t - (self.build_s - built)) / len(group)
+            for case, row in zip(group, rows):
+                done += 1
+                self.row_cost.setdefault(case.workload, []).append(cost)
+                row['row_wall_s'] = round(cost, 2)
+                self.rows.append(row)
+                self.log(f'  [{done}/{len(cases)}] {_label(case)}: '
+                         + (f'{row.get("img_per_s")} img/s, {row.get("ms_per_iter")} ms, '
+                            f'{row.get("peak_mib")} MiB, path {row.get("path_ran")} '
+                            f'({row.get("fused_calls", "-")})' if 'error' not in row
+                            else f'ERROR {row["error"]}'))
             self.write()
         self._release(())
         self.write()
