@@ -37,6 +37,14 @@ def group_key(case: Case, index: int) -> tuple:
     return (case.workload, case.model, case.impl, case.res, case.batch, case.mode)
 
 
+def _counted(stats: Optional[collections.Counter], fn: Callable[[], object]):
+    """(``fn()``, the CUDA-graph captures and replays it made by the counters ``stats``)."""
+    before = collections.Counter(stats) if stats is not None else None
+    out = fn()
+    return out, (collections.Counter(stats) - before) if before is not None \
+        else collections.Counter()
+
+
 def _label(case: Case) -> str:
     return (f'{case.workload} {case.res}px b{case.batch} {case.model} {case.impl} '
             f'{case.reduction_name}' + (' graph' if case.mode == 'graph' else ''))
@@ -274,6 +282,24 @@ class DenseSuite:
         msg = str(e).strip().splitlines()
         return f'{type(e).__name__}: {msg[0][:300]}' if msg else type(e).__name__
 
+    def _prepare_row(self, case: Case, row: dict, net: nn.Module, optim_cfg, stats) -> tuple:
+        """Set ``case``'s reducer, build its step and warm it up (:func:`prepare_step`); the
+        row gets the step's fields. Returns (case, row, call, reducer, graph counters, times)."""
+        red = None
+        if case.model != 'peer':
+            red = build_reducer(case.reduction)
+            net.backbone.set_token_reduction(red)
+        step, info, inputs = self._step(case, net, optim_cfg)
+        row.update(info)
+        own = tensor_bytes(list(net.parameters()) + list(net.buffers()) + inputs)
+        (call, fields), graphs = _counted(stats, lambda: prepare_step(
+            step, net, device=self.device, warmup=self.sizes.warmup, own_bytes=own,
+            graph=case.mode == 'graph'))
+        row.update(fields)
+        if red is not None:
+            row['token_counts'] = list(getattr(net.backbone, 'token_counts', []))
+        return case, row, call, red, graphs, []
+
     def run_group(self, cases: Sequence[Case]) -> List[dict]:
         """Measure rows of one model that differ only in their reduction (:func:`group_key`;
         one row for training and peer rows): each row is set up, warmed up and probed on its
@@ -296,30 +322,9 @@ class DenseSuite:
                 set_fused_mixer(net, IMPLS[first.impl])
                 net.backbone.cuda_graph = first.impl in GRAPH_IMPLS    # False: plain eager
             stats = net.backbone._graphs.stats if ours else None
-
-            def counted(fn):
-                """Run ``fn``; its CUDA-graph captures and replays."""
-                before = collections.Counter(stats) if stats is not None else None
-                out = fn()
-                return out, (collections.Counter(stats) - before) if before is not None \
-                    else collections.Counter()
-
             for case, row in zip(cases, rows):
                 try:
-                    red = None
-                    if ours:
-                        red = build_reducer(case.reduction)
-                        net.backbone.set_token_reduction(red)
-                    step, info, inputs = self._step(case, net, optim_cfg)
-                    row.update(info)
-                    own = tensor_bytes(list(net.parameters()) + list(net.buffers()) + inputs)
-                    (call, fields), graphs = counted(lambda: prepare_step(
-                        step, net, device=self.device, warmup=s.warmup, own_bytes=own,
-                        graph=case.mode == 'graph'))
-                    row.update(fields)
-                    if red is not None:
-                        row['token_counts'] = list(getattr(net.backbone, 'token_counts', []))
-                    live.append((case, row, call, red, graphs, []))
+                    live.append(self._prepare_row(case, row, net, optim_cfg, stats))
                 except Exception as e:   # noqa: BLE001  (one failing row must not lose the run)
                     row['error'] = self._error(e)
                     gc.collect()     # the traceback's frames hold the row's tensors
@@ -329,7 +334,7 @@ class DenseSuite:
                     try:
                         if ours:
                             net.backbone.set_token_reduction(red)
-                        t, got = counted(lambda: _timer(call, iters, self.device))
+                        t, got = _counted(stats, lambda: _timer(call, iters, self.device))
                         times.append(t)
                         graphs.update(got)
                     except Exception as e:   # noqa: BLE001
