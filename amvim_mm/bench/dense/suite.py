@@ -45,6 +45,11 @@ def _counted(stats: Optional[collections.Counter], fn: Callable[[], object]):
         else collections.Counter()
 
 
+def _kind(workload: str) -> str:
+    """The model kind a workload runs on: the ADE20K workloads share one UperNet."""
+    return 'ade' if workload.startswith('ade') else workload
+
+
 def _label(case: Case) -> str:
     return (f'{case.workload} {case.res}px b{case.batch} {case.model} {case.impl} '
             f'{case.reduction_name}' + (' graph' if case.mode == 'graph' else ''))
@@ -120,7 +125,7 @@ class DenseSuite:
     def _model(self, workload: str, model: str):
         """The model (and optimizer config) of ``workload`` and ``model``, built once; a build
         error is kept and re-raised for every row of that model."""
-        kind = 'ade' if workload.startswith('ade') else workload
+        kind = _kind(workload)
         key = (kind, model)
         if key not in self.models:
             torch.manual_seed(0)
@@ -180,7 +185,7 @@ class DenseSuite:
         """The timed call of ``case`` on ``net``, the row's descriptive fields and the input
         tensors the call reads."""
         dev, dtype, w = self.device, self.dtype, case.workload
-        kind = 'ade' if w.startswith('ade') else w
+        kind = _kind(w)
         x = self._images(kind, case.res, case.batch)
         inputs = [x]
         info: Dict[str, object] = {}
@@ -395,11 +400,10 @@ class DenseSuite:
         groups: Dict[tuple, List[Case]] = {}
         for i, case in enumerate(cases):
             groups.setdefault(group_key(case, i), []).append(case)
-        kind = lambda c: 'ade' if c.workload.startswith('ade') else c.workload  # noqa: E731
         order = list(groups.values())
         done = 0
         for g, group in enumerate(order):
-            self._release({kind(c) for later in order[g:] for c in later})
+            self._release({_kind(c.workload) for later in order[g:] for c in later})
             first = group[0]
             why = self._skip_reason(first, len(group))
             if why is not None:
