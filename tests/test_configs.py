@@ -67,16 +67,19 @@ SEG_SIZE = 64
 DET_SIZE = 128
 CLS_SIZE = 64
 
-# {backbone}_{neck}_{head}_{gpus}xb{batch}-{schedule}_{dataset}-{crop}[_tokenreduce|_dynamicvit|
-# _ltmp].py (the last two: a learned reducer's fine-tuning config)
+# {backbone}_{neck}_{head}_{gpus}xb{batch}-{schedule}_{dataset}-{crop}[_official-code|_paper-text]
+# [_tokenreduce|_dynamicvit|_ltmp].py (the recipe a dense config follows: what the official code
+# ran, or the paper's text; the last two: a learned reducer's fine-tuning config); a backbone may
+# name its version (vil-t-v1)
 NAME_RE = re.compile(
-    r'^(?P<backbone>(?:vim|amvim|localvim|vmamba|plainmamba|vil|amvil)-[a-z0-9]+)'
+    r'^(?P<backbone>(?:vim|amvim|localvim|vmamba|plainmamba|vil|amvil)-[a-z0-9]+(?:-v\d+)?)'
     r'(?:_(?P<neck>[a-z0-9]+(?:-[a-z0-9]+)*))?'
     r'_(?P<head>[a-z0-9]+(?:-[a-z0-9]+)*)'
     r'_(?P<gpus>\d+)xb(?P<batch>\d+)'
     r'-(?P<schedule>[a-z0-9]+(?:-[a-z0-9]+)*)'
     r'_(?P<dataset>[a-z0-9]+)'
     r'-(?P<crop>\d+(?:x\d+)?)'
+    r'(?P<recipe>_official-code|_paper-text)?'
     r'(?P<suffix>_tokenreduce|_dynamicvit|_ltmp)?\.py$')
 
 pytestmark = [
@@ -87,8 +90,7 @@ pytestmark = [
 
 def test_configs_found():
     assert len(CONFIGS) >= 10, CONFIGS
-    tasks = {osp.basename(c).split('_')[-1 if 'tokenreduce' not in c else -2].split('-')[0]
-             for c in CONFIGS}
+    tasks = {NAME_RE.match(osp.basename(c))['dataset'] for c in CONFIGS}
     assert {'ade20k', 'coco', 'in1k'} <= tasks, tasks
 
 
@@ -381,6 +383,11 @@ def test_config_file_name_convention(path):
 def test_file_name_regex_rejects_bad_names():
     assert NAME_RE.match('vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512.py')
     assert NAME_RE.match('amvim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_tokenreduce.py')
+    assert NAME_RE.match('vim-t_pyramid_upernet_4xb8-60k_ade20k-512x512_official-code.py')
+    assert NAME_RE.match('vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_paper-text.py')
+    assert NAME_RE.match(
+        'vim-t_pyramid_upernet_4xb8-60k_ade20k-512x512_official-code_tokenreduce.py')
+    assert NAME_RE.match('vil-t-v1_pyramid_upernet_8xb2-160k_ade20k-512x512_official-code.py')
     assert NAME_RE.match('vim-t_linear_8xb128-300e_in1k-224.py')
     assert NAME_RE.match('vmamba-t_upernet_4xb4-160k_ade20k-512x512.py')
     assert NAME_RE.match('vmamba-t_fpn_mask-rcnn_8xb2-ms-crop-3x_coco-1333x800.py')
@@ -392,6 +399,9 @@ def test_file_name_regex_rejects_bad_names():
     assert not NAME_RE.match('vim-t_pyramid_upernet_8xb2_ade20k-512x512.py')
     assert not NAME_RE.match('vim_pyramid_upernet_8xb2-160k_ade20k-512x512.py')
     assert not NAME_RE.match('vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_reduce.py')
+    assert not NAME_RE.match('vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_official.py')
+    assert not NAME_RE.match(
+        'vim-t_pyramid_upernet_4xb8-60k_ade20k-512x512_tokenreduce_official-code.py')
 
 
 def _delete_keys(obj, where=''):

@@ -33,7 +33,7 @@ from amvim_mm.testing import make_ade20k, make_coco, make_imagenet
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TOOLS = osp.join(ROOT, 'tools')
-SEG_BASE = osp.join(ROOT, 'configs/vim/vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512.py')
+SEG_BASE = osp.join(ROOT, 'configs/vim/vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_paper-text.py')
 DET_BASE = osp.join(ROOT, 'configs/vim/vim-t_sfp_mask-rcnn_8xb8-lsj-184k_coco-1024x1024.py')
 CLS_BASE = osp.join(ROOT, 'configs/vim/vim-t_linear_8xb128-300e_in1k-224.py')
 

@@ -15,11 +15,12 @@ import torch
 
 from amvim_mm.engine.fileio import atomic_write_bytes
 from amvim_mm.errors import ConfigError
-from amvim_mm.utils.checkpoint import (convert_vim_official, convert_vmamba_official,
-                                       extract_state_dict)
+from amvim_mm.utils.checkpoint import (convert_vim_official, convert_vim_seg_official,
+                                       convert_vmamba_official, extract_state_dict)
 from amvim_mm.utils.safe_load import load_checkpoint_file, mark_weights
 
-CONVERTERS = {'vim': ('Vim', convert_vim_official), 'vmamba': ('VMamba', convert_vmamba_official)}
+CONVERTERS = {'vim': ('Vim', convert_vim_official), 'vmamba': ('VMamba', convert_vmamba_official),
+              'vim_seg': ('Vim segmentation', convert_vim_seg_official)}
 
 
 def convert_main(family: str, doc: str, argv: Optional[Sequence[str]] = None) -> int:
@@ -28,7 +29,8 @@ def convert_main(family: str, doc: str, argv: Optional[Sequence[str]] = None) ->
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument('src', help=f'official {name} checkpoint')
     p.add_argument('dst', help='output path')
-    p.add_argument('--backbone-only', action='store_true', help='drop the classifier head')
+    p.add_argument('--backbone-only', action='store_true', help='keep the backbone only (a segmentation file: backbone and '
+                   'neck; the heads are dropped)')
     args = p.parse_args(argv)
     if os.path.isdir(args.dst):
         raise ConfigError(f'the output {args.dst} is a directory; give a file name')

@@ -7,6 +7,10 @@ Official VMamba files hold ``"model"`` (plus ``"model_ema"``, optimizer state an
 .A_logs``..., ``classifier.norm/head``), equal to our ``VMamba``'s parameter names.
 Our files (written by mmengine or by ``tools/model_converters/vim2amvim_mm.py``) hold
 ``"state_dict"`` with mmpretrain-style keys: ``backbone.*`` and ``head.fc.*``.
+Official Vim segmentation files (hustvl/Vim ``seg/``, mmseg 0.x) hold ``"state_dict"`` with the
+UperNet's keys and the pyramid inside the backbone (``backbone.fpn1.{0,1,3}.*``,
+``backbone.fpn2.0.*``), a position embedding without the class-token entry and no
+``cls_token``: :func:`convert_vim_seg_official` maps them to ours (``neck.ops.*``).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import torch.nn as nn
 from mmengine.logging import MMLogger
 
 from amvim_mm.errors import CheckpointMismatchError, ConfigError
+from amvim_mm.token_layout import cls_slot
 from .remote_checkpoint import load_checkpoint
 
 OFFICIAL_HEAD_KEYS = ('head.weight', 'head.bias')
@@ -26,8 +31,13 @@ OFFICIAL_HEAD_KEYS = ('head.weight', 'head.bias')
 IGNORED_KEYS = ('rope.freqs_cos', 'rope.freqs_sin')
 
 
+#: official Vim segmentation key prefixes (pyramid inside the backbone) -> ours (PlainPyramidNeck)
+VIM_SEG_KEY_MAP = (('backbone.fpn1.', 'neck.ops.0.'), ('backbone.fpn2.0.', 'neck.ops.1.'))
+
+
 __all__ = ['CheckpointMismatchError', 'as_model_checkpoint', 'backbone_state_dict',
-           'convert_official', 'convert_vim_official', 'convert_vmamba_official',
+           'convert_official', 'convert_vim_official', 'convert_vim_seg_official',
+           'convert_vmamba_official', 'is_official_vim_seg',
            'extract_state_dict', 'is_official_vim', 'is_official_vmamba', 'official_family',
            'load_backbone_checkpoint']
 VMAMBA_HEAD_KEYS = {'classifier.head.weight': 'head.fc.weight',
@@ -74,6 +84,51 @@ def official_family(sd: Mapping[str, torch.Tensor]) -> Optional[str]:
     if is_official_vmamba(sd):
         return 'vmamba'
     return 'vim' if is_official_vim(sd) else None
+
+
+def is_official_vim_seg(sd: Mapping[str, torch.Tensor]) -> bool:
+    """An official Vim segmentation state dict: the pyramid inside the backbone."""
+    return 'backbone.fpn1.0.weight' in sd and any(k.startswith('backbone.layers.') for k in sd)
+
+
+def convert_vim_seg_official(sd: Mapping[str, torch.Tensor],
+                             with_head: bool = True) -> 'OrderedDict[str, torch.Tensor]':
+    """Official Vim segmentation weights -> our UperNet config's state dict (pure function).
+
+    ``backbone.fpn1.*`` -> ``neck.ops.0.*`` and ``backbone.fpn2.0.*`` -> ``neck.ops.1.*`` (the
+    same transposed convs and norm, :class:`~amvim_mm.models.necks.PlainPyramidNeck`); the
+    position embedding (patches only) gets a zero entry at the middle class-token slot and an
+    unused zero ``cls_token`` is added (both unused with ``with_cls_token=False``, so our
+    strict load sees every key); ``decode_head.*`` / ``auxiliary_head.*`` unchanged
+    (``with_head=False``: backbone and neck only). A file trained with RoPE (``rope.*``
+    buffers: the official Vim-S and detection settings) is refused: our Vim has no RoPE, and
+    its features would silently differ.
+    """
+    if not is_official_vim_seg(sd):
+        raise ConfigError('not an official Vim segmentation state dict: expected keys '
+                          'backbone.fpn1.0.weight and backbone.layers.*')
+    rope = sorted(k for k in sd if k.startswith('backbone.rope.'))
+    if rope:
+        raise ConfigError(f'this official Vim segmentation file was trained with RoPE ({rope[0]}'
+                          '...), which amvim_mm\'s Vim does not implement: it cannot be loaded')
+    out = OrderedDict()
+    for k, v in sd.items():
+        for old, new in VIM_SEG_KEY_MAP:
+            if k.startswith(old):
+                k = new + k[len(old):]
+                break
+        if with_head or k.startswith(('backbone.', 'neck.')):
+            out[k] = v
+    pe = out.get('backbone.pos_embed')
+    if pe is not None and 'backbone.cls_token' not in out:
+        if pe.dim() != 3:
+            raise ConfigError(f'backbone.pos_embed has shape {tuple(pe.shape)}, expected '
+                              '(1, patches, D)')
+        mid = cls_slot(pe.shape[1])
+        slot = pe.new_zeros(pe.shape[0], 1, pe.shape[2])
+        out['backbone.pos_embed'] = torch.cat([pe[:, :mid], slot, pe[:, mid:]], dim=1)
+        out['backbone.cls_token'] = pe.new_zeros(1, 1, pe.shape[2])
+    return out
 
 
 def convert_vmamba_official(sd: Mapping[str, torch.Tensor],
@@ -133,14 +188,21 @@ def convert_vim_official(sd: Mapping[str, torch.Tensor],
 
 
 def as_model_checkpoint(checkpoint):
-    """A loaded official Vim or VMamba file in the layout mmengine loads into a whole model.
+    """A loaded official Vim, VMamba or Vim-segmentation file in the layout mmengine loads into
+    a whole model (official segmentation files: :func:`convert_vim_seg_official`).
 
     Official files hold ``{"model": {<backbone keys>, <head keys>}, ...}`` (or the bare state
     dict); mmengine would look for ``state_dict`` and load nothing. They are returned as
     ``{"state_dict": convert_official(...), "meta": {...}}``, the layout of an mmpretrain
     ``ImageClassifier``; any other checkpoint is returned unchanged.
     """
-    if not isinstance(checkpoint, Mapping) or 'state_dict' in checkpoint:
+    if not isinstance(checkpoint, Mapping):
+        return checkpoint
+    if 'state_dict' in checkpoint:
+        sd = checkpoint['state_dict']
+        if isinstance(sd, Mapping) and is_official_vim_seg(sd):
+            return dict(checkpoint, state_dict=convert_vim_seg_official(sd),
+                        meta=dict(converted_from='official Vim segmentation checkpoint'))
         return checkpoint
     sd = checkpoint.get('model', checkpoint)
     if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
@@ -190,8 +252,10 @@ def load_backbone_checkpoint(model: nn.Module, filename: str, strict: bool = Tru
     """
     logger = MMLogger.get_current_instance()
     filename = os.fspath(filename)
-    sd, dropped = backbone_state_dict(extract_state_dict(load_checkpoint(
-        filename, map_location=map_location)), prefix)
+    sd = extract_state_dict(load_checkpoint(filename, map_location=map_location))
+    if is_official_vim_seg(sd):      # the official dense layout: the same key map as whole loads
+        sd = convert_vim_seg_official(sd)
+    sd, dropped = backbone_state_dict(sd, prefix)
     if dropped:
         head = [k for k in dropped if k.startswith('head')]
         msg = f'{filename}: not loaded into the backbone (on purpose): {len(dropped)} keys'

@@ -8,7 +8,7 @@
 # against the unreduced teacher (no logit term: mmseg heads have no class logits per image).
 #   python tools/train.py THIS_CONFIG --cfg-options load_from=work_dirs/vim-s_.../iter_160000.pth
 # Results of this config are "fine-tuned 16k iterations", not training-free.
-_base_ = ['./vim-s_pyramid_upernet_8xb2-160k_ade20k-512x512.py']
+_base_ = ['./vim-s_pyramid_upernet_8xb2-160k_ade20k-512x512_paper-text.py']
 model = dict(
     _delete_=True, type='ReducerFineTuner', logit_weight=0.0, token_weight=0.5,
     model=dict(_base_.model, backbone=dict(

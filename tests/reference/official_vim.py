@@ -106,3 +106,47 @@ def random_official_state_dict(model, num_classes=10, seed=0):
     sd['head.weight'] = torch.randn(num_classes, D, generator=g) / math.sqrt(D)
     sd['head.bias'] = torch.randn(num_classes, generator=g) * 0.01
     return sd
+
+
+def official_vim_seg_forward(sd, x, out_indices, use_residual_as_feature, stride=16):
+    """The official Vim segmentation backbone with its pyramid (``VisionMambaSeg.
+    forward_features`` with ``if_cls_token=False``, no RoPE, the ``/2`` merge, patch 16) on a
+    state dict in the official layout (``backbone.*`` keys, pyramid ``backbone.fpn1/2``), in
+    eval mode: four maps.
+
+    Taps: without ``use_residual_as_feature`` the mixer output of block ``i`` (``hidden``);
+    with it, the residual the next block returns (the stream after block ``i``) and for the last
+    block ``hidden + residual`` (``last_layer_process='add'``).
+    """
+    b = {k[len('backbone.'):]: v for k, v in sd.items() if k.startswith('backbone.')}
+    depth = 1 + max(int(k.split('.')[1]) for k in b if k.startswith('layers.'))
+    t = F.conv2d(x, b['patch_embed.proj.weight'], b['patch_embed.proj.bias'],
+                 stride=stride).flatten(2).transpose(1, 2)
+    B, M, _ = t.shape
+    Hp = Wp = int(math.sqrt(M))
+    t = t + b['pos_embed']
+    residual, hidden, feats = None, t, []
+    for i in range(depth):
+        p = f'layers.{i}.'
+        residual = hidden if residual is None else residual + hidden
+        normed = rms_norm(residual, b[p + 'norm.weight'])
+        hidden = mixer(b, p + 'mixer.', normed)
+        if use_residual_as_feature:
+            if i - 1 in out_indices:      # the residual entering block i: stream after i - 1
+                feats.append(residual)
+        elif i in out_indices:
+            feats.append(hidden)
+    if use_residual_as_feature and out_indices[-1] == depth - 1:
+        feats.append(hidden + residual)
+    maps = [f.transpose(1, 2).reshape(B, -1, Hp, Wp) for f in feats]
+
+    def bn(y, p):
+        return F.batch_norm(y, b[p + 'running_mean'], b[p + 'running_var'], b[p + 'weight'],
+                            b[p + 'bias'], training=False, eps=1e-5)
+
+    def convt(y, p):
+        return F.conv_transpose2d(y, b[p + 'weight'], b[p + 'bias'], stride=2)
+
+    fpn1 = convt(F.gelu(bn(convt(maps[0], 'fpn1.0.'), 'fpn1.1.')), 'fpn1.3.')
+    fpn2 = convt(maps[1], 'fpn2.0.')
+    return [fpn1, fpn2, maps[2], F.max_pool2d(maps[3], 2, 2)]

@@ -17,7 +17,7 @@ CONFIGS = sorted(c for c in glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), r
                  if '_base_' not in c)
 # one config per task and family with bases from each library (mmengine's parse is 0.5 s each)
 SAMPLE = [c for c in CONFIGS if osp.basename(c) in (
-    'vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512.py',
+    'vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_paper-text.py',
     'amvim-t_sfp_cascade-mask-rcnn_8xb8-lsj-184k_coco-1024x1024.py',
     'amvim-t_linear_8xb128-150e_in1k-224.py')]
 

@@ -48,7 +48,7 @@ DEADLINE=$(( T0 + ${MG_BUDGET_S:-540} ))
 say() { echo "[multigpu $(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
 
 SMOKE=${MG_CPU_SMOKE:-0}
-CONFIG=${MG_CONFIG:-configs/vim/vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512.py}
+CONFIG=${MG_CONFIG:-configs/vim/vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_paper-text.py}
 if [ "$SMOKE" = 1 ]; then
   PY=${MG_PY:-$ROOT/.venv/bin/python}
   CROP=${MG_CROP:-64} BATCH=${MG_BATCH:-2} ITERS=${MG_ITERS:-4} ITERS2=${MG_RESUME_ITERS:-6}

@@ -25,8 +25,8 @@ IMPLS = {'auto': None, 'unfused': False, 'forced': True, 'auto-graphs': None,
 #: eager pipeline (eager inference rows only), and the impl each is divided by
 GRAPH_IMPLS = {'auto-graphs': 'unfused-graphs', 'unfused-graphs': None}
 ADE_CONFIGS = {
-    'vim': 'configs/vim/vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512.py',
-    'amvim': 'configs/amvim/amvim-t_pyramid_upernet_8xb2-160k_ade20k-512x512.py',
+    'vim': 'configs/vim/vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_paper-text.py',
+    'amvim': 'configs/amvim/amvim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_paper-text.py',
 }
 #: the Vim-T / AMVim-T Mask R-CNN configs' ``model.backbone`` (without ``init_cfg``; the type is
 #: set per model) and ``model.neck``. Pinned here because those configs' ``mmdet::`` bases need

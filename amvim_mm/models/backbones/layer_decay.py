@@ -3,9 +3,16 @@ and mmseg's / mmdet's own decay constructors taught our backbones.
 
 A parameter at layer depth ``d`` of ``n`` (``backbone.get_layer_depth(name, 'backbone.')``) gets
 ``lr * rate ** (n - 1 - d)`` (the convention of mmseg's, mmdet's and mmpretrain's constructors);
-parameters outside the backbone (neck, heads) get the base rate. No weight decay for 1-D
-parameters (norms, biases), the position embedding, the class token and the SSM's
-``A_log``/``D`` (as in the reference training code), plus any name in ``no_decay_names``.
+parameters outside the backbone (neck, heads) get the base rate. With ``scope='embeddings'``
+only the embeddings (depth 0) are decayed, at ``rate ** (n - 1)``, and every block trains at the
+base rate: what the official Vim segmentation code runs (its BEiT constructor assigns depths to
+``backbone.blocks.*``, a name the Vim backbone does not have, so ``backbone.layers.*`` fall to
+the last depth).
+
+Weight decay (:class:`NoDecayRule`): by default none for 1-D parameters (norms, biases, ``D``),
+the position embedding, the class token and the SSM's ``A_log``/``D`` (as in the reference
+classification code), plus any name in ``no_decay_names``; the official dense recipes decay
+more (``flat_decay_mult``, ``no_decay_leaves``).
 
 **mmseg's ``LayerDecayOptimizerConstructor`` / ``LearningRateDecayOptimizerConstructor`` and
 mmdet 3.3.0's ``LearningRateDecayOptimizerConstructor``** pick layers by the backbone's class
@@ -30,7 +37,10 @@ anyway); each registry is taught once per process.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Set
+import math
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Dict, Iterable, List, Optional, Sequence, Set
 
 import torch.nn as nn
 from mmengine.logging import MMLogger
@@ -40,22 +50,59 @@ from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 from amvim_mm.errors import ConfigError
 from .checkpoint_guard import CheckpointGuard
 
-NO_DECAY_SUFFIXES = ('pos_embed', 'cls_token')
+#: leaf names kept out of weight decay by default (fnmatch patterns): the position embedding,
+#: the class token and the SSM's A / D parameters of every family (A_log, A_b_log, A_logs, D,
+#: D_b, Ds...), as the reference classification code does
+DEFAULT_NO_DECAY_LEAVES = ('pos_embed', 'cls_token', 'A_*', 'A*_log', 'D_*', 'D', 'Ds')
 #: the libraries (registry scopes) and constructor names taught by teach_upstream_layer_decay
 UPSTREAM_SCOPES = ('mmseg', 'mmdet')
 UPSTREAM_NAMES = ('LearningRateDecayOptimizerConstructor', 'LayerDecayOptimizerConstructor')
 #: decay types of the upstream constructors that mean "one learning rate per layer depth"
 LAYER_WISE_TYPES = ('layer_wise', 'layer_wise_vit')
+#: what layer-wise decay acts on: every depth of the backbone, or its embeddings only
+DECAY_SCOPES = ('all', 'embeddings')
 
 _taught: Set[str] = set()
 
 
+@dataclass(frozen=True)
+class NoDecayRule:
+    """Which parameters get how much weight decay.
+
+    ``flat_decay_mult``: multiplier of the weight decay of 1-D parameters (norm weights, biases,
+    ``D``); 0 keeps them out (the default, as the reference classification code and the official
+    Vim segmentation code do), 1 decays them (detectron2's rule in the official Vim detection
+    code). ``leaves``: fnmatch patterns on a parameter's leaf name that get no weight decay at all
+    (default :data:`DEFAULT_NO_DECAY_LEAVES`; ``()`` for the official segmentation code, which
+    decays ``pos_embed`` and ``A_log``). ``names``: substrings of full names with no weight decay.
+    """
+
+    flat_decay_mult: float = 0.0
+    leaves: Sequence[str] = DEFAULT_NO_DECAY_LEAVES
+    names: Sequence[str] = ()
+
+    def multiplier(self, name: str, param: nn.Parameter) -> float:
+        """The factor of the base weight decay for ``param`` (called ``name``)."""
+        leaf = name.rsplit('.', 1)[-1]
+        if any(fnmatchcase(leaf, p) for p in self.leaves) or any(n in name for n in self.names):
+            return 0.0
+        return self.flat_decay_mult if param.ndim <= 1 else 1.0
+
+
 def no_decay(name: str, param: nn.Parameter, extra: Iterable[str] = ()) -> bool:
-    """Whether ``param`` (called ``name``) is kept out of weight decay."""
-    leaf = name.rsplit('.', 1)[-1]
-    return (param.ndim <= 1 or leaf in NO_DECAY_SUFFIXES or leaf.startswith('A_')
-            or (leaf.startswith('A') and leaf.endswith('_log')) or leaf.startswith('D_')
-            or leaf == 'D' or any(e in name for e in extra))
+    """Whether ``param`` (called ``name``) is kept out of weight decay by the default rule."""
+    return NoDecayRule(names=tuple(extra)).multiplier(name, param) == 0.0
+
+
+def checked_rate(owner: str, key: str, value) -> float:
+    """A layer-decay rate from a config: a finite number in (0, 1], else a one-line error."""
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f'{owner}: {key} must be a number in (0, 1], got {value!r}') from None
+    if not (math.isfinite(rate) and 0.0 < rate <= 1.0):
+        raise ConfigError(f'{owner}: {key} must be in (0, 1] (1: no decay), got {value!r}')
+    return rate
 
 
 def unwrap_backbone(module: nn.Module):
@@ -65,22 +112,30 @@ def unwrap_backbone(module: nn.Module):
     return model, backbone, 'backbone.' if backbone is not model else ''
 
 
-def layer_decay_param_groups(module: nn.Module, base_lr: float, base_wd: float, rate: float,
-                             no_decay_names: Iterable[str] = ()) -> List[dict]:
+def layer_decay_param_groups(module: nn.Module, base_lr: float, base_wd: Optional[float],
+                             rate: float, no_decay_names: Iterable[str] = (),
+                             scope: str = 'all',
+                             rule: Optional[NoDecayRule] = None) -> List[dict]:
     """The parameter groups of layer-wise decay: one per (layer depth, weight decay) pair of
     the backbone, and the rest of the model at the base rate. Each group carries ``lr``,
-    ``lr_scale`` and ``weight_decay`` (0 for :func:`no_decay` parameters, else ``base_wd``
-    unless that is None: the optimizer's default)."""
+    ``lr_scale`` and ``weight_decay`` (``base_wd`` times the :class:`NoDecayRule`'s factor,
+    default rule plus ``no_decay_names`` unless ``rule`` is given; omitted when ``base_wd`` is
+    None: the optimizer's default). ``scope``: :data:`DECAY_SCOPES` (module docstring)."""
+    if scope not in DECAY_SCOPES:
+        raise ConfigError(f'layer decay scope must be one of {DECAY_SCOPES}, got {scope!r}')
+    rule = rule if rule is not None else NoDecayRule(names=tuple(no_decay_names))
     model, backbone, prefix = unwrap_backbone(module)
-    extra = list(no_decay_names)
     groups: Dict[tuple, dict] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         ours = name.startswith(prefix)
         depth, num = backbone.get_layer_depth(name, prefix) if ours else (1, 2)
+        if scope == 'embeddings' and depth != 0:
+            depth = num - 1
         scale = rate ** (num - 1 - depth)
-        decay = 0.0 if no_decay(name, param, extra) else base_wd
+        mult = rule.multiplier(name, param)
+        decay = 0.0 if mult == 0.0 else (None if base_wd is None else base_wd * mult)
         g = groups.setdefault((depth if ours else 'head', decay),
                               dict(params=[], lr=base_lr * scale, lr_scale=scale))
         if decay is not None:      # None: the optimizer's own default
@@ -125,6 +180,7 @@ def _taught_subclass(upstream: type) -> type:
             rate = cfg.get('decay_rate')
             if rate is None:
                 raise ConfigError(f'{name}: paramwise_cfg needs decay_rate (e.g. 0.9) for {bb}')
+            rate = checked_rate(name, 'decay_rate', rate)
             num_layers = cfg.get('num_layers')
             if num_layers is not None and num_layers != backbone.num_layers:
                 raise ConfigError(f'{name}: paramwise_cfg num_layers={num_layers} but the {bb} '

@@ -38,6 +38,8 @@ from .vim_embed import VimEmbedding
 from .norm import RMSNorm
 
 OUT_TYPES = ('cls_token', 'featmap', 'raw')
+#: what block ``i``'s output is made of (see ``tap`` in :class:`VimFamilyBackbone`)
+TAPS = ('stream', 'mixer')
 
 
 def _canonical_arch(arch_zoo: Dict[str, dict], arch: Union[str, dict],
@@ -103,9 +105,17 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
         in_channels: image channels.
         out_indices: blocks whose output is returned; negatives count from the end.
         out_type: ``'cls_token'`` (B, D), ``'featmap'`` (B, D, H/s, W/s) without the class token,
-            or ``'raw'`` (B, L, D) with it. The output of block ``i`` is the residual stream
-            ``residual + h``; after the last block it goes through ``norm_f`` when
-            ``final_norm`` (so the last ``cls_token`` is the official classifier input).
+            or ``'raw'`` (B, L, D) with it. The output of block ``i`` is the tensor ``tap``
+            names; after the last block it goes through ``norm_f`` when ``final_norm`` (so the
+            last ``cls_token`` is the official classifier input).
+        tap: which tensor of block ``i`` is its output. ``'stream'`` (default): the residual
+            stream after the block, ``residual + h`` (the official Vim-S segmentation code's
+            ``use_residual_as_feature=True, last_layer_process='add'``, the detection code's
+            last-block feature, and the classifier input). ``'mixer'``: the block's mixer
+            output ``h`` alone, without the residual (the official Vim-T segmentation code's
+            default taps). Stochastic depth: the final ``drop_path`` acts on the last block's
+            ``h`` only when ``final_norm`` (the classifier path, as in the reference code); the
+            official dense code adds the last ``h`` without it.
         with_cls_token: insert the middle class token (dense tasks may switch it off; the
             checkpoint's class-token entries are then unused).
         final_norm: apply ``norm_f`` after the last block.
@@ -153,6 +163,7 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
                  in_channels: int = 3,
                  out_indices: Union[int, Sequence[int]] = -1,
                  out_type: str = 'cls_token',
+                 tap: str = 'stream',
                  with_cls_token: bool = True,
                  final_norm: bool = True,
                  drop_rate: float = 0.,
@@ -176,7 +187,10 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
             raise ConfigError(f'{name}: out_type must be one of {OUT_TYPES}, got {out_type!r}')
         if out_type == 'cls_token' and not with_cls_token:
             raise ConfigError(f'{name}: out_type="cls_token" needs with_cls_token=True')
+        if tap not in TAPS:
+            raise ConfigError(f'{name}: tap must be one of {TAPS}, got {tap!r}')
         self.out_type = out_type
+        self.tap = tap
         self.with_cls_token = with_cls_token
         self.final_norm = final_norm
         self.img_size = size_pair(name, 'img_size', img_size)
@@ -348,12 +362,15 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
 
     def block_output(self, i: int, hidden: torch.Tensor, residual: torch.Tensor,
                      ctx: ScanContext, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The output of block ``i``: the residual stream after it, formatted
-        (:meth:`format_output`); for ``cls_token`` only the class token's row is formed."""
+        """The output of block ``i``: the tensor ``tap`` names (the residual stream after it,
+        or its mixer output), formatted (:meth:`format_output`); for ``cls_token`` only the
+        class token's row is formed."""
         last = i == self.num_layers - 1
         if self.out_type == 'cls_token':
             hidden, residual = cls_row(hidden, ctx.cls_index), cls_row(residual, ctx.cls_index)
-        stream = residual + (self.drop_path(hidden) if last else hidden)
+        if self.tap == 'mixer':
+            return self.format_output(hidden, ctx, last)
+        stream = residual + (self.drop_path(hidden) if last and self.final_norm else hidden)
         return self.format_output(stream, ctx, last)
 
     def last_featmap(self, x: torch.Tensor) -> torch.Tensor:
