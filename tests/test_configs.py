@@ -160,6 +160,9 @@ def shrink(cfg, arch=TINY_ARCH):
         for aug in model.data_preprocessor.get('batch_augments') or []:
             if aug.get('type') == 'BatchFixedSizePad':
                 aug.size = (DET_SIZE, DET_SIZE)
+        # a square pad (the official Vim detector pads to 1024 x 1024) shrinks with the images
+        if model.data_preprocessor.get('pad_size_divisor', 1) > DET_SIZE:
+            model.data_preprocessor.pad_size_divisor = DET_SIZE
         _shrink_det_test_cfg(model)
     elif scope == 'mmpretrain':
         bb.img_size = CLS_SIZE
@@ -239,6 +242,9 @@ def shrink_plain_mamba(cfg):
         for aug in model.data_preprocessor.get('batch_augments') or []:
             if aug.get('type') == 'BatchFixedSizePad':
                 aug.size = (DET_SIZE, DET_SIZE)
+        # a square pad (the official Vim detector pads to 1024 x 1024) shrinks with the images
+        if model.data_preprocessor.get('pad_size_divisor', 1) > DET_SIZE:
+            model.data_preprocessor.pad_size_divisor = DET_SIZE
         _shrink_det_test_cfg(model)
     elif scope == 'mmpretrain':
         assert bb.out_type == 'avg_featmap' and n_out == 1, bb

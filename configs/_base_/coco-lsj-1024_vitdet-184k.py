@@ -1,9 +1,15 @@
-# ViTDet-style COCO recipe for a plain Vim-family backbone (the Vim paper's detection setup):
-# simple feature pyramid (scales 4, 2, 1, 0.5 + max-pooled level, 256 channels, LayerNorm) from
-# the last block, large-scale jitter 1024 (scale 0.1-2.0), AdamW lr 1e-4, weight decay 0.1,
-# layer-wise lr decay 0.7 (ViTDet-B), total batch 64 (8 GPUs x 8), 184375 iterations (~100
-# epochs) with steps at 163889 and 177546 and 250 warm-up iterations. Data, schedule and
-# runtime only: the model comes from ./sfp_mask-rcnn.py or ./sfp_cascade-mask-rcnn.py.
+# ViTDet-style COCO recipe for a plain Vim-family backbone, with the values of the official Vim
+# detection code's ViTDet-B base (hustvl/Vim det/ mask_rcnn_vimdet_b_100ep.py): simple feature
+# pyramid (scales 4, 2, 1, 0.5 + max-pooled level, 256 channels, LayerNorm) from the last block,
+# large-scale jitter 1024 (scale 0.1-2.0), AdamW lr 1e-4, weight decay 0.1 (none on 1-D
+# parameters, pos_embed, cls_token, A_* and D: our default rule), layer-wise lr decay 0.7
+# (ViTDet-B), total batch 64 (8 GPUs x 8), fp32, 184375 iterations (~100 epochs) with steps at
+# 163889 and 177546 and 250 warm-up iterations, test images padded to a multiple of 32. The
+# official Vim-T run differs (layer decay 0.837, 4 GPUs x 16, AMP, every parameter but pos_embed
+# decayed, test images padded to a 1024 square):
+# configs/vim/vim-t_sfp_cascade-mask-rcnn_4xb16-lsj-184k_coco-1024x1024_official-code.py.
+# Data, schedule and runtime only: the model comes from ./sfp_mask-rcnn.py or
+# ./sfp_cascade-mask-rcnn.py.
 _base_ = [
     'mmdet::_base_/datasets/coco_instance.py',
     'mmdet::_base_/default_runtime.py',

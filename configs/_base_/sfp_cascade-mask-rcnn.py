@@ -1,6 +1,9 @@
-# Cascade Mask R-CNN (mmdet's own base) on a plain Vim-family backbone through the ViTDet simple feature
-# pyramid (scales 4, 2, 1, 0.5 + a max-pooled level, 256 channels, LayerNorm), with the
-# ViTDet-style COCO recipe of ./coco-lsj-1024_vitdet-184k.py.
+# Cascade Mask R-CNN with mmdet's own default heads (1-conv RPN, Shared2FC box heads, mask head
+# without norm) on a plain Vim-family backbone through the ViTDet simple feature pyramid (scales
+# 4, 2, 1, 0.5 + a max-pooled level, 256 channels, LayerNorm), with the ViTDet-style COCO recipe
+# of ./coco-lsj-1024_vitdet-184k.py. Not the heads of the official Vim detection code (2-conv RPN,
+# 4conv1fc box heads and mask head with LayerNorm): those are set on top of this base in
+# configs/vim/vim-t_sfp_cascade-mask-rcnn_4xb16-lsj-184k_coco-1024x1024_official-code.py.
 _base_ = [
     'mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py',
     './coco-lsj-1024_vitdet-184k.py',

@@ -1,6 +1,7 @@
-# Mask R-CNN (mmdet's own base) on a plain Vim-family backbone through the ViTDet simple feature
-# pyramid (scales 4, 2, 1, 0.5 + a max-pooled level, 256 channels, LayerNorm), with the
-# ViTDet-style COCO recipe of ./coco-lsj-1024_vitdet-184k.py.
+# Mask R-CNN with mmdet's own default heads (1-conv RPN, Shared2FC box head, mask head without
+# norm) on a plain Vim-family backbone through the ViTDet simple feature pyramid (scales 4, 2, 1,
+# 0.5 + a max-pooled level, 256 channels, LayerNorm), with the ViTDet-style COCO recipe of
+# ./coco-lsj-1024_vitdet-184k.py. (The official Vim detection code has no Vim-T Mask R-CNN run.)
 _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
     './coco-lsj-1024_vitdet-184k.py',
