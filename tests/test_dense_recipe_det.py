@@ -246,7 +246,7 @@ def test_test_images_are_padded_to_a_1024_square(batched):
         out = pre(dict(inputs=list(group), data_samples=samples), False)
         x = out['inputs']
         assert tuple(x.shape) == (len(group), 3, 1024, 1024)
-        for img, xi, s in zip(group, x, out['data_samples']):
+        for img, xi, s in zip(group, x, out['data_samples'], strict=True):
             h, w = img.shape[1:]
             assert s.batch_input_shape == (1024, 1024) and s.pad_shape == (1024, 1024)
             # zeros after normalisation, the image itself normalised (BGR -> RGB)

@@ -254,7 +254,7 @@ def test_official_seg_checkpoint_loads_and_matches_the_official_forward(key, tmp
         ref = official_vim_seg_forward(sd, x, [5, 11, 17, 23],
                                        use_residual_as_feature=key[1] == 's')
     assert len(ours) == len(ref) == 4
-    for a, b in zip(ours, ref):
+    for a, b in zip(ours, ref, strict=True):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     # the other tap gives other features (the test can tell the two rules apart)

@@ -1,9 +1,12 @@
+# Recipe: ours: ViL v2 weights on the Vim/AMVim recipe for a like-for-like comparison; not a
+# reproduction; no published number applies. (The ViL paper's ADE20K numbers, 41.2 / 43.1 for
+# ViL-T, are of v1 models on ViL's own recipe: that is
+# ./vil-t-v1_pyramid_upernet_1xb16-160k_ade20k-512x512_official-code.py.)
 # ViL-T (Vision-LSTM v2) + PlainPyramidNeck + UperNet, ADE20K 512x512, total batch 16
-# (8 GPUs x 2), 160k iterations; recipe: ../_base_/upernet_ade20k-512x512.py (the Vim / AMVim
-# segmentation recipe, for a like-for-like comparison with them). Published (ViL paper, UperNet,
-# the v1 models): ViL-T 41.2 mIoU single scale / 43.1 multi-scale, ViL-S 46.3 / 47.9, ViL-B
-# 48.6 / 49.6. Initialised from the released ImageNet weights (vil2-tiny.th, strict loading,
-# the classifier head dropped). Outputs: the raw outputs of block pairs 2, 5, 8, 11.
+# (8 GPUs x 2), 160k iterations, the recipe of ../_base_/upernet_ade20k-512x512.py (Vim's paper
+# text, as the Vim / AMVim configs). Initialised from the released ImageNet weights
+# (vil2-tiny.th, strict loading, the classifier head dropped). Outputs: the raw outputs (residual
+# stream) of block pairs 2, 5, 8, 11.
 _base_ = ['../_base_/upernet_ade20k-512x512.py']
 embed_dims = 192
 model = dict(

@@ -9,7 +9,8 @@ Data flow::
              v1: blocks[i] = one block, traversing from the top left (even i) or from the
                  bottom right (odd i)
           -> outputs: 'featmap' the blocks[i] outputs as maps (no norm, as the official
-             blocks[i]); 'pooled' the official classifier input
+             blocks[i]; ``tap='mixer'``: the block's branch before the residual add instead);
+             'pooled' the official classifier input
              (v2: legacy_norm(cat(norm(x)[first], norm(x)[last])); v1: norm(mean of
              legacy_norm(x) at the first and the last token)); 'avg_featmap' the same norms
              around the mean over all tokens (D channels for both versions)
@@ -64,6 +65,8 @@ ARCH_DEFAULTS = dict(version=2, patch_size=16, expansion=2, qkv_block_size=4,
 VERSIONS = {2: dict(conv_kind='2d', kernel=3, bias=True),
             1: dict(conv_kind='causal1d', kernel=4, bias=False)}
 OUT_TYPES = ('featmap', 'pooled', 'avg_featmap')
+#: what block ``i``'s 'featmap' output is made of (see ``tap`` in :class:`ViL`)
+TAPS = ('stream', 'mixer')
 FLOPS_CONVENTIONS = {
     'mamba': ('MACs of the linear/conv layers (patch embedding, projections, headwise q/k/v, '
               'gates, convs) + the mLSTM parallel form 2*L^2*E per traversal (QK^T and CV, '
@@ -161,9 +164,22 @@ class ViL(MambaBackbone):
         out_type: ``'featmap'`` (B, D, H/16, W/16) the raw block outputs; ``'pooled'`` the
             official classifier input (v2 (B, 2D), v1 (B, D)); ``'avg_featmap'`` (B, D) the
             mean over tokens between the same norms. The last two with ``out_indices=-1``.
+        tap: which tensor of block ``i`` is its ``'featmap'`` output. ``'stream'`` (default):
+            the block's output, the residual stream after it (what the official segmentation
+            code's ``block_extractor`` hooks on ``blocks[i]`` take). ``'mixer'``: the block's
+            branch before the residual add, ``layer(norm(x))`` without stochastic depth (v2:
+            the pair's second sub-block, the traversal from the bottom right, whose add ends the
+            pair; a token a learned reducer's masked forward dropped keeps its stream, as a
+            pruned cell's frozen feature does at inference). Only with ``out_type='featmap'``
+            (the classifier inputs are norms of the stream).
         drop_path_rate / drop_path_decay: stochastic depth; the official schedule is the same
             rate for every block (both sub-blocks of a pair), ``drop_path_decay=True``
             ``linspace(0, rate, num_layers)``.
+        layer_depth_per_pair: the unit of layer-wise lr decay (:meth:`get_layer_depth`). True
+            (default): one depth per pair of traversals, the official rule for both versions
+            (v2: a block is a pair; v1: blocks ``2k`` and ``2k + 1`` share a depth, the official
+            ``layerwise_lr_decay`` with ``group_two_blocks: true`` of every ViL segmentation
+            recipe); False: one depth per v1 block (no effect on v2).
         frozen_stages: -1 none; ``k >= 0`` freezes the embeddings and the first ``k`` blocks.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)``: an official file (raw or under
             ``state_dict``) loads strictly; ``head.*`` is dropped; a position embedding of
@@ -191,6 +207,8 @@ class ViL(MambaBackbone):
                  out_type: str = 'featmap',
                  drop_path_rate: float = 0.,
                  drop_path_decay: bool = False,
+                 tap: str = 'stream',
+                 layer_depth_per_pair: bool = True,
                  frozen_stages: int = -1,
                  token_reduction: Optional[dict] = None,
                  cuda_graph: Optional[bool] = None,
@@ -207,6 +225,16 @@ class ViL(MambaBackbone):
         self._check_args(name, out_type, img_size, in_channels, frozen_stages, out_indices)
         if not isinstance(drop_path_decay, bool):
             raise ConfigError(f'{name}: drop_path_decay must be a bool, got {drop_path_decay!r}')
+        if not isinstance(tap, str) or tap not in TAPS:
+            raise ConfigError(f'{name}: tap must be one of {TAPS}, got {tap!r}')
+        if tap != 'stream' and out_type != 'featmap':
+            raise ConfigError(f'{name}: tap={tap!r} needs out_type=\'featmap\' (the classifier '
+                              f'inputs are norms of the stream), got out_type={out_type!r}')
+        if not isinstance(layer_depth_per_pair, bool):
+            raise ConfigError(f'{name}: layer_depth_per_pair must be a bool, got '
+                              f'{layer_depth_per_pair!r}')
+        self.tap, self.layer_depth_per_pair = tap, layer_depth_per_pair
+        self._branch: Optional[torch.Tensor] = None    # tap='mixer': the last block's branch
         drop_path_rate = rate(name, 'drop_path_rate', drop_path_rate)
         self.init_forward(cuda_graph)
 
@@ -319,12 +347,58 @@ class ViL(MambaBackbone):
             list(self.blocks[:min(self.frozen_stages, self.num_layers)])
 
     def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
-        """``(layer_depth, num_layers + 2)``: embeddings 0, block ``i`` ``i + 1``, the norms
-        after the blocks the last."""
-        return self.plain_layer_depth(param_name, prefix, ('patch_embed', 'pos_embed'),
-                                      'blocks.')
+        """``(layer_depth, n)``: embeddings 0, block ``i`` ``i + 1``, the norms after the
+        blocks the last (``n - 1``, the base lr), ``n = num_layers + 2``; v1 with
+        ``layer_depth_per_pair`` (default): block ``i`` at ``i // 2 + 1`` of
+        ``n = ceil(num_layers / 2) + 2``, the official rule (``group_two_blocks``: the pair
+        ``k`` gets ``rate ** (n - 2 - k)``, the patch and position embeddings ``rate **
+        (n - 1)``)."""
+        depth, n = self.plain_layer_depth(param_name, prefix, ('patch_embed', 'pos_embed'),
+                                          'blocks.')
+        if self.version == 2 or not self.layer_depth_per_pair:
+            return depth, n
+        pairs = math.ceil(self.num_layers / 2) + 2
+        if depth == 0 or depth == n - 1:
+            return (0 if depth == 0 else pairs - 1), pairs
+        return (depth - 1) // 2 + 1, pairs
 
     # ----------------------------------------------------------------- forward
+    def _last_traversal(self, block: nn.Module) -> ViLBlock:
+        """The (sub-)block whose residual add ends ``block`` (v2: the second of the pair)."""
+        return block if self.version == 1 else block.rowwise_from_bot_right
+
+    def _run_tapped(self, block: nn.Module, hidden: torch.Tensor, ctx: ScanContext,
+                    keep: Optional[torch.Tensor]) -> torch.Tensor:
+        """``block``'s own forward, keeping its branch (``tap='mixer'``): the last
+        traversal's layer output, caught by a forward hook that lives for this one call (so
+        the block's code and numbers are those of ``tap='stream'``; nothing stays registered
+        that would keep a forward out of a CUDA graph)."""
+        caught: List[torch.Tensor] = []
+        handle = self._last_traversal(block).layer.register_forward_hook(
+            lambda module, args, out: caught.append(out[0]))
+        try:
+            out = block(hidden, ctx) if keep is None else block(hidden, ctx, keep=keep)
+        finally:
+            handle.remove()
+        self._branch = caught[-1]
+        return out
+
+    def call_block(self, block, hidden, residual, ctx, merge, plan):
+        if self.tap == 'stream':
+            return block(hidden, ctx), None
+        return self._run_tapped(block, hidden, ctx, None), None
+
+    def call_block_masked(self, block, hidden, residual, ctx, keep):
+        if self.tap == 'stream':
+            return block(hidden, ctx, keep=keep), None
+        return self._run_tapped(block, hidden, ctx, keep), None
+
+    def run_stages(self, x: torch.Tensor, masked: bool):
+        try:
+            return super().run_stages(x, masked)
+        finally:
+            self._branch = None     # no tensor of this forward stays on the module
+
     def reduction_domain(self) -> Tuple[int, int]:
         return self.patch_resolution[0] * self.patch_resolution[1], self.num_layers
 
@@ -356,7 +430,12 @@ class ViL(MambaBackbone):
         """Block ``i``'s output: a map of the full grid (a reduced sequence restored first:
         merged tokens at all their cells, pruned cells their last feature), or the classifier
         input ('pooled': the first and last cell of the restored grid; 'avg_featmap': the
-        size-weighted mean of the present tokens, the kept ones in the masked forward)."""
+        size-weighted mean of the present tokens, the kept ones in the masked forward).
+        ``tap='mixer'``: the block's branch in place of its output (a token the masked forward
+        dropped keeps its stream)."""
+        if self.tap == 'mixer':
+            branch, self._branch = self._branch, None
+            x = branch if keep is None else torch.where(keep.bool().unsqueeze(-1), branch, x)
         if self.out_type == 'avg_featmap':
             w = keep if keep is not None else (ctx.size if ctx.reduced else None)
             return self._pool(x, w)

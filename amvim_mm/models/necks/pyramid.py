@@ -60,14 +60,20 @@ class PlainPyramidNeck(BaseModule):
         scales: one factor per input map, from (4, 2, 1, 0.5); default (4, 2, 1, 0.5) for patch
             16. (For patch/stride 8 use (2, 1, 0.5, ...) with fewer levels or your own choice.)
         norm_cfg: norm between the two transposed convs of the x4 branch.
+        in_norm_cfg: a norm applied to every input map before its resize (None: none), e.g.
+            ``dict(type='LN2d', eps=1e-5)`` for LocalMamba's per-tap LayerNorms
+            (``outnorm_{i}``, ``nn.LayerNorm(D)`` over the channels of each token).
     """
 
     def __init__(self, in_channels: int, scales: Sequence[float] = SCALES,
                  norm_cfg: dict = dict(type='BN', requires_grad=True),
+                 in_norm_cfg: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         self.scales = _check_scales(scales, 'PlainPyramidNeck')
         D = in_channels
+        self.in_norms = None if in_norm_cfg is None else nn.ModuleList(
+            _norm(in_norm_cfg, D) for _ in self.scales)
         ops = []
         for s in self.scales:
             if s == 4.0:
@@ -90,6 +96,8 @@ class PlainPyramidNeck(BaseModule):
             raise ConfigError(f'PlainPyramidNeck has {len(self.ops)} scales but got '
                               f'{len(inputs)} feature maps; set the backbone out_indices to '
                               f'{len(self.ops)} blocks')
+        if self.in_norms is not None:
+            inputs = [norm(x) for norm, x in zip(self.in_norms, inputs)]
         return tuple(op(x) for op, x in zip(self.ops, inputs))
 
 
