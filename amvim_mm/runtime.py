@@ -47,7 +47,7 @@ import dataclasses
 import functools
 import os
 import threading
-from typing import Iterator, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 from amvim_mm.errors import ConfigError
 
@@ -320,3 +320,14 @@ RETIRED = ('AMVIM_TRUSTED_DIRS', 'AMVIM_ALLOW_UNSAFE_LOAD')
 def retired_variables() -> Tuple[str, ...]:
     """The retired variables that are set (``check_env`` reports them)."""
     return tuple(name for name in RETIRED if os.environ.get(name))
+
+
+#: what a distributed launcher (torchrun, Slurm through mmengine) sets for each process: facts
+#: of the run, not switches (read when a tool starts its process group)
+LAUNCHER_VARIABLES = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR',
+                      'MASTER_PORT')
+
+
+def launcher_environment() -> Dict[str, str]:
+    """The launcher's variables of this process that are set (:data:`LAUNCHER_VARIABLES`)."""
+    return {name: os.environ[name] for name in LAUNCHER_VARIABLES if name in os.environ}

@@ -29,8 +29,17 @@ or torch's default), one model after another per worker; the rows are merged int
 as one process's are, and the final pass (intervals, table, plots) runs here. On a CPU the
 models of a demo-sized sweep evaluate faster side by side on one thread each than one after
 another on every core (small batches do not spread over threads well).
+
+Each model's cells are evaluated in one pass over the test data (every batch read and
+preprocessed once, each cell's reducer and metric on it); --cell-by-cell runs the config's test
+loop once per cell instead (the same rows). --launcher pytorch|slurm|mpi runs the sweep on many
+GPUs / nodes as mmseg's tools/test.py does (torchrun --nproc_per_node=8 tools/prune_eval.py ...
+--launcher pytorch): every test loop is sharded across the processes, rank 0 gathers the
+per-image results and writes the same files a single process would (docs/token_reduction.md,
+"A full study on N GPUs").
 """
 import argparse
+import os
 import os.path as osp
 import sys
 
@@ -39,6 +48,7 @@ import warnings
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 from mmengine.config import DictAction
 
+from amvim_mm.apis import dist
 from amvim_mm.apis.cli import run_cli
 from amvim_mm.analysis.flops import CONVENTIONS
 from amvim_mm.apis.sweep import (METHODS, PRECISIONS, group_table, markdown_table, plot,
@@ -91,10 +101,18 @@ def parse_args(argv=None):
     p.add_argument('--jobs', type=_positive_int, default=1, metavar='J',
                    help='evaluate J models at a time in worker processes, each with '
                         'threads // J threads (default 1: one process)')
+    p.add_argument('--cell-by-cell', action='store_true',
+                   help='run the test loop once per cell instead of one pass over the data '
+                        'per model (the same rows)')
+    p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none',
+                   help='distributed run (torchrun: pytorch), as the libraries\' test tools')
+    p.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = p.parse_args(argv)
     if len(args.pairs) % 2:
         p.error(f'expected CONFIG CHECKPOINT pairs, got {len(args.pairs)} paths')
     args.models = list(zip(args.pairs[0::2], args.pairs[1::2]))
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
     return args
 
 
@@ -108,12 +126,23 @@ def _sweep(argv=None) -> int:
     if args.threads is not None:
         import torch
         torch.set_num_threads(args.threads)
-    data = run_sweep(args.models, args.methods, args.ratios, args.out_dir,
-                     names=args.names, cfg_options=args.cfg_options, verbose=args.verbose,
-                     precision=args.precision, seeds=args.seeds, locations=args.locations,
-                     flops_convention=args.flops_convention, measure_speed=args.measure_speed,
-                     replicates=args.replicates, groups=args.groups, jobs=args.jobs,
-                     margin=args.margin)
+    try:
+        data = run_sweep(args.models, args.methods, args.ratios, args.out_dir,
+                         names=args.names, cfg_options=args.cfg_options, verbose=args.verbose,
+                         precision=args.precision, seeds=args.seeds, locations=args.locations,
+                         flops_convention=args.flops_convention,
+                         measure_speed=args.measure_speed, replicates=args.replicates,
+                         groups=args.groups, jobs=args.jobs, margin=args.margin,
+                         launcher=args.launcher, one_pass=not args.cell_by_cell)
+        if dist.is_main():
+            _report(data, args)
+    finally:
+        dist.shutdown()
+    return 0
+
+
+def _report(data, args) -> None:
+    """The tables on the screen and the plots next to results.json (rank 0)."""
     print(markdown_table(data))
     for table in (group_table(data), verdict_table(data)):
         if table:
@@ -123,7 +152,6 @@ def _sweep(argv=None) -> int:
     if group_table(data):
         print(f"groups:  {plot_groups(data, osp.join(args.out_dir, 'prune_eval_groups.png'))}")
     print(f"FLOPs convention: {data['meta']['convention']}")
-    return 0
 
 
 if __name__ == '__main__':

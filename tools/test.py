@@ -19,6 +19,11 @@ the depth). ``--ratio 0`` means no reduction. ``--reduce learned`` tests the lea
 the config carries (e.g. a ``*_dynamicvit.py`` config) at the ratio it was fine-tuned for, so
 it takes no ``--ratio``; the other methods replace that reducer. With ``--reduce`` a
 ``TokenReductionHook`` of the config is not used.
+
+``--launcher pytorch|slurm|mpi`` (``torchrun --nproc_per_node=N tools/test.py ... --launcher
+pytorch``): the test loop is sharded across the processes and the metric computed on rank 0
+from every image, as the libraries' own test tools do; the process group is started by
+:func:`amvim_mm.apis.dist.init_launcher` (gloo on a CPU), the model is not wrapped in DDP.
 """
 import argparse
 import os
@@ -29,6 +34,7 @@ import warnings
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 from mmengine.config import DictAction
 
+from amvim_mm.apis import dist
 from amvim_mm.apis.cli import run_cli
 from amvim_mm.apis.sweep.methods import (LEARNED, METHODS, cell_reducer, check_reduction_args,
                                          config_has_learned_reducer, learned_reducer)
@@ -67,7 +73,16 @@ def main(argv=None) -> int:
     check_reduction_args(args.reduce, args.ratio, args.seed, args.locations)
     if scheme_of(args.checkpoint) is None and not os.path.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
-    cfg = load_config(args.config, args.cfg_options, args.work_dir, args.launcher)
+    dist.init_launcher(args.launcher)
+    try:
+        return _test(args)
+    finally:
+        dist.shutdown()
+
+
+def _test(args) -> int:
+    # the process group is ours: the runner shards and gathers through it without DDP
+    cfg = load_config(args.config, args.cfg_options, args.work_dir)
     cfg.load_from = None
     if args.reduce == LEARNED and not config_has_learned_reducer(cfg):
         raise ConfigError(f'--reduce learned needs a config whose backbone carries a learned '
@@ -83,12 +98,14 @@ def main(argv=None) -> int:
                                args.seed or 0, learned=learned_reducer(backbone))
         backbone.set_token_reduction(reducer)
         shown = reducer.config() if hasattr(reducer, 'config') else reducer
-        print(f'--reduce {args.reduce}: test with token reduction {shown}'
-              + (" (the config's TokenReductionHook is not used)" if dropped else ''),
-              flush=True)
+        if dist.is_main():
+            print(f'--reduce {args.reduce}: test with token reduction {shown}'
+                  + (" (the config's TokenReductionHook is not used)" if dropped else ''),
+                  flush=True)
     metrics = runner.test()
-    print({k: round(float(v), 4) if isinstance(v, (int, float)) or hasattr(v, 'item') else v
-           for k, v in metrics.items()})
+    if dist.is_main():
+        print({k: round(float(v), 4) if isinstance(v, (int, float)) or hasattr(v, 'item')
+               else v for k, v in metrics.items()})
     return 0
 
 

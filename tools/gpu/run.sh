@@ -5,7 +5,7 @@
 #                         [bench-plainmamba-reduction] [bench-learned-reduction] [bench-dense]
 #                         [bench-reduction-table] [bench-vil]
 #                         [bench-tune-bwd] [bench-train] [bench-train-profile]
-#                         [bench-tune-chunk]
+#                         [bench-tune-chunk] [bench-label-map]
 # (build-scan: mamba-ssm only, without causal-conv1d, which VMamba and PlainMamba do not use)
 # bench-dense: the dense-task suite (python3 tools/benchmark.py --suite dense) with the
 # segmentation stack of tools/gpu/seg_stack.sh (mmcv 2.1.0 built with CPU ops in parallel with
@@ -34,6 +34,9 @@ steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build tests bench)
 #   per batch x E x L (bf16, graph and eager): the measured table of the automatic scan choice
 #   (SCAN_CHOICE_TABLE, printed ready to paste); run with `build` for the mamba-ssm rows
 # bench-profile: torch.profiler tables of Vim-T/AMVim-T bf16 forwards (top CUDA kernels)
+# bench-label-map: mmseg's segmentation postprocess_result vs the label-map path (labels
+#   checked identical; amvim_mm/bench/label_map.py) at ADE20K shape, batch 8; needs the
+#   segmentation stack as bench-dense does; writes $OUT/label_map.json
 # Wheels built here are copied to $OUT/built; carried back in .whl/built/ they are installed
 # instead of building again (same GPU architecture and image).
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -47,7 +50,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 # its logs stay in .gpu_build/seg_logs ($OUT brings back 8 files at most)
 mmcv_pid=
 SEG_LOGS=$ROOT/.gpu_build/seg_logs
-if has bench-dense; then
+if has bench-dense || has bench-label-map; then
   source tools/gpu/seg_stack.sh
   seg_stack_check || exit 2
   seg_stack_pkgres
@@ -161,5 +164,15 @@ if has bench-dense; then
   dense_rc=${PIPESTATUS[0]}
   echo "bench-dense: exit $dense_rc, $(( $(date +%s) - T0 )) s since start"
   [ $rc -ne 0 ] || rc=$dense_rc
+fi
+if has bench-label-map; then
+  python3 -c 'import json, sys
+from amvim_mm.bench.label_map import format_rows, time_postprocess
+r = time_postprocess()
+json.dump(r, open(sys.argv[1], "w"), indent=1)
+print(format_rows(r))' "$OUT/label_map.json"
+  lm_rc=$?
+  echo "bench-label-map: exit $lm_rc"
+  [ $rc -ne 0 ] || rc=$lm_rc
 fi
 exit $rc

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from amvim_mm.apis.dist import broadcast, is_main
 from amvim_mm.apis.sweep.methods import LEARNED, SEEDED_METHODS, cell_reducer
 from amvim_mm.apis.sweep.rows import Fingerprint, SweepRow
 from amvim_mm.apis.sweep.store import reusable_rows, stats_name, zero_row
@@ -67,18 +68,87 @@ class ModelCells:
     fingerprint: Fingerprint
 
     def evaluate(self, method: str, ratio: float, proto: str,
-                 done: Dict[tuple, dict]) -> SweepRow:
-        """Evaluate one (method, ratio) cell, or reuse this model's ratio-0 evaluation."""
-        import numpy as np
-        import torch
-        bb = self.backbone
-        if ratio == 0.0:
-            zero = self._zero(done)
-            if zero is not None and (not self.measure_speed or zero.get('img_per_s')) and \
-                    zero.get('gflops_convention') == self.flops_convention:
-                return dataclasses.replace(SweepRow.from_dict(zero), method=method,
-                                           protocol=proto)
-        M, depth = bb.reduction_domain()
+                 done: Dict[tuple, dict]) -> Optional[SweepRow]:
+        """Evaluate one (method, ratio) cell through the config's test loop (once per seed),
+        or reuse this model's ratio-0 evaluation. The row on rank 0, None on other ranks (a
+        distributed run: every rank runs the sharded loops)."""
+        reused = self._reuse_zero(method, ratio, proto, done)
+        if reused is not None:
+            return reused
+        ratio, seeds, dynamic = self._plan(method, ratio)
+        t0 = time.perf_counter()
+        metrics, stats, red = [], [], None
+        for seed in seeds:
+            red = cell_reducer(self.backbone, method, ratio, self.locations, seed,
+                               learned=self.learned)
+            self.backbone.set_token_reduction(red)
+            try:
+                metrics.append(self.runner.test())
+            finally:
+                self.backbone.set_token_reduction(None)
+            stats.append(self.recorder.stats() if is_main() else None)
+        return self._row(method, ratio, proto, seeds, metrics, stats, red,
+                         time.perf_counter() - t0, dynamic, self.recorder)
+
+    def evaluate_pass(self, cells: Sequence[tuple], done: Dict[tuple, dict],
+                      progress=None) -> List[Optional[SweepRow]]:
+        """Evaluate ``cells`` ((method, ratio, protocol), no ``learned``) in one pass over the
+        test data (:mod:`~amvim_mm.apis.sweep.one_pass`): ratio 0 once for every method, each
+        (method, ratio, seed) its own evaluation. Rows in the order of ``cells`` (None on
+        ranks other than 0)."""
+        from amvim_mm.apis.sweep.one_pass import Evaluation, run_one_pass
+        plans, evals, zero = [], [], False
+        for method, ratio, proto in cells:
+            if method == LEARNED:
+                raise ConfigError('the learned method is evaluated cell by cell')
+            reused = self._reuse_zero(method, ratio, proto, done)
+            if reused is not None or (ratio == 0.0 and zero):
+                plans.append((method, ratio, proto, reused))    # None: the pass's ratio-0 row
+                continue
+            ratio, seeds, _ = self._plan(method, ratio)
+            reds = [cell_reducer(self.backbone, method, ratio, self.locations, seed,
+                                 learned=self.learned) for seed in seeds]
+            idx = list(range(len(evals), len(evals) + len(seeds)))
+            evals += [Evaluation(reduction=r) for r in reds]
+            plans.append((method, ratio, proto, (seeds, idx, reds[-1])))
+            zero = zero or ratio == 0.0
+        if evals:
+            run_one_pass(self.runner, self.backbone, evals, self.precision, progress)
+        rows: List[Optional[SweepRow]] = []
+        zero_row = None
+        for method, ratio, proto, what in plans:
+            if isinstance(what, SweepRow):
+                rows.append(what)
+            elif what is None:
+                rows.append(zero_row and dataclasses.replace(zero_row, method=method,
+                                                             protocol=proto))
+            else:
+                seeds, idx, red = what
+                ev = [evals[i] for i in idx]
+                row = self._row(method, ratio, proto, seeds, [e.metrics for e in ev],
+                                [e.recorder.stats() if is_main() else None for e in ev],
+                                red, sum(e.seconds for e in ev), False, ev[0].recorder)
+                zero_row = row if ratio == 0.0 else zero_row
+                rows.append(row)
+        return rows
+
+    def _reuse_zero(self, method: str, ratio: float, proto: str,
+                    done: Dict[tuple, dict]) -> Optional[SweepRow]:
+        """This model's stored ratio-0 row under ``method`` (None: evaluate it); rank 0
+        decides for every rank (it may find a row another sweep wrote meanwhile)."""
+        if ratio != 0.0:
+            return None
+        zero = self._zero(done) if is_main() else None
+        if zero is not None and (not self.measure_speed or zero.get('img_per_s')) and \
+                zero.get('gflops_convention') == self.flops_convention:
+            zero = dataclasses.replace(SweepRow.from_dict(zero), method=method, protocol=proto)
+        else:
+            zero = None
+        return broadcast(zero)
+
+    def _plan(self, method: str, ratio: float):
+        """(the ratio to evaluate, its seeds, whether the reducer's counts are per image)."""
+        M, depth = self.backbone.reduction_domain()
         dynamic = method == LEARNED and self.learned is not None and self.learned.dynamic
         if dynamic:       # per-image counts (LTMP): the ratio is known after the evaluation
             self.learned.reset_observed()
@@ -86,27 +156,43 @@ class ModelCells:
         elif method == LEARNED:
             ratio = round(self.learned.token_plan(M, depth)[2], 6)
         seeds = self.seeds if method in SEEDED_METHODS and ratio > 0 else [0]
-        t0 = time.perf_counter()
-        metrics, exact, per_seed, red = self._run_seeds(method, ratio, seeds)
-        dt = time.perf_counter() - t0
-        keys = _image_keys(self.runner, self.recorder)
+        return ratio, seeds, dynamic
+
+    def _row(self, method: str, ratio: float, proto: str, seeds: Sequence[int],
+             metrics: Sequence[dict], stats: Sequence, red, dt: float,
+             dynamic: bool, recorder=None) -> Optional[SweepRow]:
+        """The row of one cell from its evaluations (one per seed): library metrics and
+        per-image statistics (``recorder``: the one that recorded them, default the test
+        loop's); None on ranks other than 0."""
+        import numpy as np
+        import torch
+        if not is_main():
+            return None
+        recorder = recorder or self.recorder
+        library, exact = [], []
+        for seed, out, st in zip(seeds, metrics, stats, strict=True):
+            m = self._metric(out, st, recorder.kind, f'{self.name} {method} {ratio} seed {seed}')
+            library.append(m[0])
+            exact.append(m[1])
+        keys = _image_keys(self.runner, recorder)
         flops, red, ratio = self._flops(method, ratio, red, dynamic)
-        stats_file = self._write_stats(method, ratio, per_seed, keys)
+        stats_file = self._write_stats(method, ratio, list(stats), keys)
         row = SweepRow(
             model=self.name, config=self.config, checkpoint=self.ckpt, method=method,
             ratio=ratio, precision=self.precision, protocol=proto, reduction=red,
             realised_ratio=round(flops['realised_ratio'], 4), gflops=round(flops['gflops'], 4),
             gflops_convention=self.flops_convention, metric_name=self.metric_key,
             metric=round(float(np.mean(exact)), 4),
-            metric_library=round(float(np.mean(metrics)), 4), final_tokens=flops['tokens'][-1],
+            metric_library=round(float(np.mean(library)), 4), final_tokens=flops['tokens'][-1],
             seconds=round(dt, 2), images=len(keys), stats_file=stats_file,
             checkpoint_sha256=self.fingerprint[0], config_sha256=self.fingerprint[1])
         if len(exact) > 1:
-            row.seeds, row.metric_seeds = seeds, [round(m, 4) for m in exact]
+            row.seeds, row.metric_seeds = list(seeds), [round(m, 4) for m in exact]
             row.seed_std = round(float(np.std(exact, ddof=1)), 4)
         if method == LEARNED:
             row.fine_tuned = getattr(self.learned, 'fine_tuned', None) or True
         if self.measure_speed:
+            bb = self.backbone
             speed = _speed(bb, bb.img_size, self.precision,
                            self.learned if method == LEARNED else red)
             row = dataclasses.replace(row, **speed)
@@ -114,37 +200,21 @@ class ModelCells:
             row.img_per_s_test_loop = round(len(keys) * len(seeds) / dt, 1)
         return row
 
-    def _run_seeds(self, method: str, ratio: float, seeds: Sequence[int]):
-        """The test loop once per seed with the cell's reducer on: (library metrics, exact
-        metrics, per-image statistics per seed, the last reducer)."""
+    def _metric(self, out: dict, st, kind: str, what: str):
+        """(the library's metric, the metric recomputed from the per-image statistics: the
+        numbers the intervals use, checked against the library's rounded value)."""
         from amvim_mm.analysis import stats as S
-        bb = self.backbone
-        metrics, exact, per_seed, red = [], [], [], None
-        for seed in seeds:
-            red = cell_reducer(bb, method, ratio, self.locations, seed, learned=self.learned)
-            bb.set_token_reduction(red)
-            try:
-                out = self.runner.test()
-            finally:
-                bb.set_token_reduction(None)
-            st = self.recorder.stats()
-            if self.metric_key not in out and self.recorder.kind == 'det' and \
-                    len(st['det_score']) == 0:
-                # mmdet reports nothing when no box passes the score threshold; COCO's AP of
-                # an empty detection set is 0
-                print(f'prune_eval: {self.name} {method} {ratio}: no detections, AP 0',
-                      file=sys.stderr, flush=True)
-                out = {self.metric_key: 0.0}
-            if self.metric_key not in out:
-                raise LookupConfigError(f'{self.config}: the test metrics {sorted(out)} have no '
-                                        f'{self.metric_key!r}')
-            # the point value: the metric recomputed from the per-image statistics (the same
-            # numbers the intervals use), checked against the library's rounded value
-            exact.append(S.check_against(st, float(out[self.metric_key]),
-                                         f'{self.name} {method} {ratio} seed {seed}'))
-            metrics.append(float(out[self.metric_key]))
-            per_seed.append(st)
-        return metrics, exact, per_seed, red
+        if self.metric_key not in out and kind == 'det' and \
+                len(st['det_score']) == 0:
+            # mmdet reports nothing when no box passes the score threshold; COCO's AP of an
+            # empty detection set is 0
+            print(f'prune_eval: {what}: no detections, AP 0', file=sys.stderr, flush=True)
+            out = {self.metric_key: 0.0}
+        if self.metric_key not in out:
+            raise LookupConfigError(f'{self.config}: the test metrics {sorted(out)} have no '
+                                    f'{self.metric_key!r}')
+        return float(out[self.metric_key]), S.check_against(st, float(out[self.metric_key]),
+                                                             what)
 
     def _flops(self, method: str, ratio: float, red, dynamic: bool):
         """(the analytic FLOPs of the cell, the reducer config to store, the row's ratio: a

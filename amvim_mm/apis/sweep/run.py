@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from amvim_mm.apis import dist
 from amvim_mm.apis.sweep.cell import PRIMARY_METRICS, ModelCells, fine_tuning_label
 from amvim_mm.apis.sweep.methods import (LEARNED, check_method, check_ratio,
                                          config_has_learned_reducer, learned_reducer)
@@ -71,8 +72,15 @@ def validate(models: Sequence[Tuple[str, str]], methods: Sequence[str],
 
 
 def _check_options(names: Sequence[str], margin, jobs: int, measure_speed: bool,
-                   groups: Optional[Sequence[str]], flops_convention: str) -> None:
+                   groups: Optional[Sequence[str]], flops_convention: str,
+                   launcher: str = 'none') -> None:
     from amvim_mm.analysis.flops import CONVENTIONS
+    if launcher != 'none' and jobs > 1:
+        raise ConfigError('--jobs runs worker processes on one machine; with --launcher the '
+                          'processes are the launcher\'s: drop --jobs')
+    if launcher != 'none' and measure_speed:
+        raise ConfigError('--measure-speed times every cell on one device: run it without '
+                          '--launcher')
     if margin is not None and not (isinstance(margin, (int, float)) and 0 < margin < float('inf')):
         raise ConfigError(f'--margin must be a finite number > 0, got {margin!r}')
     if jobs > 1 and measure_speed:
@@ -92,7 +100,8 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
               locations: Optional[Sequence[int]] = None, flops_convention: str = 'mamba',
               measure_speed: bool = False, replicates: int = 1000,
               groups: Optional[Sequence[str]] = None, jobs: int = 1,
-              final: bool = True, margin: Optional[float] = None) -> Dict[str, object]:
+              final: bool = True, margin: Optional[float] = None, launcher: str = 'none',
+              one_pass: bool = True) -> Dict[str, object]:
     """Run (or resume) a sweep; returns the merged results also written to ``results.json``.
 
     Rows of ``results.json`` are reused only when their model name, method, ratio, precision,
@@ -108,16 +117,60 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     :func:`~amvim_mm.apis.sweep.workers.sweep_in_workers`); the rows are the same as one
     process's, and this process then runs the final pass. ``final=False`` (a worker's call)
     skips the final pass: no intervals, no stale-row message.
+
+    ``launcher`` (``'pytorch'``, ``'slurm'``, ``'mpi'``; the process group started by
+    :func:`amvim_mm.apis.dist.init_launcher`): every test loop is sharded across the ranks and
+    gathered on rank 0 (mmengine's samplers and ``collect_results``), which alone writes rows,
+    per-image files and the final pass; the files equal a single process's (apart from
+    timings). ``one_pass`` (default): a model's pending cells are evaluated in one pass over
+    the data (:mod:`~amvim_mm.apis.sweep.one_pass`), the same rows as cell by cell (False),
+    which is kept for comparison and for evaluators too large to hold many at once.
     """
     names = validate(models, methods, ratios, names, precision, seeds)
-    _check_options(names, margin, jobs, measure_speed, groups, flops_convention)
+    _check_options(names, margin, jobs, measure_speed, groups, flops_convention, launcher)
+    dist.init_launcher(launcher)
     sweep = _Sweep(models=list(models), methods=list(methods),
                    ratios=sorted(set(float(r) for r in ratios)), out_dir=out_dir, names=names,
                    cfg_options=cfg_options, verbose=verbose, progress=progress,
                    precision=precision, seeds=seeds, locations=locations,
                    flops_convention=flops_convention, measure_speed=measure_speed,
-                   replicates=replicates, groups=groups, jobs=jobs, final=final, margin=margin)
+                   replicates=replicates, groups=groups, jobs=jobs, final=final, margin=margin,
+                   one_pass=one_pass)
     return sweep.run()
+
+
+def _loader_defaults(cfg) -> None:
+    """On a GPU: pinned memory for the test data, and loader workers where the config has
+    none (the host's cores shared by the processes of this node); a distributed run gathers
+    its metrics' results over the GPUs (no shared temporary folder needed across nodes)."""
+    import os
+
+    import torch
+    if not torch.cuda.is_available():
+        return
+    loader = cfg.get('test_dataloader')
+    if isinstance(loader, dict):
+        loader.setdefault('pin_memory', True)
+        if not loader.get('num_workers'):
+            local = dist.local_world_size()
+            loader['num_workers'] = max(1, min(8, (os.cpu_count() or 1) // max(local, 1)))
+            loader.setdefault('persistent_workers', True)
+    if dist.world_size() > 1:
+        metrics = cfg.get('test_evaluator')
+        for m in metrics if isinstance(metrics, list) else [metrics]:
+            if isinstance(m, dict):
+                m.setdefault('collect_device', 'gpu')
+
+
+def _label_maps(model) -> None:
+    """A segmentor's labels without the upsampled logits (the same labels: the sweep's metrics
+    read only them; :mod:`amvim_mm.models.segmentors.label_map`); a segmentor with a
+    post-processing of its own keeps it."""
+    from amvim_mm.models.segmentors import use_label_map
+    try:
+        use_label_map(model)
+    except ConfigError:
+        pass
 
 
 def _worker_sweep(task: dict) -> None:
@@ -147,6 +200,7 @@ class _Sweep:
     jobs: int
     final: bool
     margin: Optional[float]
+    one_pass: bool = True
 
     def run(self) -> Dict[str, object]:
         from tqdm import tqdm
@@ -158,15 +212,18 @@ class _Sweep:
             raise ConfigError('method learned needs a model whose config carries a learned '
                               'reducer (e.g. a *_dynamicvit.py fine-tuning config); none of '
                               'the configs has')
-        self.done, stale = reusable_rows(self.path, self.prints, self.out_dir)
-        for name, n in (stale.items() if self.final else ()):
+        main = dist.is_main()
+        # rank 0 reads what is done (another sweep may write meanwhile) and tells the others
+        self.done, stale = dist.broadcast(
+            reusable_rows(self.path, self.prints, self.out_dir) if main else None)
+        for name, n in (stale.items() if self.final and main else ()):
             print(f'prune_eval: {n} row(s) of {name!r} in {self.path} come from another '
                   'checkpoint or config (sha256 differs): stale, recomputing and replacing '
                   'them', file=sys.stderr, flush=True)
         self.meta = self._meta()
         self.cells = self._cells()
-        bar = tqdm(total=len(self.cells), desc='prune_eval', disable=not self.progress,
-                   unit='cell')
+        bar = tqdm(total=len(self.cells), desc='prune_eval', unit='cell',
+                   disable=not (self.progress and main))
         todo = {i: self._pending(i) for i in range(len(self.models))}
         bar.update(len(self.cells) - sum(map(len, todo.values())))
         if self.jobs > 1 and sum(1 for v in todo.values() if v) > 1:
@@ -179,9 +236,10 @@ class _Sweep:
             with results_lock(self.path):
                 return load_results(self.path)
         # the final pass (drops, intervals, meta; stale rows of these models) merges under
-        # the lock
-        return merge_results(self.path, [], self.meta, current=self.prints,
-                             out_dir=self.out_dir, replicates=self.replicates)
+        # the lock, on rank 0; the others read its result
+        data = merge_results(self.path, [], self.meta, current=self.prints,
+                             out_dir=self.out_dir, replicates=self.replicates) if main else None
+        return dist.broadcast(data)
 
     def _load_configs(self) -> Tuple[list, Dict[str, Fingerprint]]:
         """The loaded configs, ready for the sweep's runners, and each model's fingerprint."""
@@ -201,6 +259,7 @@ class _Sweep:
             identify_images(cfg)     # random pruning draws per image, whatever the batch size
             # after the hash: rows of several precisions share one fingerprint
             cfg.test_cfg = dict(type='AmpTestLoop', precision=self.precision)
+            _loader_defaults(cfg)
             cfgs.append(cfg)
         return cfgs, prints
 
@@ -246,7 +305,8 @@ class _Sweep:
         kwargs = dict(cfg_options=self.cfg_options, verbose=self.verbose, progress=False,
                       precision=self.precision, seeds=self.seeds, locations=self.locations,
                       flops_convention=self.flops_convention, measure_speed=self.measure_speed,
-                      replicates=self.replicates, final=False, margin=self.margin)
+                      replicates=self.replicates, final=False, margin=self.margin,
+                      one_pass=self.one_pass)
         tasks = [dict(kwargs, models=[self.models[i]], names=[self.names[i]],
                       ratios=self.ratios, out_dir=self.out_dir,
                       methods=[m for m in self.methods
@@ -264,15 +324,35 @@ class _Sweep:
         return todo
 
     def _evaluate_model(self, i: int, mine: Sequence[Tuple[str, float, str]], bar) -> None:
-        """Model ``i``'s pending cells in this process, each row merged when it is done."""
+        """Model ``i``'s pending cells in this process (one pass over the data for all but the
+        learned reducer's, or cell by cell), rows merged into ``results.json`` on rank 0 (a
+        pass's rows together when it ends; a cell's when it is done)."""
         (config, ckpt), name, cfg = self.models[i], self.names[i], self.cfgs[i]
         cells = self._model_cells(config, ckpt, name, cfg)
-        for method, ratio, proto in mine:
+        if dist.world_size() > 1 and cells.learned is not None and cells.learned.dynamic and \
+                any(c[0] == LEARNED for c in mine):
+            raise ConfigError(f'{name}: a learned reducer with per-image token counts (LTMP) '
+                              'averages its counts in one process: run it without --launcher')
+        passed = [c for c in mine if c[0] != LEARNED] if self.one_pass else []
+        if passed:
+            bar.set_postfix_str(f'{name}: one pass, {len(passed)} cells')
+
+            def progress(frac: float) -> None:
+                bar.set_postfix_str(f'{name}: one pass, {len(passed)} cells, {frac:.0%}')
+            self._record(cells.evaluate_pass(passed, self.done, progress), bar)
+        for method, ratio, proto in [c for c in mine if c not in passed]:
             bar.set_postfix_str(f'{name} {method} {ratio}')
-            row = cells.evaluate(method, ratio, proto, self.done).to_dict()
+            self._record([cells.evaluate(method, ratio, proto, self.done)], bar)
+
+    def _record(self, rows: Sequence[Optional[object]], bar) -> None:
+        """Merge finished rows (rank 0's) into ``results.json`` and every rank's ``done``."""
+        rows = [r.to_dict() for r in rows if r is not None] if dist.is_main() else None
+        if rows:
+            merge_results(self.path, rows, self.meta)
+        rows = dist.broadcast(rows)
+        for row in rows:
             self.done[row_key(row)] = row
-            merge_results(self.path, [row], self.meta)
-            bar.update(1)
+        bar.update(len(rows))
 
     def _model_cells(self, config: str, ckpt: str, name: str, cfg) -> ModelCells:
         """A runner for the model with its checkpoint loaded, as a :class:`ModelCells`."""
@@ -284,6 +364,8 @@ class _Sweep:
             cfg.default_hooks.logger = dict(type='LoggerHook', interval=10**9)
         runner = make_runner(cfg)
         ckpt_meta = load_model_weights(runner.model, ckpt, strict=True)
+        if cfg.default_scope == 'mmseg':
+            _label_maps(runner.model)
         recorders = [S.MetricRecorder(m) for m in runner.test_loop.evaluator.metrics
                      if type(m).__name__ in S.KINDS]
         if len(recorders) != 1:

@@ -1,0 +1,137 @@
+"""One pass over the test data for all of a model's pending evaluations (the sweep's default).
+
+Cell by cell, every (method, ratio, seed) runs the config's test loop again: the images are read,
+decoded and preprocessed once per cell. Here the test dataloader is iterated once; each batch is
+preprocessed once (the model's ``data_preprocessor``) and every evaluation runs the model's
+``predict`` on it with its own reducer, feeding its own evaluator (one per evaluation, built from
+the config's ``test_evaluator``). The numbers are those of cell-by-cell evaluation: the same
+preprocessed tensors, the same forward per evaluation, each metric accumulating its own results
+(bitwise equal on the CPU, ``tests/test_one_pass.py``; on a GPU to the rounding of the kernels
+of batches that differ in nothing else).
+
+What the libraries' ``TestLoop`` does around the iterations is kept: the model in eval mode,
+``torch.no_grad()``, the precision of :class:`~amvim_mm.engine.loops.AmpTestLoop` inside each
+forward, the hooks ``before_run`` / ``before_test`` / ``before_test_epoch`` before the pass and
+``after_test_epoch`` / ``after_test`` / ``after_run`` after it (e.g. an ``EMAHook`` swaps its
+weights in), the dataset's meta on every evaluator, and each evaluator's ``evaluate(len(dataset))``
+(which in a distributed run gathers the ranks' results on rank 0). The per-iteration hooks
+(logging, visualisation) are not called: their only sweep-relevant job, telling a random
+reducer the images of the batch (:class:`~amvim_mm.engine.hooks.ImageIdentityHook`), is done
+here for every evaluation.
+
+Not shared: the blocks before the first reduction location. ToMe and random pruning reduce from
+block 0 (the AMVim protocol), so their evaluations share nothing beyond the embedding; EViT /
+ToP prune after block 9 of 24, where the unreduced prefix could be shared, but their importance
+is computed inside the block at the location from that block's own pass (and ToP's alignment
+reads the prefix's step sizes), so a shared prefix needs a resumable forward of every family:
+not built (each evaluation runs its whole backbone).
+
+Memory: what the evaluators keep per image and evaluation (mIoU: intersection and union per
+class; Top-1: a score vector; COCO: the kept detections); the forwards run one at a time.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from amvim_mm.errors import ConfigError
+
+
+@dataclass
+class Evaluation:
+    """One test-loop equivalent: a reducer config (None: no reduction) on the model."""
+
+    reduction: Optional[dict]
+    seconds: float = 0.0
+    metrics: Dict[str, float] = field(default_factory=dict)
+    evaluator: object = None
+    recorder: object = None
+
+
+def _autocast(model, precision: str):
+    import torch
+
+    from amvim_mm.engine.loops import PRECISIONS
+    dtype = PRECISIONS[precision]
+    device = next(model.parameters()).device.type
+    return torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
+def _evaluators(runner, evals: Sequence[Evaluation], dataset) -> None:
+    """A fresh evaluator of the config's ``test_evaluator`` and its recorder per evaluation."""
+    import copy
+
+    from amvim_mm.analysis import stats as S
+    cfg = runner.cfg.get('test_evaluator')
+    if cfg is None:
+        raise ConfigError('the config has no test_evaluator: nothing to evaluate with')
+    for ev in evals:
+        ev.evaluator = runner.build_evaluator(copy.deepcopy(cfg))
+        if hasattr(dataset, 'metainfo'):
+            ev.evaluator.dataset_meta = dataset.metainfo
+        recorders = [S.MetricRecorder(m) for m in ev.evaluator.metrics
+                     if type(m).__name__ in S.KINDS]
+        if len(recorders) != 1:
+            raise ConfigError(f'expected one test metric of {", ".join(S.KINDS)}, found '
+                              f'{len(recorders)}')
+        ev.recorder = recorders[0]
+
+
+def _announce_images(backbone, data_batch) -> None:
+    from amvim_mm.engine.hooks import image_keys
+    reducer = getattr(backbone, 'token_reducer', None)
+    if hasattr(reducer, 'set_image_keys'):
+        reducer.set_image_keys(image_keys(data_batch))
+
+
+def run_one_pass(runner, backbone, evals: Sequence[Evaluation], precision: str = 'fp32',
+                 progress=None) -> None:
+    """Evaluate every ``evals`` entry in one pass over ``runner``'s test data; fills each
+    entry's ``metrics`` (the library's, on every rank), ``seconds`` (its forwards and metric
+    updates) and ``recorder`` (per-image statistics on rank 0). ``progress``: a callable
+    given the fraction done after each batch."""
+    import torch
+    loop = runner.test_loop          # builds the dataloader (sharded in a distributed run)
+    loader, model = loop.dataloader, runner.model
+    _evaluators(runner, evals, loader.dataset)
+    for hook in ('before_run', 'before_test', 'before_test_epoch'):
+        runner.call_hook(hook)
+    model.eval()
+    n = len(loader)
+    try:
+        with torch.no_grad():
+            for i, data_batch in enumerate(loader):
+                data = model.data_preprocessor(data_batch, False)
+                for ev in evals:
+                    t0 = time.perf_counter()
+                    backbone.set_token_reduction(ev.reduction)
+                    _announce_images(backbone, data_batch)
+                    with _autocast(model, precision):
+                        outputs = model._run_forward(_fresh(data), mode='predict')
+                    ev.evaluator.process(data_samples=outputs, data_batch=data_batch)
+                    ev.seconds += time.perf_counter() - t0
+                if progress is not None:
+                    progress((i + 1) / max(n, 1))
+    finally:
+        backbone.set_token_reduction(None)
+    for ev in evals:
+        t0 = time.perf_counter()
+        ev.metrics = ev.evaluator.evaluate(len(loader.dataset))
+        ev.seconds += time.perf_counter() - t0
+    runner.call_hook('after_test_epoch', metrics=evals[0].metrics if evals else {})
+    for hook in ('after_test', 'after_run'):
+        runner.call_hook(hook)
+
+
+def _fresh(data):
+    """The preprocessed batch for one evaluation: the same input tensors, the data samples as
+    shallow copies (``predict`` writes its predictions into them; the metric reads them before
+    the next evaluation, but no evaluation sees another's fields)."""
+    if not isinstance(data, dict) or 'data_samples' not in data:
+        return data
+    samples = data['data_samples']
+    if isinstance(samples, (list, tuple)):
+        # mmengine's BaseDataElement.new(): the same metainfo and fields (tensors shared)
+        samples = [s.new() for s in samples]
+    return dict(data, data_samples=samples)
