@@ -5,7 +5,7 @@
 #                         [bench-plainmamba-reduction] [bench-learned-reduction] [bench-dense]
 #                         [bench-reduction-table] [bench-vil]
 #                         [bench-tune-bwd] [bench-train] [bench-train-profile]
-#                         [bench-tune-chunk] [bench-label-map]
+#                         [bench-tune-chunk] [bench-label-map] [bench-sweep]
 # (build-scan: mamba-ssm only, without causal-conv1d, which VMamba and PlainMamba do not use)
 # bench-dense: the dense-task suite (python3 tools/benchmark.py --suite dense) with the
 # segmentation stack of tools/gpu/seg_stack.sh (mmcv 2.1.0 built with CPU ops in parallel with
@@ -37,6 +37,9 @@ steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build tests bench)
 # bench-label-map: mmseg's segmentation postprocess_result vs the label-map path (labels
 #   checked identical; amvim_mm/bench/label_map.py) at ADE20K shape, batch 8; needs the
 #   segmentation stack as bench-dense does; writes $OUT/label_map.json
+# bench-sweep: prune_eval's own costs (tools/benchmark_sweep.py: one pass vs cell by cell on a
+#   200-image ADE20K-shaped set, the per-stage breakdown); SWEEP_ARGS adds its options; writes
+#   $OUT/sweep.json
 # Wheels built here are copied to $OUT/built; carried back in .whl/built/ they are installed
 # instead of building again (same GPU architecture and image).
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -50,7 +53,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 # its logs stay in .gpu_build/seg_logs ($OUT brings back 8 files at most)
 mmcv_pid=
 SEG_LOGS=$ROOT/.gpu_build/seg_logs
-if has bench-dense || has bench-label-map; then
+if has bench-dense || has bench-label-map || has bench-sweep; then
   source tools/gpu/seg_stack.sh
   seg_stack_check || exit 2
   seg_stack_pkgres
@@ -174,5 +177,12 @@ print(format_rows(r))' "$OUT/label_map.json"
   lm_rc=$?
   echo "bench-label-map: exit $lm_rc"
   [ $rc -ne 0 ] || rc=$lm_rc
+fi
+if has bench-sweep; then
+  python3 tools/benchmark_sweep.py --work /tmp/bench_sweep --out "$OUT/sweep.json" \
+    ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/benchmark_sweep.log"
+  sw_rc=${PIPESTATUS[0]}
+  echo "bench-sweep: exit $sw_rc, $(( $(date +%s) - T0 )) s since start"
+  [ $rc -ne 0 ] || rc=$sw_rc
 fi
 exit $rc
