@@ -14,7 +14,11 @@ What the libraries' ``TestLoop`` does around the iterations is kept: the model i
 forward, the hooks ``before_run`` / ``before_test`` / ``before_test_epoch`` before the pass and
 ``after_test_epoch`` / ``after_test`` / ``after_run`` after it (e.g. an ``EMAHook`` swaps its
 weights in), the dataset's meta on every evaluator, and each evaluator's ``evaluate(len(dataset))``
-(which in a distributed run gathers the ranks' results on rank 0). The per-iteration hooks
+(which in a distributed run gathers the ranks' results on rank 0). Each evaluation's reducer is
+built once and swapped in per batch, and the backbone's CUDA-graph cache holds every
+evaluation's graph for the pass (:mod:`~amvim_mm.models.backbones.graphs` keys a graph by the
+reducer object: a reducer rebuilt per batch, or a cache smaller than the evaluations, would
+capture again and again). The per-iteration hooks
 (logging, visualisation) are not called: their only sweep-relevant job, telling a random
 reducer the images of the batch (:class:`~amvim_mm.engine.hooks.ImageIdentityHook`), is done
 here for every evaluation.
@@ -95,17 +99,25 @@ def run_one_pass(runner, backbone, evals: Sequence[Evaluation], precision: str =
     loop = runner.test_loop          # builds the dataloader (sharded in a distributed run)
     loader, model = loop.dataloader, runner.model
     _evaluators(runner, evals, loader.dataset)
+    reducers = []
+    for ev in evals:                 # built and validated once: a CUDA graph per evaluation
+        backbone.set_token_reduction(ev.reduction)
+        reducers.append(backbone.token_reducer)
     for hook in ('before_run', 'before_test', 'before_test_epoch'):
         runner.call_hook(hook)
     model.eval()
     n = len(loader)
+    graphs = getattr(backbone, '_graphs', None)
+    kept = getattr(graphs, 'max_graphs', None)
+    if kept is not None:             # every evaluation's graphs stay captured through the pass
+        graphs.max_graphs = max(kept, 4 * len(evals))
     try:
         with torch.no_grad():
             for i, data_batch in enumerate(loader):
                 data = model.data_preprocessor(data_batch, False)
-                for ev in evals:
+                for ev, reducer in zip(evals, reducers, strict=True):
                     t0 = time.perf_counter()
-                    backbone.set_token_reduction(ev.reduction)
+                    backbone.swap_token_reducer(reducer)
                     _announce_images(backbone, data_batch)
                     with _autocast(model, precision):
                         outputs = model._run_forward(_fresh(data), mode='predict')
@@ -115,6 +127,8 @@ def run_one_pass(runner, backbone, evals: Sequence[Evaluation], precision: str =
                     progress((i + 1) / max(n, 1))
     finally:
         backbone.set_token_reduction(None)
+        if kept is not None:
+            graphs.max_graphs = kept
     for ev in evals:
         t0 = time.perf_counter()
         ev.metrics = ev.evaluator.evaluate(len(loader.dataset))

@@ -162,15 +162,18 @@ def _loader_defaults(cfg) -> None:
                 m.setdefault('collect_device', 'gpu')
 
 
-def _label_maps(model) -> None:
-    """A segmentor's labels without the upsampled logits (the same labels: the sweep's metrics
-    read only them; :mod:`amvim_mm.models.segmentors.label_map`); a segmentor with a
-    post-processing of its own keeps it."""
+def _fused_label_maps(model) -> None:
+    """On a GPU a segmentor's labels come from the fused label-map kernel (the same labels
+    without the resized logits, which the sweep's metric does not read:
+    :mod:`amvim_mm.ops.label_map`); a segmentor with a post-processing of its own keeps it."""
+    import torch
+
     from amvim_mm.models.segmentors import use_label_map
-    try:
-        use_label_map(model)
-    except ConfigError:
-        pass
+    if torch.cuda.is_available():
+        try:
+            use_label_map(model)
+        except ConfigError:
+            pass
 
 
 def _worker_sweep(task: dict) -> None:
@@ -365,7 +368,7 @@ class _Sweep:
         runner = make_runner(cfg)
         ckpt_meta = load_model_weights(runner.model, ckpt, strict=True)
         if cfg.default_scope == 'mmseg':
-            _label_maps(runner.model)
+            _fused_label_maps(runner.model)
         recorders = [S.MetricRecorder(m) for m in runner.test_loop.evaluator.metrics
                      if type(m).__name__ in S.KINDS]
         if len(recorders) != 1:
