@@ -3,7 +3,7 @@
 # the config to use for reproduction. AMVim-S + PlainPyramidNeck + UperNet, ADE20K 512x512, total
 # batch 32
 # (4 GPUs x 8), 60k iterations, best-on-val checkpoint;
-# ../_base_/upernet_ade20k-512x512_vim-official-60k.py.
+# ../vim/vim-s_pyramid_upernet_4xb8-60k_ade20k-512x512_official-code.py.
 # lr 1e-4, weight decay 0.05 (the config), layer decay 0.95 (ft_vim_small_upernet.sh).
 # Taps: the residual stream after blocks 5/11/17/23, the last as hidden + residual (tap='stream';
 # the script's `use_residual_as_feature=True last_layer_process=add`), no class token, no final
@@ -17,13 +17,6 @@
 # those runs started from are not stated; no published number is an expected result here.
 # Initialised from the released ImageNet weights (vim_s_midclstok_80p5acc.pth); AMVim loads the Vim
 # file 1:1.
-_base_ = ['../_base_/upernet_ade20k-512x512_vim-official-60k.py']
-embed_dims = 384
-model = dict(
-    backbone=dict(type='AMVim', arch='small', tap='stream',
-                  init_cfg=dict(type='Pretrained', checkpoint='pretrain/vim_s_midclstok_80p5acc.pth')),
-    neck=dict(in_channels=embed_dims),
-    decode_head=dict(in_channels=[embed_dims] * 4, channels=embed_dims),
-    auxiliary_head=dict(in_channels=embed_dims))
-optim_wrapper = dict(optimizer=dict(lr=1e-4, weight_decay=0.05),
-                     paramwise_cfg=dict(layer_decay_rate=0.95))
+# The Vim config with the AMVim backbone (same parameters and keys: the Vim file loads 1:1).
+_base_ = ['../vim/vim-s_pyramid_upernet_4xb8-60k_ade20k-512x512_official-code.py']
+model = dict(backbone=dict(type='AMVim'))

@@ -6,11 +6,6 @@
 # for reproduction). The AMVim paper's Table 4 states no recipe of its own.
 # Initialised from the released ImageNet weights (vim_s_midclstok_80p5acc.pth);
 # AMVim loads the Vim file 1:1.
-_base_ = ['../_base_/upernet_ade20k-512x512.py']
-embed_dims = 384
-model = dict(
-    backbone=dict(type='AMVim', arch='small',
-                  init_cfg=dict(type='Pretrained', checkpoint='pretrain/vim_s_midclstok_80p5acc.pth')),
-    neck=dict(in_channels=embed_dims),
-    decode_head=dict(in_channels=[embed_dims] * 4, channels=embed_dims),
-    auxiliary_head=dict(in_channels=embed_dims))
+# The Vim config with the AMVim backbone (same parameters and keys: the Vim file loads 1:1).
+_base_ = ['../vim/vim-s_pyramid_upernet_8xb2-160k_ade20k-512x512_paper-text.py']
+model = dict(backbone=dict(type='AMVim'))

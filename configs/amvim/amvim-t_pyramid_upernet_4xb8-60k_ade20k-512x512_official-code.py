@@ -3,7 +3,7 @@
 # the config to use for reproduction. AMVim-T + PlainPyramidNeck + UperNet, ADE20K 512x512, total
 # batch 32
 # (4 GPUs x 8), 60k iterations, best-on-val checkpoint;
-# ../_base_/upernet_ade20k-512x512_vim-official-60k.py.
+# ../vim/vim-t_pyramid_upernet_4xb8-60k_ade20k-512x512_official-code.py.
 # lr 2e-4, weight decay 0.1 (ft_vim_tiny_upernet.sh), layer decay 0.92 (the config).
 # Taps: the mixer output of blocks 5/11/17/23 without the residual (tap='mixer'; the official
 # Vim-T default, `use_residual_as_feature=False`), no class token, no final norm, `/2` merge, no
@@ -15,13 +15,6 @@
 # those runs started from are not stated; no published number is an expected result here.
 # Initialised from the released ImageNet weights (vim_t_midclstok_76p1acc.pth); AMVim loads the Vim
 # file 1:1.
-_base_ = ['../_base_/upernet_ade20k-512x512_vim-official-60k.py']
-embed_dims = 192
-model = dict(
-    backbone=dict(type='AMVim', arch='tiny', tap='mixer',
-                  init_cfg=dict(type='Pretrained', checkpoint='pretrain/vim_t_midclstok_76p1acc.pth')),
-    neck=dict(in_channels=embed_dims),
-    decode_head=dict(in_channels=[embed_dims] * 4, channels=embed_dims),
-    auxiliary_head=dict(in_channels=embed_dims))
-optim_wrapper = dict(optimizer=dict(lr=2e-4, weight_decay=0.1),
-                     paramwise_cfg=dict(layer_decay_rate=0.92))
+# The Vim config with the AMVim backbone (same parameters and keys: the Vim file loads 1:1).
+_base_ = ['../vim/vim-t_pyramid_upernet_4xb8-60k_ade20k-512x512_official-code.py']
+model = dict(backbone=dict(type='AMVim'))
