@@ -187,3 +187,19 @@ def test_killed_under_torchrun_keeps_whole_rows_and_resumes(seg_data, seg_single
     assert vim == _rows(seg_single)['results']
     assert {(r['method'], r['ratio']): r['stats_file'] for r in rows
             if r['model'] == 'vim-demo'} == first
+
+
+def test_init_launcher_on_a_gpu_machine_uses_mmengine_with_nccl(monkeypatch):
+    """With CUDA the process group is mmengine's ``init_dist`` (NCCL, the device pinned by
+    it), its timeout in seconds as mmengine takes it (a timedelta made it raise)."""
+    import mmengine.dist
+    import torch
+
+    from amvim_mm.apis import dist
+    calls = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(mmengine.dist, 'init_dist', lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setenv('RANK', '0')
+    assert dist.init_launcher('pytorch', timeout_s=600)
+    assert calls == [(('pytorch', ), dict(backend='nccl', timeout=600))]
+    assert not dist.init_launcher('none')

@@ -38,7 +38,7 @@ def init_launcher(launcher: str, timeout_s: int = 1800) -> bool:
                           '--nproc_per_node=N tools/... --launcher pytorch')
     if torch.cuda.is_available():
         from mmengine.dist import init_dist
-        init_dist(launcher, backend='nccl', timeout=datetime.timedelta(seconds=timeout_s))
+        init_dist(launcher, backend='nccl', timeout=int(timeout_s))    # seconds: mmengine's unit
         return True
     if launcher != 'pytorch':
         raise ConfigError(f'--launcher {launcher} on a machine without CUDA: use torchrun '
