@@ -18,9 +18,8 @@ and kept in the data sample. :func:`label_map` gives the same labels, bit for bi
 
 On CUDA with fp32 logits none of this runs: :func:`~amvim_mm.ops.label_map.fused_label_map`
 computes the labels in one Triton kernel (PyTorch's CUDA interpolation reproduced bit for bit,
-no resized values stored; 2.1x faster than mmseg's two calls at batch 8, 150 classes, 512 x 683
-on an H200). The chunked path below is the rest (CPU, other dtypes): the same labels with less
-memory, not faster.
+no resized values stored; faster than mmseg's two calls: docs/performance.md). The chunked path
+below is the rest (CPU, other dtypes): the same labels with less memory, not faster.
 
 When the kernel could differ, the whole resize runs as mmseg does it (same labels, no saving).
 PyTorch's CPU bilinear kernel is chosen per call: its channel-vectorised kernel for
