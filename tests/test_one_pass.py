@@ -203,3 +203,27 @@ def test_init_launcher_on_a_gpu_machine_uses_mmengine_with_nccl(monkeypatch):
     assert dist.init_launcher('pytorch', timeout_s=600)
     assert calls == [(('pytorch', ), dict(backend='nccl', timeout=600))]
     assert not dist.init_launcher('none')
+
+
+def test_a_pass_too_large_for_memory_runs_cell_by_cell(seg_data, seg_single, tmp_path,
+                                                       monkeypatch, capsys):
+    """The default one pass estimates its evaluators' state (mIoU: 4 float64 areas per class
+    and image); over a quarter of the available memory it says so and runs cell by cell, with
+    the same rows."""
+    from amvim_mm.apis.sweep import one_pass
+    monkeypatch.setattr(one_pass, 'available_memory', lambda: 1000)
+    out = str(tmp_path / 'fallback')
+    run_sweep([SEG[0]], out_dir=out, cfg_options=_opts(seg_data), **SWEEP)
+    err = capsys.readouterr().err
+    assert 'evaluating cell by cell' in err and '6 evaluations x 13 images' in err
+    _assert_same_files(seg_single, out)
+    monkeypatch.setattr(one_pass, 'available_memory', lambda: 10 ** 12)
+
+    class Runner:
+        class test_dataloader:
+            dataset = type('D', (), {'metainfo': {'classes': list(range(150))},
+                                     '__len__': lambda self: 2000})()
+        cfg = {'test_evaluator': dict(type='IoUMetric')}
+    assert one_pass.pass_fits(Runner, 19) == (True, '')
+    monkeypatch.setattr(one_pass, 'available_memory', lambda: 4 * 150 * 32 * 2000 * 19 - 1)
+    assert not one_pass.pass_fits(Runner, 19)[0]

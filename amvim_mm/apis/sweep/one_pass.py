@@ -30,8 +30,10 @@ is computed inside the block at the location from that block's own pass (and ToP
 reads the prefix's step sizes), so a shared prefix needs a resumable forward of every family:
 not built (each evaluation runs its whole backbone).
 
-Memory: what the evaluators keep per image and evaluation (mIoU: intersection and union per
-class; Top-1: a score vector; COCO: the kept detections); the forwards run one at a time.
+Memory: what the evaluators keep per image and evaluation (mIoU: the areas per class; Top-1: a
+score vector; COCO: the kept detections); the forwards run one at a time. :func:`pass_fits`
+estimates it before a pass; a pass that would fill more than a quarter of the available memory
+(e.g. ImageNet's 50,000 score vectors for each of many evaluations) runs cell by cell.
 """
 from __future__ import annotations
 
@@ -51,6 +53,42 @@ class Evaluation:
     metrics: Dict[str, float] = field(default_factory=dict)
     evaluator: object = None
     recorder: object = None
+
+
+#: bytes a metric keeps per image and evaluation, per class of the data set (mmseg's IoUMetric:
+#: intersection, union, prediction and label areas in float64; mmpretrain's Accuracy: the score
+#: vector, fp32) or flat (mmdet's CocoMetric: up to 100 boxes with score and label, plus RLE
+#: masks for 'segm')
+STATE_BYTES = {'IoUMetric': (4 * 8, 0), 'Accuracy': (4, 64), 'CocoMetric': (0, 100 * 2048)}
+#: the share of the machine's available memory a pass may fill with its evaluators' state
+MEMORY_SHARE = 0.25
+
+
+def available_memory() -> int:
+    """Bytes of physical memory available now (Linux / macOS sysconf)."""
+    import os
+    return os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+
+
+def pass_fits(runner, evaluations: int):
+    """(whether ``evaluations`` evaluators of the config's metric fit in a quarter of the
+    available memory over the whole test set, why not): the default one pass falls back to
+    cell by cell (one evaluator at a time) when they do not."""
+    dataset = runner.test_dataloader.dataset
+    cfg = runner.cfg.get('test_evaluator') or {}
+    metrics = cfg if isinstance(cfg, list) else [cfg]
+    classes = len((getattr(dataset, 'metainfo', None) or {}).get('classes', ()) or ()) or 1000
+    per_image = 0
+    for m in metrics:
+        per_class, flat = STATE_BYTES.get(str(m.get('type', '')).split('.')[-1], (0, 4096))
+        per_image += per_class * classes + flat
+    need = per_image * len(dataset) * evaluations
+    budget = int(available_memory() * MEMORY_SHARE)
+    if need <= budget:
+        return True, ''
+    return False, (f'one pass would keep about {need / 2**20:.1f} MiB of metric state '
+                   f'({evaluations} evaluations x {len(dataset)} images), more than '
+                   f'{MEMORY_SHARE:.0%} of the available {budget / MEMORY_SHARE / 2**20:.1f} MiB')
 
 
 def _autocast(model, precision: str):

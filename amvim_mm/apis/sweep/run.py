@@ -11,8 +11,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from amvim_mm.apis import dist
 from amvim_mm.apis.sweep.cell import PRIMARY_METRICS, ModelCells, fine_tuning_label
-from amvim_mm.apis.sweep.methods import (LEARNED, check_method, check_ratio,
+from amvim_mm.apis.sweep.methods import (LEARNED, SEEDED_METHODS, check_method, check_ratio,
                                          config_has_learned_reducer, learned_reducer)
+from amvim_mm.apis.sweep.one_pass import pass_fits
 from amvim_mm.apis.sweep.rows import Fingerprint, row_key
 from amvim_mm.apis.sweep.store import (config_sha256, file_sha256, load_results,
                                        merge_results, prepare_out_dir, protocol, results_lock,
@@ -337,6 +338,15 @@ class _Sweep:
             raise ConfigError(f'{name}: a learned reducer with per-image token counts (LTMP) '
                               'averages its counts in one process: run it without --launcher')
         passed = [c for c in mine if c[0] != LEARNED] if self.one_pass else []
+        if passed:
+            evals = any(r == 0 for _, r, _ in passed) + sum(
+                len(self.seeds) if m in SEEDED_METHODS else 1 for m, r, _ in passed if r > 0)
+            fits, why = pass_fits(cells.runner, evals)
+            if not fits:
+                if dist.is_main():
+                    print(f'prune_eval: {name}: {why}; evaluating cell by cell',
+                          file=sys.stderr, flush=True)
+                passed = []
         if passed:
             bar.set_postfix_str(f'{name}: one pass, {len(passed)} cells')
 
