@@ -227,3 +227,24 @@ def test_a_pass_too_large_for_memory_runs_cell_by_cell(seg_data, seg_single, tmp
     assert one_pass.pass_fits(Runner, 19) == (True, '')
     monkeypatch.setattr(one_pass, 'available_memory', lambda: 4 * 150 * 32 * 2000 * 19 - 1)
     assert not one_pass.pass_fits(Runner, 19)[0]
+
+
+def test_the_sweep_takes_the_label_map_on_a_gpu_only(monkeypatch):
+    """On a GPU the sweep's segmentor computes labels with the label map without class chunks
+    (fp32: the fused kernel; else mmseg's whole resize, no resized logits kept); on a CPU
+    mmseg's own post-processing stays."""
+    import torch
+    from mmengine.registry import DefaultScope
+
+    from amvim_mm.apis.runner import load_config
+    from amvim_mm.apis.sweep import run as sweep_run
+    from amvim_mm.models.segmentors import uses_label_map
+    from amvim_mm.registry import MODELS
+    cfg = load_config(SEG[0][0])
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        model = MODELS.build(cfg.model)
+    sweep_run._fused_label_maps(model)
+    assert not uses_label_map(model)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    sweep_run._fused_label_maps(model)
+    assert uses_label_map(model) and model.postprocess_result.keywords['chunk'] >= 2 ** 30

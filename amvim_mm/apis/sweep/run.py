@@ -171,8 +171,8 @@ def _fused_label_maps(model) -> None:
 
     from amvim_mm.models.segmentors import use_label_map
     if torch.cuda.is_available():
-        try:
-            use_label_map(model)
+        try:   # no class chunks: on a GPU they save memory but cost time (fp32 takes the kernel)
+            use_label_map(model, chunk=1 << 30)
         except ConfigError:
             pass
 
