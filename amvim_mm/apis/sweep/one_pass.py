@@ -32,8 +32,9 @@ not built (each evaluation runs its whole backbone).
 
 Memory: what the evaluators keep per image and evaluation (mIoU: the areas per class; Top-1: a
 score vector; COCO: the kept detections); the forwards run one at a time. :func:`pass_fits`
-estimates it before a pass; a pass that would fill more than :data:`MEMORY_SHARE` of the available memory
-(e.g. ImageNet's 50,000 score vectors for each of many evaluations) runs cell by cell.
+estimates it before a pass; a pass that would fill more than :data:`MEMORY_SHARE` of the
+available memory (e.g. ImageNet's 50,000 score vectors for each of many evaluations) runs cell
+by cell.
 """
 from __future__ import annotations
 
@@ -72,8 +73,8 @@ def available_memory() -> int:
 
 def pass_fits(runner, evaluations: int):
     """(whether ``evaluations`` evaluators of the config's metric fit in their share of the
-    available memory (:data:`MEMORY_SHARE`) over the whole test set, why not): the default one pass falls back to
-    cell by cell (one evaluator at a time) when they do not."""
+    available memory (:data:`MEMORY_SHARE`) over the whole test set, why not): the default one
+    pass falls back to cell by cell (one evaluator at a time) when they do not."""
     dataset = runner.test_dataloader.dataset
     cfg = runner.cfg.get('test_evaluator') or {}
     metrics = cfg if isinstance(cfg, list) else [cfg]
