@@ -16,6 +16,13 @@ from amvim_mm.errors import ConfigError
 PRECISIONS = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 
+def precision_autocast(model, precision: str):
+    """The autocast context of ``precision`` on the model's device (``fp32``: autocast off)."""
+    dtype = PRECISIONS[precision]
+    device = next(model.parameters()).device.type
+    return torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
 @LOOPS.register_module()
 class AmpTestLoop(TestLoop):
     """``TestLoop`` with ``precision`` in ``fp32`` / ``bf16`` / ``fp16`` (see the module doc).
@@ -33,9 +40,7 @@ class AmpTestLoop(TestLoop):
     @torch.no_grad()
     def run_iter(self, idx, data_batch) -> None:
         self.runner.call_hook('before_test_iter', batch_idx=idx, data_batch=data_batch)
-        dtype = PRECISIONS[self.precision]
-        device = next(self.runner.model.parameters()).device.type
-        with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        with precision_autocast(self.runner.model, self.precision):
             outputs = self.runner.model.test_step(data_batch)
         self.evaluator.process(data_samples=outputs, data_batch=data_batch)
         self.runner.call_hook('after_test_iter', batch_idx=idx, data_batch=data_batch,

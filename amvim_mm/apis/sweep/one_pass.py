@@ -92,15 +92,6 @@ def pass_fits(runner, evaluations: int):
                    f'{MEMORY_SHARE:.0%} of the available {budget / MEMORY_SHARE / 2**20:.1f} MiB')
 
 
-def _autocast(model, precision: str):
-    import torch
-
-    from amvim_mm.engine.loops import PRECISIONS
-    dtype = PRECISIONS[precision]
-    device = next(model.parameters()).device.type
-    return torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
-
-
 def _evaluators(runner, evals: Sequence[Evaluation], dataset) -> None:
     """A fresh evaluator of the config's ``test_evaluator`` and its recorder per evaluation."""
     import copy
@@ -135,6 +126,8 @@ def run_one_pass(runner, backbone, evals: Sequence[Evaluation], precision: str =
     updates) and ``recorder`` (per-image statistics on rank 0). ``progress``: a callable
     given the fraction done after each batch."""
     import torch
+
+    from amvim_mm.engine.loops import precision_autocast
     loop = runner.test_loop          # builds the dataloader (sharded in a distributed run)
     loader, model = loop.dataloader, runner.model
     _evaluators(runner, evals, loader.dataset)
@@ -158,7 +151,7 @@ def run_one_pass(runner, backbone, evals: Sequence[Evaluation], precision: str =
                     t0 = time.perf_counter()
                     backbone.swap_token_reducer(reducer)
                     _announce_images(backbone, data_batch)
-                    with _autocast(model, precision):
+                    with precision_autocast(model, precision):
                         outputs = model._run_forward(_fresh(data), mode='predict')
                     ev.evaluator.process(data_samples=outputs, data_batch=data_batch)
                     ev.seconds += time.perf_counter() - t0
