@@ -1,6 +1,7 @@
 """The sweep benchmark's plumbing on the CPU (no timing is asserted: speed is measured on the
 GPU by ``tools/benchmark_sweep.py``): the synthetic ADE20K-layout set, the random checkpoint,
 both modes of the real sweep with the same metrics, every stage of the breakdown."""
+import json
 import os.path as osp
 
 from amvim_mm.bench.sweep import breakdown, make_ade_like, random_checkpoint, time_modes
@@ -20,7 +21,10 @@ def test_sweep_benchmark_on_a_tiny_set(tmp_path):
     root = make_ade_like(str(tmp_path / 'ade'), num=6, sizes=((64, 64), ), classes=4)
     ckpt = random_checkpoint(DEMO, str(tmp_path / 'init.pth'))
     modes = time_modes(DEMO, ckpt, root, str(tmp_path / 'w'), methods=('tome', 'random'),
-                       ratios=(0, 0.27), seeds=(0, 1))
+                       ratios=(0, 0.27), seeds=(0, 1), warmup=2)
+    assert osp.isfile(str(tmp_path / 'w' / 'warmup' / 'results.json'))
+    with open(tmp_path / 'w' / 'warmup' / 'results.json') as f:
+        assert {r['images'] for r in json.load(f)['results']} == {2}
     assert modes['same_metrics'] and modes['pass']['rows'] == modes['cell']['rows'] == 4
     assert modes['pass']['evaluations'] == 1 + 1 + 2 and modes['pass']['cells'] == 2
     parts = breakdown(DEMO, ckpt, root, num_batches=1)

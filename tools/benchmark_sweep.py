@@ -3,7 +3,7 @@ a cell's time goes (amvim_mm/bench/sweep.py).
 
     python tools/benchmark_sweep.py [--config CFG] [--images 200] [--work DIR] [--out FILE]
         [--methods tome random evit top] [--ratios 0 0.17 0.27 0.46] [--seeds 0 1 2]
-        [--modes pass cell] [--batches 100]
+        [--modes pass cell] [--batches 100] [--warmup 8]
 
 Writes FILE (JSON: the modes' wall seconds per cell, their metrics compared, the per-stage
 breakdown of an unreduced and a ToMe 0.46 evaluation) and prints it. The model is the config's
@@ -38,6 +38,8 @@ def main(argv=None) -> int:
     p.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
     p.add_argument('--modes', nargs='*', default=['pass', 'cell'], choices=['pass', 'cell'])
     p.add_argument('--batches', type=int, default=100, help='breakdown: batches per reduction')
+    p.add_argument('--warmup', type=int, default=8,
+                   help='modes: an untimed sweep of the first N images before (kernel compilation)')
     args = p.parse_args(argv)
     os.makedirs(args.work, exist_ok=True)
     data = make_ade_like(osp.join(args.work, 'ade_like'), args.images, classes=args.classes)
@@ -48,7 +50,8 @@ def main(argv=None) -> int:
         print(json.dumps(result['breakdown'], indent=1), flush=True)
     if args.modes:
         result['modes'] = time_modes(args.config, ckpt, data, args.work, args.methods,
-                                     args.ratios, args.seeds, args.modes)
+                                     args.ratios, args.seeds, args.modes,
+                                     args.warmup)
     out = args.out or osp.join(args.work, 'sweep.json')
     with open(out, 'w') as f:
         json.dump(result, f, indent=1)

@@ -40,6 +40,9 @@ steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(build tests bench)
 # bench-sweep: prune_eval's own costs (tools/benchmark_sweep.py: one pass vs cell by cell on a
 #   200-image ADE20K-shaped set, the per-stage breakdown); SWEEP_ARGS adds its options; writes
 #   $OUT/sweep.json
+# sweep-launcher (after bench-sweep): prune_eval under torchrun (--launcher pytorch,
+#   SWEEP_NPROC processes, default 1) on the same data; checks its rows equal the sweep's
+# GPU_TESTS: the test paths of `tests` (default tests/ops tests/models/test_gpu.py)
 # Wheels built here are copied to $OUT/built; carried back in .whl/built/ they are installed
 # instead of building again (same GPU architecture and image).
 has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -117,7 +120,7 @@ python3 -c 'from amvim_mm.bench.environment import collect_env; i, _ = collect_e
 
 rc=0
 if has tests; then
-  python3 -m pytest -p no:cacheprovider -m gpu -rs -q tests/ops tests/models/test_gpu.py \
+  python3 -m pytest -p no:cacheprovider -m gpu -rs -q ${GPU_TESTS:-tests/ops tests/models/test_gpu.py} \
     2>&1 | tee "$OUT/gpu_tests.log"
   rc=${PIPESTATUS[0]}
 fi
@@ -184,5 +187,31 @@ if has bench-sweep; then
   sw_rc=${PIPESTATUS[0]}
   echo "bench-sweep: exit $sw_rc, $(( $(date +%s) - T0 )) s since start"
   [ $rc -ne 0 ] || rc=$sw_rc
+fi
+if has sweep-launcher; then
+  # prune_eval under torchrun (--launcher pytorch, NCCL) on bench-sweep's data and random
+  # checkpoint; its rows must equal the one-process sweep's (the JSON's pass metrics)
+  CFG=configs/vim/vim-t_pyramid_upernet_4xb8-60k_ade20k-512x512_official-code.py
+  D=/tmp/bench_sweep/ade_like
+  torchrun --standalone --nproc_per_node "${SWEEP_NPROC:-1}" tools/prune_eval.py "$CFG" \
+    /tmp/bench_sweep/random_init.pth --names vim-t --methods tome evit --ratios 0 0.17 0.46 \
+    --replicates 200 --out-dir /tmp/sweep_launcher --launcher pytorch \
+    --cfg-options "val_dataloader.dataset.data_root=$D" "test_dataloader.dataset.data_root=$D" \
+    > "$OUT/sweep_launcher.log" 2>&1
+  sl_rc=$?
+  tail -30 "$OUT/sweep_launcher.log"
+  cp /tmp/sweep_launcher/results.json "$OUT/sweep_launcher_results.json" 2>/dev/null
+  python3 - "$OUT/sweep.json" /tmp/sweep_launcher <<'PY'
+import json, sys
+ref = json.load(open(sys.argv[1]))['modes']
+ref = ref.get('pass', ref.get('cell'))['metrics']
+rows = json.load(open(sys.argv[2] + "/results.json"))["results"]
+got = {f"{r['method']} {r['ratio']}": r['metric'] for r in rows}
+same = {k: (v, ref.get(k)) for k, v in got.items()}
+print('torchrun rows vs one-process sweep:', json.dumps(same))
+print('SAME' if all(a == b for a, b in same.values()) else 'DIFFERENT')
+PY
+  echo "sweep-launcher: exit $sl_rc, $(( $(date +%s) - T0 )) s since start"
+  [ $rc -ne 0 ] || rc=$sl_rc
 fi
 exit $rc
