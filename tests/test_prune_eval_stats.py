@@ -206,10 +206,11 @@ def _cls_row(tmp_path, model, ratio, correct):
 
 
 def test_group_verdicts_over_training_seeds_and_images(tmp_path):
-    """Two architectures x two training seeds: the group's value is the mean over its models
-    with a t interval over seeds plus the image bootstrap variance (identical seeds: the image
-    term alone, with t(1)); drops, relative drops, the robustness AUC and a Holm-adjusted
-    verdict for the difference, which is paired over images."""
+    """Two architectures x three training seeds: the group's value is the mean over its models
+    with a t interval over seeds plus the image variance the seeds share (identical seeds: the
+    image term alone, with t(2)); drops, relative drops, the robustness AUC and verdicts for
+    the differences, paired over images, Holm-adjusted in one family (the cell and the AUC)
+    with each interval at its verdict's level."""
     from scipy import stats as sps
 
     from amvim_mm.analysis import stats as S
@@ -221,8 +222,11 @@ def test_group_verdicts_over_training_seeds_and_images(tmp_path):
     drop_b = base & (rng.random(n) < 0.6)           # B loses ~40 %
     rows = [_cls_row(tmp_path, m, r, c) for m, r, c in (
         ('a0', 0.0, base), ('a0', 0.5, drop_a), ('a1', 0.0, base), ('a1', 0.5, drop_a),
-        ('b0', 0.0, base), ('b0', 0.5, drop_b), ('b1', 0.0, base), ('b1', 0.5, drop_b))]
-    meta = dict(models=['a0', 'a1', 'b0', 'b1'], groups=dict(a0='A', a1='A', b0='B', b1='B'))
+        ('a2', 0.0, base), ('a2', 0.5, drop_a),
+        ('b0', 0.0, base), ('b0', 0.5, drop_b), ('b1', 0.0, base), ('b1', 0.5, drop_b),
+        ('b2', 0.0, base), ('b2', 0.5, drop_b))]
+    meta = dict(models=['a0', 'a1', 'a2', 'b0', 'b1', 'b2'],
+                groups=dict(a0='A', a1='A', a2='A', b0='B', b1='B', b2='B'))
     data = pe.merge_results(str(tmp_path / 'results.json'), rows, meta, out_dir=str(tmp_path),
                             replicates=400)
     single = next(r for r in data['results'] if r['model'] == 'a0' and r['ratio'] == 0.5)
@@ -231,42 +235,115 @@ def test_group_verdicts_over_training_seeds_and_images(tmp_path):
     assert ga['drop'] == pytest.approx(single['drop'], abs=1e-3)
     boot = S.mean_over_seeds([dict(kind=np.array('cls'), correct=drop_a.astype(float))],
                              S.bootstrap_weights(n, 400, 0))
-    half = sps.t.ppf(0.975, 1) * np.std(boot, ddof=1)
+    half = sps.t.ppf(0.975, 2) * np.std(boot, ddof=1)
     assert ga['ci_high'] - ga['metric'] == pytest.approx(half, abs=2e-4)
-    assert '2 training seeds' in ga['basis']
+    assert '3 training seeds' in ga['basis']
     assert ga['relative_drop'] == pytest.approx(100 * single['drop'] / (100 * base.mean()),
                                                 abs=1e-3)
     assert ga['relative_drop_ci_low'] < ga['relative_drop'] < ga['relative_drop_ci_high']
     d = data['group_paired_differences']
     assert len(d) == 1 and (d[0]['group_a'], d[0]['group_b']) == ('A', 'B')
     assert d[0]['difference_ci_low'] > 0 and d[0]['verdict'] == 'A loses less'
-    assert d[0]['reading'] == 'A loses less than B' and d[0]['family_size'] == 1
-    assert d[0]['margin'] == 1.0 and d[0]['detectable'] > 0 and d[0]['df'] == 2
+    assert d[0]['reading'] == 'A loses less than B' and d[0]['family_size'] == 2
+    assert d[0]['margin'] == 1.0 and d[0]['detectable'] > 0 and d[0]['df'] == 4
+    assert d[0]['seeds'] == [3, 3]
     auc = {e['group']: e for e in data['group_auc']}
     assert auc['A']['kept'] == [1.0, 0.5]
     assert auc['A']['auc_drop'] == pytest.approx(ga['drop'] / 2, abs=1e-3)
     (ad, ) = data['group_auc_differences']
     assert ad['verdict'] == 'A loses less' and ad['auc_difference'] > 0
+    assert ad['family_size'] == 2 and ad['kept_range'] == [0.5, 1.0]
+    # both rejected: the intervals at Holm's two steps, Bonferroni 0.05 / 2 and 0.05 / 1
+    assert sorted([d[0]['ci_level'], ad['ci_level']]) == pytest.approx([0.95, 0.975])
     table = pe.verdict_table(data)
     assert 'Robustness AUC' in table and '| A | B | tome | 0.50 |' in table
-    assert 'A loses less than B' in table and '2 training seeds' in table
-    assert '| A | 2 | tome | 0.50 |' in pe.group_table(data)
+    assert 'A loses less than B' in table and '3 training seeds' in table
+    assert 'Holm over 2 comparisons' in table
+    assert '| A | 3 | tome | 0.50 |' in pe.group_table(data)
 
 
-def test_without_groups_every_model_is_an_architecture_of_one_seed(tmp_path):
-    """No groups: verdicts still come, over the images only, and say so."""
+def test_without_groups_there_is_no_architecture_verdict(tmp_path):
+    """No groups: every model is an architecture of one trained model, so no comparison gets
+    a verdict (a single checkpoint says nothing about its architecture); the table says so,
+    and the checkpoints' paired differences say they are checkpoint level."""
+    from amvim_mm.analysis.verdicts import NO_VERDICT
     from amvim_mm.apis import sweep as pe
     rng = np.random.default_rng(1)
     base = rng.random(100) < 0.8
     rows = [_cls_row(tmp_path, m, r, c) for m, r, c in (
         ('a', 0.0, base), ('a', 0.5, base & (rng.random(100) < 0.9)),
-        ('b', 0.0, base), ('b', 0.5, base & (rng.random(100) < 0.9)))]
+        ('b', 0.0, base), ('b', 0.5, base & (rng.random(100) < 0.3)))]
     data = pe.merge_results(str(tmp_path / 'results.json'), rows, dict(models=['a', 'b']),
                             out_dir=str(tmp_path), replicates=200)
     (d, ) = data['group_paired_differences']
-    assert 'one training seed' in d['basis'] and d['df'] is None
-    assert d['verdict'] in ('inconclusive', 'equivalent', 'A loses less', 'A loses more')
-    assert pe.group_table(data) == '' and 'one training seed' in pe.verdict_table(data)
+    assert d['verdict'] == NO_VERDICT and d['p'] is None and d['p_holm'] is None
+    assert d['reading'] == 'one trained model: no architecture verdict'
+    assert 'one trained model' in d['basis'] and d['seeds'] == [1, 1]
+    (ad, ) = data['group_auc_differences']
+    assert ad['verdict'] == NO_VERDICT
+    table = pe.verdict_table(data)
+    assert 'No architecture verdicts' in table and 'loses' not in table
+    (pd, ) = data['paired_differences']         # b loses far more: resolved, checkpoint level
+    assert pd['reading'] == 'a keeps more (these checkpoints)'
+    assert 'checkpoint level' in pe.markdown_table(data)
+
+
+def test_zero_baseline_gives_null_relative_drops_and_strict_json(tmp_path):
+    """Defect 5: a zero unreduced metric put NaN into the relative drop and results.json was
+    written with NaN tokens. Now the relative drop is null with a reason and the file is
+    strict JSON."""
+    import json
+
+    from amvim_mm.apis import sweep as pe
+    rng = np.random.default_rng(2)
+    zero = np.zeros(60, dtype=bool)
+    rows = [_cls_row(tmp_path, m, r, c) for m, r, c in (
+        ('a0', 0.0, zero), ('a0', 0.5, rng.random(60) < 0.1),
+        ('a1', 0.0, zero), ('a1', 0.5, rng.random(60) < 0.1))]
+    meta = dict(models=['a0', 'a1'], groups=dict(a0='A', a1='A'))
+    path = tmp_path / 'results.json'
+    data = pe.merge_results(str(path), rows, meta, out_dir=str(tmp_path), replicates=50)
+
+    def refuse(token):
+        raise ValueError(f'not strict JSON: {token}')
+    strict = json.loads(path.read_text(), parse_constant=refuse)
+    row = next(r for r in strict['results'] if r['model'] == 'a0' and r['ratio'] == 0.5)
+    assert row['relative_drop'] is None and 'unreduced metric is 0' in row['relative_drop_reason']
+    g = next(e for e in strict['group_results'] if e['ratio'] == 0.5)
+    assert g['relative_drop'] is None and 'unreduced metric is 0' in g['relative_drop_reason']
+    assert strict['group_auc'][0]['auc_relative_drop'] is None
+    assert data['group_auc'][0]['auc_drop'] > 0
+    assert pe.strict_json({'x': float('nan'), 'y': [np.float64('inf')], 'z': np.float32(1)}) \
+        == {'x': None, 'x_null_reason': 'not a finite number (nan)', 'y': [None], 'z': 1.0}
+
+
+def test_auc_comparison_over_the_common_kept_range(tmp_path):
+    """Defect 6: architectures whose realised ratios differ (kept 0.5 vs 0.6 at the same
+    nominal ratio) were compared by AUCs over different ranges; the comparison now covers
+    the range both reach, the curve of the other interpolated at its lower end."""
+    from amvim_mm.apis import sweep as pe
+    rng = np.random.default_rng(5)
+    n = 120
+    base = rng.random(n) < 0.8
+    rows = []
+    for m, real in (('a0', 0.5), ('a1', 0.5), ('b0', 0.4), ('b1', 0.4)):
+        rows.append(_cls_row(tmp_path, m, 0.0, base))
+        r = _cls_row(tmp_path, m, 0.5, base & (rng.random(n) < 0.8))
+        r['realised_ratio'] = real
+        rows.append(r)
+    meta = dict(models=['a0', 'a1', 'b0', 'b1'],
+                groups=dict(a0='A', a1='A', b0='B', b1='B'))
+    data = pe.merge_results(str(tmp_path / 'results.json'), rows, meta, out_dir=str(tmp_path),
+                            replicates=100)
+    (ad, ) = data['group_auc_differences']
+    assert ad['kept_range'] == [0.6, 1.0]
+    auc = {e['group']: e for e in data['group_auc']}
+    assert auc['A']['kept'] == [1.0, 0.5] and auc['B']['kept'] == [1.0, 0.6]
+    # A over [0.6, 1]: its drop interpolated at 0.6 is 0.8 of the drop at 0.5
+    ga = next(e for e in data['group_results'] if e['group'] == 'A' and e['ratio'] == 0.5)
+    assert ad['auc_drop_a'] == pytest.approx(ga['drop'] * 0.8 / 2, abs=1e-3)
+    assert ad['auc_drop_b'] == pytest.approx(auc['B']['auc_drop'], abs=1e-3)
+    assert ad['family_size'] == len(data['group_paired_differences']) + 1
 
 
 def test_speed_flops_convention_and_precision_rows_side_by_side(toy, tmp_path):

@@ -14,9 +14,10 @@ Steps (each shown as it runs):
      pruning seeds, masks drawn per image), EViT and ToP at ratios 0 / 0.27 / 0.46, and print
      per task the robustness AUC of every architecture with each one's difference to Vim and
      its verdict, then the table per cell (mean over the training seeds, 95 % intervals
-     over seeds and images, absolute and relative drops, differences to Vim with Holm-adjusted
-     verdicts; docs/statistics.md); JSON, per-checkpoint tables and plots go to --out-dir
-     (default outputs/demo), a summary to OUT/summary.md.
+     over seeds and images, absolute and relative drops, differences to Vim with verdicts
+     Holm-adjusted in one family per task, intervals at the verdicts' levels;
+     docs/statistics.md); JSON, per-checkpoint tables and plots go to --out-dir (default
+     outputs/demo), a summary to OUT/summary.md.
 
     python tools/demo.py [--train] [--jobs N] [--out-dir DIR] [--quick] [--families vil amvil]
 
@@ -181,8 +182,9 @@ def _ci(lo, hi, dg: int) -> str:
 
 def _other_minus_first(d: dict, dg: int) -> str:
     """A verdict row of prune_eval (first architecture A minus another B) as B - A."""
-    return (f"{-d[_value(d)]:+.{dg}f} {_ci(-d['difference_ci_high'], -d['difference_ci_low'], dg)}"
-            f" {d['reading']}")
+    lo, hi = d.get('difference_ci_low'), d.get('difference_ci_high')
+    ci = '' if lo is None else _ci(-hi, -lo, dg) + ' '
+    return f"{-d[_value(d)]:+.{dg}f} {ci}{d['reading']}"
 
 
 def _value(d: dict) -> str:
@@ -199,7 +201,7 @@ def auc_table(data: dict, groups, metric: str) -> str:
     diffs = {(d['group_b'], d['method']): d for d in data.get('group_auc_differences') or []
              if d['group_a'] == a}
     head = (['method'] + [f'{g} AUC drop [95% CI]' for g in groups]
-            + [f'{g} - {a} [95% CI] verdict' for g in others])
+            + [f'{g} - {a} [CI] verdict' for g in others])
     lines = ['| ' + ' | '.join(head) + ' |', '|---' * len(head) + '|']
     for method in sorted({m for (_, m) in aucs}):
         es = [aucs.get((g, method)) for g in groups]
@@ -225,7 +227,7 @@ def comparison_table(data: dict, groups, metric: str) -> str:
              for d in data['group_paired_differences'] if d['group_a'] == a}
     head = (['method', 'ratio', 'realised'] + [f'{g} {metric} [95% CI]' for g in groups]
             + [f'{g} drop (rel. %)' for g in groups]
-            + [f'{g} - {a} drop [95% CI] verdict' for g in others])
+            + [f'{g} - {a} drop [CI] verdict' for g in others])
     lines = ['| ' + ' | '.join(head) + ' |', '|---' * len(head) + '|']
     keys = sorted({(m, r) for (_, m, r) in entries}, key=lambda k: (k[1] != 0, k[0], k[1]))
     shown_zero = False
@@ -428,9 +430,18 @@ def task_tables(task: str, metric: str, groups, out: str, log: str) -> list:
     aucs, table = auc_table(data, groups, metric), comparison_table(data, groups, metric)
     print(aucs + '\n\n' + table + f'\n   (all rows, per checkpoint and per group: {log})',
           flush=True)
-    return [f'## {task} ({metric})', '', 'Robustness AUC (mean drop over the kept-token '
-            'range; verdicts Holm-adjusted over the AUC comparisons):', '', aucs, '',
-            'Per cell (verdicts Holm-adjusted over all cells):', '', table, '',
+    decided = [d for d in (data.get('group_auc_differences') or [])
+               + (data.get('group_paired_differences') or []) if d.get('p') is not None]
+    levels = sorted({round(100 * d['ci_level'], 2) for d in decided})
+    family = (f'one Holm family of {len(decided)} comparisons: the AUCs and all cells; each '
+              f'difference\'s CI at the level of its verdict, '
+              f'{levels[0]:g}{"" if levels[0] == levels[-1] else f"-{levels[-1]:g}"} %, '
+              'so it excludes 0 exactly when the verdict is "loses less / more"'
+              if decided else 'no architecture verdicts')
+    return [f'## {task} ({metric})', '', f'Verdicts: {family}.', '',
+            'Robustness AUC (mean drop over the kept-token range; AUC differences over the '
+            'range both architectures cover):', '', aucs, '',
+            'Per cell:', '', table, '',
             '<details><summary>per group</summary>', '', group_table(data), '',
             '</details>', '']
 

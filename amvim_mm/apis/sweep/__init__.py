@@ -64,7 +64,8 @@ from amvim_mm.apis.sweep.report import (group_table, markdown_table, plot, plot_
 from amvim_mm.apis.sweep.rows import ABSENT, Fingerprint, SweepRow
 from amvim_mm.apis.sweep.run import PRECISIONS, STATISTICS, model_name, run_sweep, validate
 from amvim_mm.apis.sweep.store import (config_sha256, file_sha256, load_results,
-                                       merge_results, prepare_out_dir, protocol, results_lock)
+                                       merge_results, prepare_out_dir, protocol, results_lock,
+                                       strict_json)
 
 __all__ = [
     'ABSENT', 'IMPORTANCE_METHODS', 'LEARNED', 'METHODS', 'PRECISIONS', 'PRIMARY_METRICS',
@@ -73,4 +74,4 @@ __all__ = [
     'config_sha256', 'file_sha256', 'fine_tuning_label', 'group_table', 'learned_reducer',
     'load_results', 'markdown_table', 'merge_results', 'model_name', 'plot', 'plot_groups',
     'prepare_out_dir', 'protocol', 'reduction_config', 'results_lock', 'run_sweep',
-    'validate', 'verdict_table']
+    'strict_json', 'validate', 'verdict_table']

@@ -10,6 +10,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from amvim_mm.apis.sweep.rows import row_key, zero_of
 
+#: why a relative drop is null (results.json is strict JSON: no NaN)
+ZERO_BASELINE = 'the unreduced metric is 0: no relative drop'
+
 
 class _Values:
     """Per row: (bootstrap replicates over images (R,), image keys, point value), the metric
@@ -70,18 +73,24 @@ def _row_intervals(r: dict, rows: Sequence[dict], vals: _Values, level: float) -
     for f in ('ci_low', 'ci_high', 'drop_ci_low', 'drop_ci_high', 'relative_drop',
               'relative_drop_ci_low', 'relative_drop_ci_high'):
         r[f] = None
+    r.pop('relative_drop_reason', None)
     v = vals(r)
     if v is None:
         return
     r['ci_low'], r['ci_high'] = S.interval(v[0], level)
     z = zero_of(rows, r)
     v0 = vals(z)
-    if v0 is not None and v0[1] == v[1] and v0[2] != 0:
-        r['drop_ci_low'], r['drop_ci_high'] = S.interval(v[0] - v0[0], level)
-        r['relative_drop'] = round(100 * (v[2] - v0[2]) / v0[2], 4)
-        with np.errstate(invalid='ignore', divide='ignore'):
-            rel = 100 * (v[0] - v0[0]) / v0[0]
-        r['relative_drop_ci_low'], r['relative_drop_ci_high'] = S.interval(rel, level)
+    if v0 is None or v0[1] != v[1]:
+        return
+    r['drop_ci_low'], r['drop_ci_high'] = S.interval(v[0] - v0[0], level)
+    if v0[2] == 0:
+        r['relative_drop_reason'] = ZERO_BASELINE
+        return
+    r['relative_drop'] = round(100 * (v[2] - v0[2]) / v0[2], 4)
+    with np.errstate(invalid='ignore', divide='ignore'):
+        rel = 100 * (v[0] - v0[0]) / v0[0]
+    rel[~np.isfinite(rel)] = np.nan       # replicates whose unreduced metric is 0: left out
+    r['relative_drop_ci_low'], r['relative_drop_ci_high'] = S.interval(rel, level)
 
 
 def _paired_differences(rows: Sequence[dict], models: Sequence[str], vals: _Values,
@@ -120,13 +129,14 @@ def _group_verdicts(data, groups: Dict[str, str], vals: _Values, level: float,
                     margin: Optional[float]) -> None:
     """Per architecture (a group of checkpoints, e.g. one per training seed) and cell: the
     mean metric, drop and relative drop over its checkpoints with intervals over training seeds
-    and images (``group_results``, :func:`amvim_mm.analysis.verdicts.estimate`); per pair of
-    architectures and cell the difference of their drops with its verdict
-    (``group_paired_differences``, :func:`~amvim_mm.analysis.verdicts.compare`, Holm over all
-    cells shown); per architecture and method the robustness AUC, the mean drop over the
-    kept-token range (``group_auc``), and per pair its difference with a verdict
-    (``group_auc_differences``, Holm over those). ``margin`` (None: the metric's default)
-    is the equivalence margin of the drops and AUCs."""
+    and images (``group_results``, :func:`amvim_mm.analysis.verdicts.estimate`); per
+    architecture and method the robustness AUC, the mean drop over the kept-token range
+    (``group_auc``); per pair of architectures the difference of their drops per cell
+    (``group_paired_differences``) and of their AUCs over the kept range both cover
+    (``group_auc_differences``), each with a verdict (:func:`~amvim_mm.analysis.verdicts.compare`;
+    **one Holm family** for the cells and the AUCs of the report, so the whole report holds the
+    level). Fewer than two checkpoints on a side: no architecture verdict. ``margin`` (None:
+    the metric's default) is the equivalence margin of the drops and AUCs."""
     from amvim_mm.analysis import verdicts as V
     rows = data['results']
     models = data['meta'].get('models') or list(groups)
@@ -142,11 +152,13 @@ def _group_verdicts(data, groups: Dict[str, str], vals: _Values, level: float,
     data['group_results'] = out
     margin_of = (lambda name: margin) if margin else V.default_margin    # noqa: E731
     diffs = _group_differences(order, cells, per, out, level, margin_of)
-    V.decide(diffs, alpha=1 - level, key='paired_difference')
-    for d in diffs:
-        d['reading'] = _verdict_text(d)
-    data['group_paired_differences'] = diffs
-    _group_auc(data, order, per, level, margin_of)
+    entries, auc_diffs = _group_auc(data, order, per, level, margin_of)
+    V.decide([c for _, c in diffs + auc_diffs], alpha=1 - level)
+    data['group_paired_differences'] = [dict(row, **_rounded(c, 'paired_difference', row))
+                                        for row, c in diffs]
+    data['group_auc'] = entries
+    data['group_auc_differences'] = [dict(row, **_rounded(c, 'auc_difference', row))
+                                     for row, c in auc_diffs]
 
 
 def _group_entry(rows: Sequence[dict], g: str, members: Sequence[str], cell: tuple,
@@ -183,8 +195,11 @@ def _group_entry(rows: Sequence[dict], g: str, members: Sequence[str], cell: tup
         return entry
     X0, B0 = np.array([v[2] for v in v0s]), np.stack([v[0] for v in v0s])
     quantities = dict(drop=(X - X0, B - B0))
-    with np.errstate(invalid='ignore', divide='ignore'):
-        quantities['relative_drop'] = (100 * (X - X0) / X0, 100 * (B - B0) / B0)
+    if np.all(X0 != 0):
+        with np.errstate(invalid='ignore', divide='ignore'):
+            quantities['relative_drop'] = (100 * (X - X0) / X0, 100 * (B - B0) / B0)
+    else:
+        entry['relative_drop_reason'] = ZERO_BASELINE
     for name, (x, b) in quantities.items():
         e = V.estimate(x, b, level)
         entry.update({name: round(e['value'], 4), f'{name}_ci_low': round(e['ci_low'], 4),
@@ -195,9 +210,9 @@ def _group_entry(rows: Sequence[dict], g: str, members: Sequence[str], cell: tup
 
 
 def _group_differences(order: Sequence[str], cells: Sequence[tuple], per: dict,
-                       out: Sequence[dict], level: float, margin_of) -> List[dict]:
-    """Per pair of architectures and cell: the difference of their drops (and relative
-    drops), before the Holm adjustment."""
+                       out: Sequence[dict], level: float, margin_of) -> List[tuple]:
+    """Per pair of architectures and cell: (the row's fields, the comparison of their drops
+    before the family's adjustment)."""
     from amvim_mm.analysis import verdicts as V
     diffs = []
     for i, a in enumerate(order):
@@ -209,48 +224,64 @@ def _group_differences(order: Sequence[str], cells: Sequence[tuple], per: dict,
                     continue
                 name = next(e['metric_name'] for e in out if e['group'] == a)
                 c = V.compare(*pa['drop'], *pb['drop'], margin=margin_of(name), level=level)
-                rel = V.compare(*pa['relative_drop'], *pb['relative_drop'], margin=1.0,
-                                level=level)
                 ea = next(e for e in out if e['group'] == a and
                           (e['method'], e['ratio'], e['precision']) == cell)
                 eb = next(e for e in out if e['group'] == b and
                           (e['method'], e['ratio'], e['precision']) == cell)
-                diffs.append(dict(
-                    group_a=a, group_b=b, method=cell[0], ratio=cell[1], precision=cell[2],
-                    metric_name=name, drop_a=ea['drop'], drop_b=eb['drop'],
-                    relative_drop_a=ea['relative_drop'], relative_drop_b=eb['relative_drop'],
-                    relative_difference=round(rel['difference'], 4),
-                    relative_difference_ci_low=round(rel['ci_low'], 4),
-                    relative_difference_ci_high=round(rel['ci_high'], 4),
-                    **_rounded(c, 'paired_difference')))
+                row = dict(group_a=a, group_b=b, method=cell[0], ratio=cell[1],
+                           precision=cell[2], metric_name=name, drop_a=ea['drop'],
+                           drop_b=eb['drop'], relative_drop_a=ea['relative_drop'],
+                           relative_drop_b=eb['relative_drop'], relative_difference=None,
+                           relative_difference_ci_low=None, relative_difference_ci_high=None)
+                if 'relative_drop' in pa and 'relative_drop' in pb:
+                    rel = V.compare(*pa['relative_drop'], *pb['relative_drop'], margin=1.0,
+                                    level=level)
+                    row['relative_difference'] = round(rel['difference'], 4)
+                    if rel['ci_low'] is not None:    # unadjusted: a description, no verdict
+                        row['relative_difference_ci_low'] = round(rel['ci_low'], 4)
+                        row['relative_difference_ci_high'] = round(rel['ci_high'], 4)
+                diffs.append((row, c))
     return diffs
 
 
-def _rounded(c: dict, name: str) -> dict:
-    """A :func:`~amvim_mm.analysis.verdicts.compare` result as row fields (``name`` for the
-    difference)."""
-    return {name: round(c['difference'], 4), 'difference_ci_low': round(c['ci_low'], 4),
-            'difference_ci_high': round(c['ci_high'], 4), 'se': round(c['se'], 4),
-            'df': None if c['df'] is None else round(c['df'], 2), 'p': c['p'],
-            'p_equivalence': c['p_equivalence'], 'margin': c['margin'],
-            'detectable': round(c['detectable'], 4), 'basis': c['basis']}
+def _r(v, digits: int = 4):
+    return None if v is None else round(v, digits)
 
 
-def _verdict_text(d: dict) -> str:
+def _rounded(c: dict, name: str, row: dict) -> dict:
+    """A decided :func:`~amvim_mm.analysis.verdicts.compare` result as row fields (``name``
+    for the difference), with its reading (the sides named as in ``row``)."""
+    out = {name: round(c['difference'], 4), 'difference_ci_low': _r(c['ci_low']),
+           'difference_ci_high': _r(c['ci_high']), 'ci_level': _r(c['ci_level'], 6),
+           'se': _r(c['se']), 'df': _r(c['df'], 2), 'p': c['p'],
+           'p_equivalence': c['p_equivalence'], 'p_holm': c['p_holm'],
+           'p_equivalence_holm': c['p_equivalence_holm'], 'margin': c['margin'],
+           'detectable': _r(c['detectable']), 'seeds': list(c['seeds']),
+           'verdict': c['verdict'], 'family_size': c['family_size'],
+           'adjustment': c['adjustment'], 'basis': c['basis']}
+    return dict(out, reading=_verdict_text(c, row['group_a'], row['group_b']))
+
+
+def _verdict_text(c: dict, a: str, b: str) -> str:
     """One line for a verdict of :func:`~amvim_mm.analysis.verdicts.decide`."""
-    a, b = d.get('group_a'), d.get('group_b')
-    v = d['verdict']
+    v = c['verdict']
     if v == 'A loses less':
         return f'{a} loses less than {b}'
     if v == 'A loses more':
         return f'{a} loses more than {b}'
     if v == 'equivalent':
-        return f'equivalent within +-{d["margin"]:g}'
-    return f'inconclusive (detectable: {d["detectable"]:.3g})'
+        return f'equivalent within +-{c["margin"]:g}'
+    if v == 'inconclusive':
+        return f'inconclusive (detectable: {c["detectable"]:.3g})'
+    return 'one trained model: no architecture verdict'
 
 
-def _group_auc(data, order: Sequence[str], per: dict, level: float, margin_of) -> None:
-    """``group_auc`` and ``group_auc_differences`` (see :func:`_group_verdicts`)."""
+def _group_auc(data, order: Sequence[str], per: dict, level: float,
+               margin_of) -> Tuple[List[dict], List[tuple]]:
+    """``group_auc`` entries and the AUC comparisons (row fields, comparison before the
+    family's adjustment): per pair over the kept-token range both curves cover (the curves
+    interpolated at its lower end), so two architectures whose realised ratios differ are
+    averaged over the same range."""
     import numpy as np
 
     from amvim_mm.analysis import verdicts as V
@@ -265,57 +296,69 @@ def _group_auc(data, order: Sequence[str], per: dict, level: float, margin_of) -
             if not pts or zero is None or len({p['keys'] for _, p in pts} | {zero['keys']}) != 1:
                 continue
             kept = [1.0] + [p['kept'] for _, p in pts]
+            if len(set(kept)) < 2:
+                continue
             X0, B0 = zero['metric0']
-            curve = dict(
-                drop=([np.zeros_like(X0)] + [p['drop'][0] for _, p in pts],
-                      [np.zeros_like(B0)] + [p['drop'][1] for _, p in pts]),
-                relative_drop=([np.zeros_like(X0)] + [p['relative_drop'][0] for _, p in pts],
-                               [np.zeros_like(B0)] + [p['relative_drop'][1] for _, p in pts]))
+            names = ['drop'] + (['relative_drop'] if all('relative_drop' in p
+                                                        for _, p in pts) else [])
+            curve = {k: ([np.zeros_like(X0)] + [p[k][0] for _, p in pts],
+                         [np.zeros_like(B0)] + [p[k][1] for _, p in pts]) for k in names}
+            curves[(g, method, precision)] = (kept, curve, zero['keys'])
             aucs = {k: (V.robustness_auc(kept, np.stack(x)), V.robustness_auc(kept, np.stack(b)))
                     for k, (x, b) in curve.items()}
-            curves[(g, method, precision)] = (aucs, zero['keys'])
             e_drop = V.estimate(*aucs['drop'], level)
-            e_rel = V.estimate(*aucs['relative_drop'], level)
-            entries.append(dict(
+            entry = dict(
                 group=g, method=method, precision=precision,
                 metric_name=next(e['metric_name'] for e in data['group_results']
                                  if e['group'] == g),
                 ratios=[r for r, _ in pts], kept=[round(k, 4) for k in kept],
                 auc_drop=round(e_drop['value'], 4), auc_drop_ci_low=round(e_drop['ci_low'], 4),
-                auc_drop_ci_high=round(e_drop['ci_high'], 4),
-                auc_relative_drop=round(e_rel['value'], 4),
-                auc_relative_drop_ci_low=round(e_rel['ci_low'], 4),
-                auc_relative_drop_ci_high=round(e_rel['ci_high'], 4), basis=e_drop['basis']))
+                auc_drop_ci_high=round(e_drop['ci_high'], 4), auc_relative_drop=None,
+                auc_relative_drop_ci_low=None, auc_relative_drop_ci_high=None,
+                basis=e_drop['basis'])
+            if 'relative_drop' in aucs:
+                e_rel = V.estimate(*aucs['relative_drop'], level)
+                entry.update(auc_relative_drop=round(e_rel['value'], 4),
+                             auc_relative_drop_ci_low=round(e_rel['ci_low'], 4),
+                             auc_relative_drop_ci_high=round(e_rel['ci_high'], 4))
+            else:
+                entry['auc_relative_drop_reason'] = ZERO_BASELINE
+            entries.append(entry)
     diffs = []
     for i, a in enumerate(order):
         for b in order[i + 1:]:
-            for (g, method, precision), (aucs, keys) in curves.items():
+            for (g, method, precision), (kept_a, curve_a, keys) in curves.items():
                 other = curves.get((b, method, precision))
-                if g != a or other is None or other[1] != keys:
+                if g != a or other is None or other[2] != keys:
                     continue
+                kept_b, curve_b, _ = other
                 ea = next(e for e in entries if (e['group'], e['method'], e['precision']) ==
                           (a, method, precision))
                 eb = next(e for e in entries if (e['group'], e['method'], e['precision']) ==
                           (b, method, precision))
                 if ea['ratios'] != eb['ratios']:
-                    continue      # other ratios: the areas cover other ranges
-                c = V.compare(*aucs['drop'], *other[0]['drop'],
-                              margin=margin_of(ea['metric_name']), level=level)
-                diffs.append(dict(group_a=a, group_b=b, method=method, precision=precision,
-                                  metric_name=ea['metric_name'], auc_drop_a=ea['auc_drop'],
-                                  auc_drop_b=eb['auc_drop'],
-                                  **_rounded(c, 'auc_difference')))
-    V.decide(diffs, alpha=1 - level, key='auc_difference')
-    for d in diffs:
-        d['reading'] = _verdict_text(d)
-    data['group_auc'] = entries
-    data['group_auc_differences'] = diffs
+                    continue      # other ratios: another protocol
+                lowest = max(min(kept_a), min(kept_b))
+
+                def auc(kept, curve):
+                    x, bt = curve['drop']
+                    return (V.robustness_auc(kept, np.stack(x), lowest),
+                            V.robustness_auc(kept, np.stack(bt), lowest))
+                (xa, ba), (xb, bb) = auc(kept_a, curve_a), auc(kept_b, curve_b)
+                c = V.compare(xa, ba, xb, bb, margin=margin_of(ea['metric_name']), level=level)
+                diffs.append((dict(group_a=a, group_b=b, method=method, precision=precision,
+                                   metric_name=ea['metric_name'],
+                                   auc_drop_a=round(float(np.mean(xa)), 4),
+                                   auc_drop_b=round(float(np.mean(xb)), 4),
+                                   kept_range=[round(lowest, 4), 1.0]), c))
+    return entries, diffs
 
 
 def _reading(a: str, b: str, lo: Optional[float], hi: Optional[float]) -> str:
-    """What the interval of ``a``'s drop minus ``b``'s says."""
+    """What the interval of ``a``'s drop minus ``b``'s says about these two checkpoints on
+    these images (a checkpoint-level reading, not an architecture verdict)."""
     if lo is not None and lo > 0:
-        return f'{a} keeps more'
+        return f'{a} keeps more (these checkpoints)'
     if hi is not None and hi < 0:
-        return f'{b} keeps more'
+        return f'{b} keeps more (these checkpoints)'
     return 'no difference resolved (the interval contains 0)'

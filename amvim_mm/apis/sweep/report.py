@@ -79,7 +79,8 @@ def markdown_table(data: Dict[str, object]) -> str:
         lines.append('| ' + ' | '.join(str(c) for c in cells) + ' |')
     lines += _differences_table(
         data.get('paired_differences') or [], 'model_a', 'model_b',
-        'Paired differences of the drops (model A - model B, same images; > 0: A keeps more):',
+        'Paired differences of the drops, checkpoint level (model A - model B, these '
+        'checkpoints on the same images; > 0: A keeps more; no architecture verdict):',
         precision=True)
     return '\n'.join(lines)
 
@@ -115,20 +116,34 @@ def group_table(data: Dict[str, object]) -> str:
     return '\n'.join(lines)
 
 
-def _p(p: float) -> str:
+def _p(p) -> str:
+    if p is None:
+        return ''
     return '<0.001' if p < 0.001 else f'{p:.3f}'
+
+
+def _level(diffs: Sequence[dict]) -> str:
+    """The levels of the verdicts' intervals, for the table's heading."""
+    levels = sorted({d['ci_level'] for d in diffs if d.get('ci_level') is not None})
+    if not levels:
+        return ''
+    pct = [f'{100 * v:.2f}'.rstrip('0').rstrip('.') for v in (levels[0], levels[-1])]
+    return pct[0] + ' %' if pct[0] == pct[1] else f'{pct[0]}-{pct[1]} %'
 
 
 def verdict_table(data: Dict[str, object]) -> str:
     """The verdicts: the robustness AUC per architecture and method, the AUC differences of
-    every pair of architectures, then the drop differences per cell (Holm-adjusted within each
-    family; > 0: A loses less). Architectures are the groups, or the models without groups."""
+    every pair of architectures, then the drop differences per cell (> 0: A loses less; one
+    Holm family for all of them; each interval at the level of its verdict). Architectures are
+    the groups, or the models without groups; with one trained model on a side there is no
+    architecture verdict, and the table says so."""
     aucs = data.get('group_auc') or []
     auc_diffs = data.get('group_auc_differences') or []
     diffs = data.get('group_paired_differences') or []
     if not (aucs or diffs):
         return ''
     lines = []
+    decided = [d for d in auc_diffs + diffs if d.get('p') is not None]
     if aucs:
         name = aucs[0]['metric_name']
         dg = _digits(name)
@@ -138,32 +153,45 @@ def verdict_table(data: Dict[str, object]) -> str:
                   '| architecture | method | ratios | AUC drop | 95% CI | AUC relative drop % '
                   '| 95% CI |', '|' + '---|' * 7]
         for e in aucs:
+            rel = e.get('auc_relative_drop')
             lines.append(
                 f"| {e['group']} | {e['method']} | {', '.join(f'{r:g}' for r in e['ratios'])} | "
                 f"{e['auc_drop']:+.{dg}f} | "
                 f"{_fmt_ci(e['auc_drop_ci_low'], e['auc_drop_ci_high'], dg)} | "
-                f"{e['auc_relative_drop']:+.1f} | "
+                f"{'' if rel is None else format(rel, '+.1f')} | "
                 f"{_fmt_ci(e['auc_relative_drop_ci_low'], e['auc_relative_drop_ci_high'], 1)} |")
-    if auc_diffs:
-        n, m = auc_diffs[0]['family_size'], auc_diffs[0]['margin']
+    if (auc_diffs or diffs) and not decided:
+        lines += ['', 'No architecture verdicts: every architecture here has one trained model '
+                  '(a single checkpoint says nothing about its architecture). Give each '
+                  'architecture two or more training seeds with --groups; the paired '
+                  'differences of the checkpoints are in the per-model table.']
+    elif decided:
+        n, m = decided[0]['family_size'], decided[0]['margin']
+        family = (f'Holm over {n} comparisons (the AUCs and the cells together); intervals at '
+                  f'the level of each verdict ({_level(decided)}: Bonferroni at the comparison\'s '
+                  f'Holm step), so an interval excludes 0 exactly when its verdict is "loses '
+                  f'less / more"; equivalence margin +-{m:g}')
+        lines += ['', f'Verdicts: {family}.']
+    if auc_diffs and decided:
         dg = _digits(auc_diffs[0]['metric_name'])
-        lines += ['', f'AUC differences (A - B; > 0: A loses less; Holm over {n}; equivalence '
-                  f'margin +-{m:g}):', '',
-                  '| A | B | method | A - B | 95% CI | p (Holm) | detectable | verdict |',
-                  '|' + '---|' * 8]
+        lines += ['', 'AUC differences (A - B over the kept range both cover; > 0: A loses '
+                  'less):', '',
+                  '| A | B | method | kept range | A - B | CI | p (Holm) | detectable | verdict |',
+                  '|' + '---|' * 9]
         for d in auc_diffs:
+            lo, hi = d['kept_range']
+            det = d.get('detectable')
             lines.append(
-                f"| {d['group_a']} | {d['group_b']} | {d['method']} | "
+                f"| {d['group_a']} | {d['group_b']} | {d['method']} | {lo:g}-{hi:g} | "
                 f"{d['auc_difference']:+.{dg}f} | "
                 f"{_fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg)} | "
-                f"{_p(d['p_holm'])} | {d['detectable']:.{dg}f} | {d['reading']} |")
-    if diffs:
-        n, m = diffs[0]['family_size'], diffs[0]['margin']
+                f"{_p(d['p_holm'])} | {'' if det is None else format(det, f'.{dg}f')} | "
+                f"{d['reading']} |")
+    if diffs and decided:
         dg = _digits(diffs[0]['metric_name'])
-        lines += ['', f'Drop differences per cell (A - B; > 0: A loses less; Holm over {n}; '
-                  f'equivalence margin +-{m:g}; relative drops in % of each model\'s own '
-                  'unreduced metric):', '',
-                  '| A | B | method | ratio | drop A | drop B | A - B | 95% CI | rel. A % | '
+        lines += ['', 'Drop differences per cell (A - B; > 0: A loses less; relative drops in % '
+                  'of each model\'s own unreduced metric):', '',
+                  '| A | B | method | ratio | drop A | drop B | A - B | CI | rel. A % | '
                   'rel. B % | p (Holm) | verdict |', '|' + '---|' * 12]
         for d in diffs:
             ra, rb = d.get('relative_drop_a'), d.get('relative_drop_b')
@@ -176,7 +204,7 @@ def verdict_table(data: Dict[str, object]) -> str:
                 f"{'' if rb is None else format(rb, '+.1f')} | {_p(d['p_holm'])} | "
                 f"{d['reading']} |")
     basis = (aucs or diffs)[0]['basis']
-    lines += ['', f'Intervals over {basis}.']
+    lines += ['', f'Intervals of the architectures over {basis}.']
     return '\n'.join(lines)
 
 

@@ -27,14 +27,17 @@ STATISTICS = dict(
     rows='percentile bootstrap over the validation images (one draw per data set, shared by '
          'every row: paired); random pruning: the mean over pruning seeds per image, its masks '
          'drawn per image',
-    architectures='mean over the training seeds (the checkpoints of a group); interval '
-                  't(df) * sqrt(seed variance / k + image bootstrap variance), df = k - 1; '
-                  'one checkpoint: over the images only',
-    differences='architecture A minus B, paired over images; Welch-Satterthwaite df; '
-                'verdicts with Holm adjustment over the family shown (all cells; the AUCs '
-                'separately) and TOST equivalence within the margin',
+    architectures='mean over the training seeds (the checkpoints of a group, at least 2); '
+                  'interval t(k - 1) * sqrt(seed variance / k + the image covariance the '
+                  'seeds share); one checkpoint: over the images only (checkpoint level)',
+    differences='architecture A minus B, paired over images, the image term counted once; '
+                'Welch df of the seed terms; no verdict with one trained model on a side; '
+                'one Holm family for the AUCs and all cells, each interval at the level of its '
+                'verdict; TOST equivalence within the margin; detectable at alpha / family '
+                'size (noncentral t)',
     auc='robustness AUC: the mean drop over the kept-token range (trapezoids from no '
-        'reduction to the largest ratio), per method',
+        'reduction to the largest ratio; tied kept fractions merged), per method; two '
+        'architectures compared over the range both cover',
     docs='docs/statistics.md')
 #: a cell: (model index, method, ratio; -1 for the learned reducer's own ratio)
 Cell = Tuple[int, str, float]

@@ -23,9 +23,30 @@ from amvim_mm.apis.sweep.rows import Fingerprint, fingerprint, row_key, set_drop
 from amvim_mm.errors import CheckpointError, ConfigError
 
 
+def strict_json(obj):
+    """``obj`` with every float that is not finite (NaN, +-inf; also numpy's) as None, and a
+    ``<key>_null_reason`` beside it in its dict: JSON has no NaN, and strict readers (browsers,
+    ``jq``, other languages) refuse Python's ``NaN`` token."""
+    import math
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            out[k] = strict_json(v)
+            if out[k] is None and isinstance(v, float) and not math.isfinite(v):
+                out.setdefault(f'{k}_null_reason', f'not a finite number ({v})')
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, 'item') and getattr(obj, 'shape', None) == ():   # numpy scalars
+        return strict_json(obj.item())
+    return obj
+
+
 def _write_json(path: str, data) -> None:
     from amvim_mm.engine.fileio import atomic_write_bytes
-    atomic_write_bytes(json.dumps(data, indent=2).encode(), path)
+    atomic_write_bytes(json.dumps(strict_json(data), indent=2, allow_nan=False).encode(), path)
 
 
 def load_results(path: str) -> Dict[str, object]:
