@@ -70,16 +70,67 @@ def cached_file(url: str, model_dir: Optional[str] = None, progress: bool = Fals
     return path
 
 
+def _member_problem(member: zipfile.ZipInfo) -> Optional[str]:
+    """Why a zip member may not be extracted (None: it may): absolute paths, ``..``, drive
+    letters, backslashes and links could write outside the folder it is given."""
+    name = member.filename
+    mode = (member.external_attr >> 16) & 0o170000
+    if mode == 0o120000:
+        return 'is a symbolic link'
+    if name.startswith(('/', '\\')) or re.match(r'^[A-Za-z]:', name) or '\\' in name:
+        return 'has an absolute or Windows path'
+    if any(part in ('', '.', '..') for part in name.split('/')):
+        return 'has an empty, "." or ".." path part'
+    return None
+
+
 def _unpacked(path: str) -> str:
     """torch.hub's old download format, a zip holding one file (a ``torch.save`` zip holds
-    several): that file, extracted next to the zip as torch.hub does."""
+    several): that file, extracted into a folder of its own next to the zip, named by the
+    zip's SHA-256 (``.<zip name>.<digest>.unpacked/``). It is never written over an existing
+    file: a member named like another cached checkpoint, or like a file trusted with
+    ``AMVIM_UNSAFE_LOAD``, cannot replace it. A member that could escape its folder (absolute
+    path, ``..``, a link) is refused."""
+    import hashlib
+    import shutil
+    import zlib
     if not zipfile.is_zipfile(path):
         return path
     with zipfile.ZipFile(path) as archive:
         members = archive.infolist()
         if len(members) != 1 or members[0].is_dir():
             return path
-        return archive.extract(members[0], os.path.dirname(path))   # sanitises the name
+        member = members[0]
+        problem = _member_problem(member)
+        if problem is not None:
+            raise CheckpointError(f'{path}: refusing the zip: its member {member.filename!r} '
+                                  f'{problem}')
+        digest = hashlib.sha256()
+        with open(path, 'rb') as f:
+            for block in iter(lambda: f.read(1 << 20), b''):
+                digest.update(block)
+        folder = os.path.join(os.path.dirname(path), f'.{os.path.basename(path)}.'
+                                                     f'{digest.hexdigest()[:16]}.unpacked')
+        target = os.path.join(folder, *member.filename.split('/'))
+        if os.path.isfile(target) and not os.path.islink(target):
+            crc = 0
+            with open(target, 'rb') as f:
+                for block in iter(lambda: f.read(1 << 20), b''):
+                    crc = zlib.crc32(block, crc)
+            if crc == member.CRC and os.path.getsize(target) == member.file_size:
+                return target                  # extracted before from this very zip
+        # a fresh folder of its own, moved into place whole (never over an existing one)
+        fresh = tempfile.mkdtemp(prefix='.unpacking-', dir=os.path.dirname(path))
+        try:
+            archive.extract(member, fresh)
+            try:
+                os.rename(fresh, folder)
+                return target
+            except OSError:                    # a folder of that name exists: keep it, use ours
+                return os.path.join(fresh, *member.filename.split('/'))
+        except BaseException:
+            shutil.rmtree(fresh, ignore_errors=True)
+            raise
 
 
 def load_from_http(filename: str, map_location: Any = None, model_dir: Optional[str] = None,

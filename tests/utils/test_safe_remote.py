@@ -131,13 +131,63 @@ def test_a_good_file_by_url_loads_the_saved_weights(hub, no_download, tmp_path):
               init_cfg=dict(type='Pretrained', checkpoint='https://example.invalid/vim_test.pth'))
     vim.init_weights()
     assert all(torch.equal(vim.state_dict()[k], v) for k, v in official.items())
-    # torch.hub's old format, a zip holding one legacy file: extracted next to it
+    # torch.hub's old format, a zip holding one legacy file: extracted into its own folder
     legacy = tmp_path / 'inner.pth'
     torch.save(saved.state_dict(), legacy, _use_new_zipfile_serialization=False)
     with zipfile.ZipFile(hub / 'old.zip', 'w') as archive:
         archive.write(legacy, 'inner.pth')
     sd = remote_checkpoint.load_checkpoint('https://example.invalid/old.zip')
-    assert (hub / 'inner.pth').is_file() and torch.equal(sd['weight'], saved.weight)
+    assert torch.equal(sd['weight'], saved.weight) and not (hub / 'inner.pth').exists()
+    (folder, ) = hub.glob('.old.zip.*.unpacked')
+    assert (folder / 'inner.pth').is_file()
+    again = remote_checkpoint.load_checkpoint('https://example.invalid/old.zip')
+    assert torch.equal(again['weight'], saved.weight) and len(list(hub.glob('.*'))) == 1
+
+
+def _sha(path):
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_remote_zip_never_overwrites_a_cached_file(hub, no_download, tmp_path, monkeypatch):
+    """Issue 52, defect 1: a zip's member named like another cached checkpoint replaced it
+    (the next load by URL evaluated the attacker's weights), or like a file trusted with
+    AMVIM_UNSAFE_LOAD (its payload ran on the next load). Members go into a fresh folder of
+    their own; the cached and trusted files keep their bytes."""
+    victim, attacker = nn.Linear(3, 2), nn.Linear(3, 2)
+    torch.save({'state_dict': victim.state_dict()}, hub / 'victim.pth')
+    trusted = hub / 'trusted.pth'
+    torch.save({'state_dict': victim.state_dict(), 'extra': Payload()}, trusted)
+    before = {p.name: _sha(p) for p in (hub / 'victim.pth', trusted)}
+    evil = tmp_path / 'evil.pth'
+    torch.save({'state_dict': attacker.state_dict()}, evil)
+    for name in ('victim.pth', 'trusted.pth'):
+        with zipfile.ZipFile(hub / f'pack-{name}.zip', 'w') as archive:
+            archive.write(evil, name)
+        sd = remote_checkpoint.load_checkpoint(f'https://host.invalid/pack-{name}.zip')
+        assert torch.equal(sd['state_dict']['weight'], attacker.weight)
+    assert {p.name: _sha(p) for p in (hub / 'victim.pth', trusted)} == before
+    sd = remote_checkpoint.load_checkpoint('https://host.invalid/victim.pth')
+    assert torch.equal(sd['state_dict']['weight'], victim.weight)
+    monkeypatch.setenv('AMVIM_UNSAFE_LOAD', str(trusted))
+    sd = remote_checkpoint.load_checkpoint('https://host.invalid/trusted.pth')
+    assert isinstance(sd['extra'], Payload)
+
+
+@pytest.mark.parametrize('member,why', [
+    ('../escape.pth', '".."'), ('/tmp/abs.pth', 'absolute'), ('C:/x.pth', 'absolute'),
+    ('dir/./x.pth', '"."'), ('link.pth', 'symbolic link')])
+def test_a_zip_whose_member_could_escape_is_refused(hub, no_download, tmp_path, member, why):
+    info = zipfile.ZipInfo(member)
+    if why == 'symbolic link':
+        info.external_attr = (0o120777 << 16)
+    with zipfile.ZipFile(hub / 'bad.zip', 'w') as archive:
+        archive.writestr(info, '../../victim.pth' if why == 'symbolic link' else b'x')
+    before = sorted(p.name for p in tmp_path.rglob('*'))
+    with pytest.raises(CheckpointError, match=f'refusing the zip.*{why}') as err:
+        remote_checkpoint.load_checkpoint('https://host.invalid/bad.zip')
+    assert '\n' not in str(err.value)
+    assert sorted(p.name for p in tmp_path.rglob('*')) == before
 
 
 def test_our_tools_take_a_checkpoint_by_url(hub, no_download, tmp_path):
