@@ -91,3 +91,29 @@ class AtomicLocalBackend(LocalBackend):
 
 
 register_backend('atomic_local', AtomicLocalBackend)
+
+
+def check_output_path(out: Union[str, Path], inputs: dict, force: bool = False) -> None:
+    """Refuse, before any work, an output file that is one of the tool's inputs (the same file,
+    also through links or another spelling of its path) or that exists without ``force``.
+
+    Args:
+        out: the file the tool is about to write.
+        inputs: ``{what: path}`` of the files the tool reads (e.g. ``{'checkpoint': ...}``).
+        force: replace an existing ``out`` that is not an input.
+    """
+    from amvim_mm.errors import ConfigError
+    out = os.path.expanduser(str(out))
+    for what, path in inputs.items():
+        if not path:
+            continue
+        path = os.path.expanduser(str(path))
+        same = (os.path.samefile(out, path) if os.path.exists(out) and os.path.exists(path)
+                else os.path.realpath(out) == os.path.realpath(path))
+        if same:
+            raise ConfigError(f'the output {out} is the {what} given as input; refusing to '
+                              'overwrite it (choose another output path)')
+    if os.path.isdir(out):
+        raise ConfigError(f'the output {out} is a folder; give a file path')
+    if os.path.exists(out) and not force:
+        raise ConfigError(f'the output {out} exists; pass --force to replace it')

@@ -175,6 +175,35 @@ def test_static_deploy_config_and_errors(tiny_segmentor, capsys):
     assert code == 2 and 'ONNX file not found' in err
 
 
+def test_export_never_overwrites_an_input_or_an_existing_file(tiny_segmentor, capsys):
+    """Issue 52, defect 2: ``--out CKPT`` replaced the checkpoint with the ONNX file and
+    ``--out CFG`` the config (rc 0). An output that is an input (also through a link) is
+    refused in one line before any work; an existing output needs ``--force``."""
+    import hashlib
+    cfg, ckpt, tmp = tiny_segmentor
+
+    def digest(path):
+        return hashlib.sha256(open(path, 'rb').read()).hexdigest()
+    before = {p: digest(p) for p in (cfg, ckpt)}
+    link = tmp / 'link-to-ckpt.pth'
+    if not link.exists():
+        os.symlink(ckpt, link)
+    for out, what in ((ckpt, 'checkpoint'), (cfg, 'config'), (link, 'checkpoint'),
+                      (osp.join(osp.dirname(ckpt), '.', osp.basename(ckpt)), 'checkpoint')):
+        code, _, err = _run('export_onnx', [cfg, ckpt, '--out', out, '--force'], capsys)
+        assert code == 2 and f'is the {what} given as input' in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert {p: digest(p) for p in (cfg, ckpt)} == before
+    existing = tmp / 'existing.onnx'
+    existing.write_bytes(b'a file the user keeps')
+    code, _, err = _run('export_onnx', [cfg, ckpt, '--out', existing], capsys)
+    assert code == 2 and 'exists; pass --force' in err
+    assert existing.read_bytes() == b'a file the user keeps'
+    code, out, err = _run('export_onnx', [cfg, ckpt, '--out', existing, '--force'], capsys)
+    assert code == 0, err
+    assert ort_session(str(existing)).get_outputs()[0].name == 'seg_logits'
+
+
 def test_missing_extras_hint(monkeypatch):
     import builtins
     real_import = builtins.__import__

@@ -1,7 +1,7 @@
 """Export a whole segmentor / detector / classifier of a model config to ONNX.
 
     python tools/deploy/export_onnx.py CONFIG CHECKPOINT [--deploy-cfg DEPLOY_CFG]
-        [--out FILE.onnx] [--shape H W] [--opset 17] [--dynamo]
+        [--out FILE.onnx] [--force] [--shape H W] [--opset 17] [--dynamo]
         [--reduce tome|random|evit|top --ratio R [--seed S] [--locations B ...]
          | --reduce learned] [--cfg-options k=v ...]
 
@@ -11,7 +11,9 @@ deploy config in mmdeploy's format (``configs/deploy/``; default: the task's
 ``*_onnxruntime_dynamic.py``): its ``onnx_config`` gives the opset, input / output names, a
 static ``input_shape`` ([W, H]) or a dynamic batch (``dynamic_axes``). What is exported per task
 and what is fixed at export: docs/deploy.md. Without ``--out`` the file is
-``work_dirs/deploy/<config name>[_<method><ratio>].onnx``. Bad input ends with one ``error:``
+``work_dirs/deploy/<config name>[_<method><ratio>].onnx``. An output that is one of the inputs
+(config, checkpoint, deploy config; through links too) is refused, an existing one is replaced
+only with ``--force`` (atomically). Bad input ends with one ``error:``
 line and exit code 2 (missing extras: the ``pip install -r requirements/deploy.txt`` hint).
 """
 import argparse
@@ -40,6 +42,7 @@ def parse_args(argv=None):
     add_model_args(p)
     p.add_argument('--deploy-cfg', help='deploy config (mmdeploy format; configs/deploy/)')
     p.add_argument('--out', help='the .onnx file to write')
+    p.add_argument('--force', action='store_true', help='replace an existing --out file')
     p.add_argument('--shape', nargs=2, type=int, metavar=('H', 'W'),
                    help='export image size (default: the deploy config\'s input_shape, else '
                         'the model config\'s crop_size / img_size)')
@@ -61,6 +64,10 @@ def export(args) -> str:
     """Export as the parsed arguments ask; returns the written path."""
     import torch
     from amvim_mm.deploy.ort import require_onnxruntime
+    from amvim_mm.engine.fileio import check_output_path
+    out = args.out or default_out(args)
+    check_output_path(out, {'config': args.config, 'checkpoint': args.checkpoint,
+                            'deploy config': args.deploy_cfg}, force=args.force)
     require_onnxruntime()
     from amvim_mm.deploy.export import export_onnx
     cfg, model = load_task_model(args)
@@ -72,7 +79,6 @@ def export(args) -> str:
     forward = TaskForward(model, cfg.default_scope, (h, w)).eval()
     images = torch.randn(1, 3, h, w, generator=torch.Generator().manual_seed(0))
     names = output_names(forward, images, onnx_cfg.get('output_names'))
-    out = args.out or default_out(args)
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
     print(f'exporting at {h}x{w} with the {"torch.export-based" if args.dynamo else "TorchScript"}'
           ' exporter (a tiny model at 224: about a minute on 2 cores; dynamo: several)...',
