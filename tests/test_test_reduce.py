@@ -76,7 +76,7 @@ def setups(tmp_path_factory):
         ratios = [0, RATIO] if task == 'seg' else [RATIO]
         data = run_sweep(models, methods, ratios, str(base / f'sweep_{task}'), names=names,
                          cfg_options=dict(o.split('=', 1) for o in _options(task, root)),
-                         progress=False, replicates=10)
+                         progress=False, replicates=40)
         rows = {(r['model'], r['method'], r['ratio']): r for r in data['results']}
         out[task] = dict(root=root, config=config, ckpt=ckpt, rows=rows, base=base)
     return out

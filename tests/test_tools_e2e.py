@@ -305,6 +305,8 @@ def prune_eval_tool():
     (['--ratios', '-0.1'], 'ratio -0.1 is outside [0, 1)'),
     (['--methods', 'tome', 'evit_unknown'], "invalid choice: 'evit_unknown'"),
     (['--names', 'a'], '1 names for 2 models'),
+    # issue 52: one replicate printed a 95 % interval of width 0
+    (['--replicates', '1'], '--replicates must be at least 40'),
 ])
 def test_prune_eval_bad_input(bad, expect, prune_models, prune_eval_tool, tmp_path, capsys):
     args = [*prune_models, '--out-dir', str(tmp_path / 'pe'), *bad]

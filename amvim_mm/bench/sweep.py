@@ -85,7 +85,7 @@ def time_modes(config: str, ckpt: str, data_root: str, out_dir: str,
         warm = dict(_cfg_options(data_root), **{f'{k}.dataset.indices': warmup
                                                 for k in ('val_dataloader', 'test_dataloader')})
         run_sweep([(config, ckpt)], list(methods), list(ratios), osp.join(out_dir, 'warmup'),
-                  names=['vim-t'], cfg_options=warm, seeds=list(seeds), replicates=10,
+                  names=['vim-t'], cfg_options=warm, seeds=list(seeds), replicates=40,
                   progress=False)
     for mode in modes:
         folder = osp.join(out_dir, f'sweep_{mode}')

@@ -98,13 +98,16 @@ def flatten_outputs(out) -> List:
 
 def max_relative_error(reference: np.ndarray, value: np.ndarray) -> float:
     """``max|value - reference| / max|reference|`` (0 when both are all zeros, inf when only
-    ``reference`` is)."""
+    ``reference`` is, and inf when either holds a NaN or an infinity: a non-finite output is
+    never "close", and NaN would otherwise vanish in a later ``max``)."""
     reference = np.asarray(reference, dtype=np.float64)
     value = np.asarray(value, dtype=np.float64)
     if reference.shape != value.shape:
         raise ConfigError(f'output shapes differ: PyTorch {reference.shape}, ONNX {value.shape}')
     if reference.size == 0:
         return 0.0
+    if not (np.all(np.isfinite(reference)) and np.all(np.isfinite(value))):
+        return float('inf')
     diff = float(np.max(np.abs(value - reference)))
     scale = float(np.max(np.abs(reference)))
     if scale == 0:

@@ -58,6 +58,19 @@ def test_max_relative_error_definition():
     assert max_relative_error(np.zeros(3), np.ones(3)) == float('inf')
     with pytest.raises(ConfigError, match='shapes differ'):
         max_relative_error(np.zeros(3), np.zeros(4))
+    # issue 52: NaN (e.g. from NaN initializers) vanished in Python's max and printed "OK 0"
+    assert max_relative_error(ref, np.where(ref > 1, np.nan, ref)) == float('inf')
+    assert max(0.0, max_relative_error(ref, ref * np.inf)) == float('inf')
+
+
+def test_check_onnx_refuses_to_compare_nothing(capsys):
+    """Issue 52: ``--random 0 --real 0`` printed OK having compared nothing."""
+    for argv, message in ((['--random', '0', '--real', '0'], 'compare nothing'),
+                          (['--random', '-1'], '--random takes a count'),
+                          (['--tol', 'nan'], '--tol takes a finite number')):
+        with pytest.raises(SystemExit) as exit_:
+            _tool('check_onnx').parse_args(['cfg.py', 'ckpt.pth', 'x.onnx', *argv])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_run_and_compare_against_numpy(two_onnx):

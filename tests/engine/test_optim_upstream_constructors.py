@@ -136,3 +136,19 @@ def test_mmdet_constructor_follows_the_layer_depth():
         depth, num = model.backbone.get_layer_depth(name)
         assert lr[id(p)] == pytest.approx(BASE_LR * RATE ** (num - 1 - depth)), name
     assert lr[id(model.head.weight)] == BASE_LR
+
+
+@pytest.mark.parametrize('rate', [float('nan'), float('inf'), -0.5, 0.0, 1.5, 'fast'])
+@pytest.mark.parametrize('constructor,key', [
+    ('LayerDecayOptimizerConstructor', 'layer_decay_rate'),
+    ('LearningRateDecayOptimizerConstructor', 'decay_rate'),
+    ('LayerDecayOptimWrapperConstructor', 'layer_decay_rate')])
+def test_a_layer_decay_rate_outside_0_1_stops_in_one_line(constructor, key, rate):
+    """Issue 52: nan / inf / negative / 0 rates trained with nan, negative or zero learning
+    rates (exit 0), 'fast' ended in a traceback; every constructor now stops in one line."""
+    model = _segmentor(dict(type='Vim', arch='test', img_size=32, out_type='featmap'))
+    cfg = {key: rate} if constructor == 'LayerDecayOptimWrapperConstructor' else \
+        dict(num_layers=4, **{key: rate})
+    with pytest.raises(ConfigError, match=r'decay_rate must be (a number )?in \(0, 1\]') as err:
+        _optimizer(model, constructor, cfg)
+    assert '\n' not in str(err.value)

@@ -122,7 +122,7 @@ def test_prune_eval_batch_one_and_eight_give_the_same_per_image_results(tmp_path
         proc = subprocess.run(
             [sys.executable, osp.join(ROOT, 'tools/prune_eval.py'), cfg, ckpt, '--methods',
              'random', '--ratios', '0.46', '--seeds', '0', '1', '--names', 'vim', '--out-dir',
-             str(out), '--replicates', '20', '--cfg-options',
+             str(out), '--replicates', '40', '--cfg-options',
              f'test_dataloader.dataset.data_root={root}', f'test_dataloader.batch_size={batch}'],
             cwd=str(tmp_path), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env=dict(os.environ, OMP_NUM_THREADS='1'), timeout=600)

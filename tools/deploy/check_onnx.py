@@ -43,6 +43,12 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.real != 'all' and (not args.real.isdigit()):
         p.error(f"--real takes a count or 'all', got {args.real!r}")
+    if args.random < 0:
+        p.error(f'--random takes a count >= 0, got {args.random}')
+    if args.random == 0 and args.real == '0':
+        p.error('--random 0 and --real 0 compare nothing; give images to compare')
+    if not 0 <= args.tol < float('inf'):
+        p.error(f'--tol takes a finite number >= 0, got {args.tol}')
     return args
 
 
@@ -67,7 +73,7 @@ class Tally:
         self.agree = self.total = 0
 
     def add(self, ref, got):
-        for n, r, g in zip(self.names, ref, got):
+        for n, r, g in zip(self.names, ref, got, strict=True):
             self.err[n] = max(self.err[n], max_relative_error(r, g))
         if ref[0].ndim >= 2:
             same = ref[0].argmax(axis=1) == got[0].argmax(axis=1)

@@ -75,10 +75,17 @@ def validate(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     return names
 
 
+#: the fewest bootstrap replicates of a 95 % percentile interval: one replicate per 2.5 % tail
+MIN_REPLICATES = 40
+
+
 def _check_options(names: Sequence[str], margin, jobs: int, measure_speed: bool,
                    groups: Optional[Sequence[str]], flops_convention: str,
-                   launcher: str = 'none') -> None:
+                   launcher: str = 'none', replicates: int = 1000) -> None:
     from amvim_mm.analysis.flops import CONVENTIONS
+    if not (isinstance(replicates, int) and replicates >= MIN_REPLICATES):
+        raise ConfigError(f'--replicates must be at least {MIN_REPLICATES} (a 95 % interval '
+                          f'needs a replicate in each 2.5 % tail), got {replicates!r}')
     if launcher != 'none' and jobs > 1:
         raise ConfigError('--jobs runs worker processes on one machine; with --launcher the '
                           'processes are the launcher\'s: drop --jobs')
@@ -131,7 +138,8 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     which is kept for comparison and for evaluators too large to hold many at once.
     """
     names = validate(models, methods, ratios, names, precision, seeds)
-    _check_options(names, margin, jobs, measure_speed, groups, flops_convention, launcher)
+    _check_options(names, margin, jobs, measure_speed, groups, flops_convention, launcher,
+                   replicates)
     dist.init_launcher(launcher)
     sweep = _Sweep(models=list(models), methods=list(methods),
                    ratios=sorted(set(float(r) for r in ratios)), out_dir=out_dir, names=names,
