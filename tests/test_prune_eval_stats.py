@@ -424,3 +424,18 @@ def test_jobs_refuse_speed_measurements(toy, tmp_path):
     assert p.stderr.strip().splitlines()[-1] == (
         'error: --measure-speed times every cell on this machine: run it with --jobs 1 '
         '(workers running side by side would slow each other down)')
+
+
+@pytest.mark.parametrize('method,depth,patches', [('evit', 24, 196), ('top', 24, 196),
+                                                  ('top', 8, 64)])
+def test_an_unreachable_importance_ratio_is_refused(method, depth, patches):
+    """Issue 52: ``--ratio 0.99`` for EViT / ToP silently became about 0.55 / 0.85 (pruning
+    after two blocks cannot remove more); now a one-line error names the reachable ratio."""
+    from amvim_mm.apis.sweep.methods import reduction_config
+    from amvim_mm.errors import ConfigError
+    with pytest.raises(ConfigError, match=r'ratio 0\.99 is out of reach .* nearest reachable'):
+        reduction_config(method, 0.99, patches, depth)
+    cfg = reduction_config(method, 0.46, patches, depth)
+    rem = ReductionSchedule(keep_rate=cfg['keep_rate'],
+                            locations=tuple(cfg['locations'])).removals(patches, depth)
+    assert abs(ReductionSchedule.realised_ratio(rem, patches) - 0.46) <= 0.05

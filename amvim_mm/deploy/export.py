@@ -130,11 +130,27 @@ def export_onnx(model: nn.Module,
                               input_names=list(input_names), output_names=names,
                               **_dynamic(xs, input_names, names, dynamic_batch, dynamo))
         onnx.checker.check_model(tmp)
+        if dynamic_batch:
+            _check_dynamic_batch(onnx.load(tmp, load_external_data=False).graph, dynamo)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def _check_dynamic_batch(graph, dynamo: bool) -> None:
+    """A dynamic batch was asked for: every graph input must have a symbolic first dimension
+    (``torch.export`` fixes a dimension of size 1 of its example; an exporter that fixed it
+    would otherwise write a file that fails at any other batch without a word)."""
+    for v in graph.input:
+        dims = v.type.tensor_type.shape.dim
+        if dims and not dims[0].dim_param:
+            how = 'torch.export-based' if dynamo else 'TorchScript'
+            raise ConfigError(f'export_onnx: the {how} exporter fixed the batch of input '
+                              f'{v.name!r} at {dims[0].dim_value}, though a dynamic batch was '
+                              'asked for (export with an example batch of 2 or more, or a '
+                              'static deploy config)')
 
 
 def _flat(out) -> list:

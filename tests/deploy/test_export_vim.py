@@ -79,6 +79,23 @@ def test_export_onnx_errors(tmp_path):
     assert not list(tmp_path.iterdir())      # nothing written on an error
 
 
+def test_a_fixed_batch_where_a_dynamic_one_was_asked_is_an_error(tmp_path, monkeypatch):
+    """Issue 52: ``--dynamo`` with the dynamic deploy config wrote a graph with a fixed batch
+    of 1 without a word (torch.export fixes an example dimension of size 1). An export whose
+    graph has a fixed batch although a dynamic one was asked for now stops in one line, and
+    nothing is written."""
+    m = _build('Vim')
+    real = torch.onnx.export
+
+    def fixing_batch(*args, **kwargs):        # an exporter that drops the dynamic batch
+        kwargs.pop('dynamic_axes', None)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(torch.onnx, 'export', fixing_batch)
+    with pytest.raises(ConfigError, match="fixed the batch of input 'input' at 1") as err:
+        export_onnx(m, tmp_path / 'a.onnx', _images(1), input_names=('input', ))
+    assert '\n' not in str(err.value) and not list(tmp_path.glob('*.onnx'))
+
+
 #: the reducers at the issue's ratios (ToMe 0.27, random with a fixed seed, ToP aligned)
 REDUCERS = {
     'ToMe': dict(type='ToMe', ratio=0.27),

@@ -77,7 +77,9 @@ def export(args) -> str:
     onnx_cfg = deploy_cfg.get('onnx_config', {})
     h, w = export_shape(cfg, deploy_cfg, args.shape)
     forward = TaskForward(model, cfg.default_scope, (h, w)).eval()
-    images = torch.randn(1, 3, h, w, generator=torch.Generator().manual_seed(0))
+    # torch.export fixes a dimension whose example size is 1: a dynamic batch needs 2
+    batch = 2 if args.dynamo and is_dynamic_batch(deploy_cfg) else 1
+    images = torch.randn(batch, 3, h, w, generator=torch.Generator().manual_seed(0))
     names = output_names(forward, images, onnx_cfg.get('output_names'))
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
     print(f'exporting at {h}x{w} with the {"torch.export-based" if args.dynamo else "TorchScript"}'

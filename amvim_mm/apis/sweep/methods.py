@@ -67,6 +67,11 @@ def check_reduction_args(method: Optional[str], ratio: Optional[float], seed: Op
                           'only')
 
 
+#: how far an importance method's realised ratio may lie from the asked one (its keep rate
+#: prunes whole tokens at a few blocks, so not every ratio is reachable exactly)
+RATIO_TOLERANCE = 0.05
+
+
 def reduction_config(method: str, ratio: float, num_patches: int, depth: int,
                      locations: Optional[Sequence[int]] = None, seed: int = 0
                      ) -> Optional[dict]:
@@ -81,6 +86,14 @@ def reduction_config(method: str, ratio: float, num_patches: int, depth: int,
     if method in IMPORTANCE_METHODS:
         locs = list(locations or ReductionSchedule.importance_locations(depth))
         keep = ReductionSchedule.keep_rate_for_ratio(ratio, num_patches, depth, locs)
+        realised = ReductionSchedule.realised_ratio(
+            ReductionSchedule(keep_rate=keep, locations=tuple(locs)).removals(num_patches,
+                                                                              depth),
+            num_patches)
+        if abs(realised - ratio) > RATIO_TOLERANCE:
+            raise ConfigError(f'{method}: ratio {ratio:g} is out of reach when pruning after '
+                              f'blocks {locs} of {depth} (the nearest reachable ratio is '
+                              f'{realised:.3f}); give a smaller ratio or earlier --locations')
         return dict(type=METHODS[method], keep_rate=keep, locations=locs)
     cfg = dict(type=METHODS[method], ratio=ratio)
     if method in SEEDED_METHODS:
