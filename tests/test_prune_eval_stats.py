@@ -439,3 +439,35 @@ def test_an_unreachable_importance_ratio_is_refused(method, depth, patches):
     rem = ReductionSchedule(keep_rate=cfg['keep_rate'],
                             locations=tuple(cfg['locations'])).removals(patches, depth)
     assert abs(ReductionSchedule.realised_ratio(rem, patches) - 0.46) <= 0.05
+
+
+@pytest.mark.parametrize('row,expect', [
+    ({'method': 'tome', 'ratio': 0.2}, "row 0 has no text 'model'"),
+    ({'model': 'a', 'method': 'tome', 'ratio': 'abc'}, "row 0 has ratio 'abc'"),
+    ({'model': 'a', 'method': 'tome', 'ratio': 1.5}, 'row 0 has ratio 1.5'),
+    ([1, 2], 'row 0 is a list')])
+def test_a_malformed_results_row_is_one_line(tmp_path, row, expect):
+    """Issue 52, defect 8: a results.json row without ``model`` or with ratio "abc" ended in a
+    KeyError / ValueError traceback."""
+    from amvim_mm.apis import sweep as pe
+    from amvim_mm.errors import ConfigError
+    path = tmp_path / 'results.json'
+    path.write_text(json.dumps({'results': [row]}))
+    with pytest.raises(ConfigError, match=expect) as err:
+        pe.load_results(str(path))
+    assert '\n' not in str(err.value)
+
+
+@pytest.mark.parametrize('content', [b'', b'PK\x03\x04 truncated', b'garbage'])
+def test_an_unreadable_stats_file_is_one_line(tmp_path, content):
+    """Issue 52, defect 8: a truncated or garbage per-image statistics file ended in a
+    BadZipFile traceback in the final pass."""
+    from amvim_mm.apis import sweep as pe
+    from amvim_mm.errors import ConfigError
+    rows = [_cls_row(tmp_path, 'a', 0.0, np.ones(10, bool)),
+            _cls_row(tmp_path, 'a', 0.5, np.ones(10, bool))]
+    (tmp_path / rows[1]['stats_file']).write_bytes(content)
+    with pytest.raises(ConfigError, match='per-image statistics file is unreadable') as err:
+        pe.merge_results(str(tmp_path / 'results.json'), rows, dict(models=['a']),
+                         out_dir=str(tmp_path), replicates=40)
+    assert '\n' not in str(err.value)

@@ -49,20 +49,11 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmen
 from mmengine.config import DictAction
 
 from amvim_mm.apis import dist
-from amvim_mm.apis.cli import run_cli
+from amvim_mm.apis.cli import positive_int, run_cli
 from amvim_mm.analysis.flops import CONVENTIONS
 from amvim_mm.apis.sweep import (METHODS, PRECISIONS, group_table, markdown_table, plot,
                                  plot_groups, run_sweep, verdict_table)
 
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f'expected a positive integer, got {text!r}')
-    return n
 
 
 def parse_args(argv=None):
@@ -93,12 +84,12 @@ def parse_args(argv=None):
     p.add_argument('--margin', type=float, default=None,
                    help='equivalence margin of the verdicts, in the metric\'s unit (default: '
                         '1 point of mIoU / top-1, 0.01 of box AP; docs/statistics.md)')
-    p.add_argument('--replicates', type=_positive_int, default=1000,
+    p.add_argument('--replicates', type=positive_int, default=1000,
                    help='bootstrap replicates for the intervals')
     p.add_argument('--verbose', action='store_true', help='keep the runners\' logs')
-    p.add_argument('--threads', type=_positive_int, default=None, metavar='N',
+    p.add_argument('--threads', type=positive_int, default=None, metavar='N',
                    help='torch.set_num_threads(N) (default: leave torch\'s default)')
-    p.add_argument('--jobs', type=_positive_int, default=1, metavar='J',
+    p.add_argument('--jobs', type=positive_int, default=1, metavar='J',
                    help='evaluate J models at a time in worker processes, each with '
                         'threads // J threads (default 1: one process)')
     p.add_argument('--cell-by-cell', action='store_true',

@@ -8,6 +8,7 @@ folder is expected, no permission). Anything else is a bug and keeps its traceba
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Callable, Optional
 
@@ -33,3 +34,15 @@ def run_cli(main: Callable[[], Optional[int]]) -> int:
     except KeyboardInterrupt:
         print('interrupted', file=sys.stderr)
         return 130
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for counts such as ``--threads``: a positive integer, else the
+    parser's one-line error (a negative thread count reached ``torch.set_num_threads``)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f'expected a positive integer, got {text!r}')
+    return n

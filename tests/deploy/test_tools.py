@@ -67,7 +67,8 @@ def test_check_onnx_refuses_to_compare_nothing(capsys):
     """Issue 52: ``--random 0 --real 0`` printed OK having compared nothing."""
     for argv, message in ((['--random', '0', '--real', '0'], 'compare nothing'),
                           (['--random', '-1'], '--random takes a count'),
-                          (['--tol', 'nan'], '--tol takes a finite number')):
+                          (['--tol', 'nan'], '--tol takes a finite number'),
+                          (['--threads', '-1'], 'expected a positive integer')):
         with pytest.raises(SystemExit) as exit_:
             _tool('check_onnx').parse_args(['cfg.py', 'ckpt.pth', 'x.onnx', *argv])
         assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -21,7 +21,7 @@ import warnings
 
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 
-from amvim_mm.apis.cli import run_cli
+from amvim_mm.apis.cli import positive_int, run_cli
 from amvim_mm.deploy.ort import ort_session, run_onnx
 from amvim_mm.deploy.tasks import TaskForward, add_model_args, load_task_model
 from amvim_mm.errors import ConfigError
@@ -34,7 +34,8 @@ def parse_args(argv=None):
     p.add_argument('--batch', nargs='+', type=int, default=[1, 8], help='batch sizes')
     p.add_argument('--rounds', type=int, default=5, help='interleaved rounds')
     p.add_argument('--iters', type=int, default=10, help='timed calls per round and side')
-    p.add_argument('--threads', type=int, default=None, help='CPU threads of both runtimes')
+    p.add_argument('--threads', type=positive_int, default=None,
+                   help='CPU threads of both runtimes')
     args = p.parse_args(argv)
     if min(args.batch) < 1 or args.rounds < 1 or args.iters < 1:
         p.error('--batch, --rounds and --iters take positive integers')

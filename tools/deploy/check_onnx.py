@@ -23,7 +23,7 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmen
 
 import numpy as np
 
-from amvim_mm.apis.cli import run_cli
+from amvim_mm.apis.cli import positive_int, run_cli
 from amvim_mm.deploy.ort import flatten_outputs, max_relative_error, ort_session, run_onnx
 from amvim_mm.deploy.tasks import TaskForward, add_model_args, load_task_model
 from amvim_mm.errors import ConfigError
@@ -38,7 +38,8 @@ def parse_args(argv=None):
                    help="images of the config's test set ('all': every one)")
     p.add_argument('--batch', type=int, default=None,
                    help='batch size (default: 4, or the ONNX model\'s fixed batch)')
-    p.add_argument('--threads', type=int, default=None, help='CPU threads of both runtimes')
+    p.add_argument('--threads', type=positive_int, default=None,
+                   help='CPU threads of both runtimes')
     p.add_argument('--tol', type=float, default=1e-4, help='largest accepted relative error')
     args = p.parse_args(argv)
     if args.real != 'all' and (not args.real.isdigit()):

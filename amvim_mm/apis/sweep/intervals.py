@@ -35,7 +35,7 @@ class _Values:
             f = r.get('stats_file')
             self.values[k] = None
             if f and osp.isfile(osp.join(self.out_dir, f)):
-                per_seed, keys = S.loads(osp.join(self.out_dir, f))
+                per_seed, keys = _read_stats(osp.join(self.out_dir, f))
                 keys = tuple(keys)
                 if keys not in self.weights:
                     self.weights[keys] = S.bootstrap_weights(len(keys), self.replicates,
@@ -43,6 +43,19 @@ class _Values:
                 point = float(S.mean_over_seeds(per_seed, np.ones((1, len(keys))))[0])
                 self.values[k] = (S.mean_over_seeds(per_seed, self.weights[keys]), keys, point)
         return self.values[k]
+
+
+def _read_stats(path: str):
+    """A row's per-image statistics file, or a one-line error naming it."""
+    from amvim_mm.analysis import stats as S
+    from amvim_mm.errors import ConfigError
+    try:
+        return S.loads(path)
+    except Exception as err:     # BadZipFile, EOFError, KeyError, ValueError of a bad file
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise ConfigError(f'{path}: the per-image statistics file is unreadable '
+                          f'({type(err).__name__}: {reason}); delete it and its row in '
+                          'results.json to evaluate that cell again') from None
 
 
 def add_intervals(data: Dict[str, object], out_dir: str, replicates: int = 1000,

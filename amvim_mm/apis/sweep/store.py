@@ -60,10 +60,32 @@ def load_results(path: str) -> Dict[str, object]:
         except json.JSONDecodeError as e:
             raise ConfigError(f'{path} is not valid JSON ({e}); move it away or pick another '
                               '--out-dir') from None
-    if not isinstance(data, dict) or 'results' not in data:
+    if not isinstance(data, dict) or not isinstance(data.get('results'), list):
         raise ConfigError(f'{path} is not a results file of prune_eval (no "results" list); '
                           'move it away or pick another --out-dir')
+    for i, row in enumerate(data['results']):
+        problem = _row_problem(row)
+        if problem is not None:
+            raise ConfigError(f'{path}: row {i} {problem}; fix or delete that row (or move the '
+                              'file away) and run again')
     return data
+
+
+def _row_problem(row) -> Optional[str]:
+    """Why a stored row cannot be used (None: it can): the fields of its identity."""
+    import math
+    if not isinstance(row, dict):
+        return f'is a {type(row).__name__}, not an object'
+    for key in ('model', 'method'):
+        if not isinstance(row.get(key), str):
+            return f'has no text {key!r} (got {row.get(key)!r})'
+    ratio = row.get('ratio')
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or \
+            not (math.isfinite(ratio) and 0 <= ratio < 1):
+        return f'has ratio {ratio!r}, not a number in [0, 1)'
+    if not isinstance(row.get('precision', 'fp32'), str):
+        return f'has precision {row.get("precision")!r}, not a text'
+    return None
 
 
 def file_sha256(path: str, chunk: int = 1 << 20) -> str:
