@@ -3,6 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import amvim_mm  # noqa: F401
@@ -27,6 +28,22 @@ def test_erf_map_shape_and_locality():
     assert n.min() == 0 and n.max() == 1
     assert 0 < high_contribution_area(e) <= 1
     assert m.out_type == 'cls_token'        # restored afterwards
+
+
+@pytest.mark.parametrize('family', ['Vim', 'AMVim', 'LocalVim', 'PlainMamba', 'ViL', 'AMViL'])
+def test_erf_map_of_every_token_family(family):
+    """Issue 52: ``tools/erf.py`` on ViL ended in "no attribute 'last_featmap'"; every family
+    gives its last block's map (the weights perturbed: some families zero-initialise their
+    output projections, which would give a zero map at construction)."""
+    torch.manual_seed(0)
+    m = MODELS.build(dict(type=family, arch='test', img_size=32))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    saved = m.out_type, list(m.out_indices)
+    e = erf_map(m, (32, 32), num_samples=2, batch_size=2)
+    assert e.shape == (32, 32) and torch.isfinite(e).all() and e.sum() > 0
+    assert (m.out_type, list(m.out_indices)) == saved
 
 
 def test_erf_map_of_vmamba_is_local_and_runs_with_reduction():

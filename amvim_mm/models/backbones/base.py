@@ -84,6 +84,17 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
     default_flops_convention = 'mamba'
 
     # ----------------------------------------------------------------- set-up
+    def last_featmap(self, x: torch.Tensor) -> torch.Tensor:
+        """The last block's output as a (B, D, h, w) map, whatever ``out_type`` and
+        ``out_indices`` say (for analyses such as the effective receptive field). Families
+        with stages (VMamba) give their last stage's map instead."""
+        saved = self.out_type, self.out_indices
+        self.out_type, self.out_indices = 'featmap', [self.num_layers - 1]
+        try:
+            return self(x)[-1]
+        finally:
+            self.out_type, self.out_indices = saved
+
     def init_forward(self, cuda_graph: Optional[bool]) -> None:
         """Validate ``cuda_graph`` (True, False or None: the ``AMVIM_CUDA_GRAPH`` switch) and
         start the graphs and the record."""

@@ -373,16 +373,6 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
         stream = residual + (self.drop_path(hidden) if last and self.final_norm else hidden)
         return self.format_output(stream, ctx, last)
 
-    def last_featmap(self, x: torch.Tensor) -> torch.Tensor:
-        """The last block's output as a (B, D, h, w) map, whatever ``out_type`` and
-        ``out_indices`` say (for analyses such as the effective receptive field)."""
-        saved = self.out_type, self.out_indices
-        self.out_type, self.out_indices = 'featmap', [self.num_layers - 1]
-        try:
-            return self(x)[-1]
-        finally:
-            self.out_type, self.out_indices = saved
-
     # ----------------------------------------------------------------- FLOPs
     #: the conventions :meth:`flops` counts in (see :mod:`amvim_mm.analysis.flops`)
     flops_conventions = FLOPS_CONVENTIONS
