@@ -101,6 +101,9 @@ def load_task_model(args):
         model_cfg.setdefault('data_preprocessor', cfg.data_preprocessor)
     model = registry.build(model_cfg)
     load_model_weights(model, args.checkpoint, strict=True)
+    from amvim_mm.models.reducer_finetuner import ReducerFineTuner
+    if isinstance(model, ReducerFineTuner):   # a fine-tuning config: deploy its student
+        model = model.student
     if args.reduce:
         backbone = find_reducible_backbone(model)
         backbone.set_token_reduction(

@@ -241,3 +241,22 @@ def test_every_shipped_deploy_config_reads(name):
     assert cfg['codebase_config']['type'] == scope[name.split('_')[0]]
     assert cfg['onnx_config']['opset_version'] >= 17
     assert is_dynamic_batch(cfg) == ('_dynamic' in name)
+
+
+def test_a_fine_tuning_config_deploys_its_student():
+    """Issue 52, defect 8: check_onnx on a DynamicViT fine-tuning config ended in
+    "'ReducerFineTuner' object has no attribute 'encode_decode'"; the deploy tools now take
+    the wrapper's student (the model with its learned reducer, as tools/test.py runs it)."""
+    import argparse
+
+    from amvim_mm.deploy.tasks import load_task_model
+    from amvim_mm.engine.hooks import find_reducible_backbone
+    cfg = osp.join(ROOT, 'configs/demo/vim-demo_pyramid_upernet_1xb8-600i_toyshapes-64x64_'
+                         'dynamicvit.py')
+    ckpt = osp.join(ROOT, 'checkpoints/demo/vim-demo-dynamicvit-seed0_toyshapes-64x64.pth')
+    args = argparse.Namespace(config=cfg, checkpoint=ckpt, cfg_options=None, reduce='learned',
+                              ratio=None, seed=None, locations=None)
+    _, model = load_task_model(args)
+    assert type(model).__name__ == 'EncoderDecoder' and hasattr(model, 'encode_decode')
+    reducer = find_reducible_backbone(model).token_reducer
+    assert type(reducer).__name__ == 'DynamicViTReducer' and not model.training
