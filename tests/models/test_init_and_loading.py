@@ -183,3 +183,25 @@ def test_pretrained_none_builds_and_bad_values_are_errors(tmp_path, type_):
                                               rf'\(str\) or None, got {bad!r}'.replace('[', r'\[')
                            .replace(']', r'\]')):
             MODELS.build(dict(cfg, pretrained=bad))
+
+
+@pytest.mark.parametrize('family', ['Vim', 'AMVim', 'LocalVim', 'PlainMamba', 'ViL', 'AMViL',
+                                    'VMamba'])
+@pytest.mark.parametrize('dtype', [torch.int64, torch.bool])
+def test_an_integer_tensor_for_a_float_weight_is_refused(family, dtype):
+    """Issue 52: a ViL file with an int64 tensor for a float weight loaded (cast without a
+    word). Every family refuses it, loaded alone or inside a whole model."""
+    from amvim_mm.registry import MODELS
+    cfg = dict(type=family, arch='test') if family == 'VMamba' else \
+        dict(type=family, arch='test', img_size=32)
+    m = MODELS.build(cfg)
+    sd = m.state_dict()
+    key = next(k for k, v in sd.items() if v.is_floating_point() and v.ndim > 1)
+    sd[key] = sd[key].to(dtype)
+    with pytest.raises(CheckpointMismatchError, match=f'{key} is {dtype}') as err:
+        m.load_state_dict(sd)
+    assert '\n' not in str(err.value)
+    wrapper = torch.nn.Module()
+    wrapper.backbone = m
+    with pytest.raises(CheckpointMismatchError, match=f'backbone.{key} is {dtype}'):
+        wrapper.load_state_dict({f'backbone.{k}': v for k, v in sd.items()})

@@ -96,6 +96,22 @@ class CheckpointGuard:
         has any of its weights (checked by :meth:`_check_loaded`)."""
         self._load_prefix = prefix
         self._load_found = any(k.startswith(prefix) for k in state_dict)
+        self._check_dtypes(state_dict, prefix)
+
+    def _check_dtypes(self, state_dict, prefix: str) -> None:
+        """Refuse a checkpoint tensor that is not floating point where the backbone's is:
+        ``load_state_dict`` would cast an int64 or bool tensor into the float weight without a
+        word (a tampered or wrong file loading as weights)."""
+        import torch
+        own = dict(self.named_parameters())
+        own.update(dict(self.named_buffers()))
+        for name, mine in own.items():
+            theirs = state_dict.get(prefix + name)
+            if isinstance(theirs, torch.Tensor) and mine.is_floating_point() and \
+                    not (theirs.is_floating_point() or theirs.is_complex()):
+                raise CheckpointMismatchError(
+                    f'{type(self).__name__}: the checkpoint\'s {prefix + name} is {theirs.dtype}, '
+                    f'the model\'s is {mine.dtype}: not a weight of this model')
 
     def _check_loaded(self, module, incompatible) -> None:
         """Refuse a whole-model load that would leave this backbone on random weights.
