@@ -556,7 +556,9 @@ def test_demo_quick(tmp_path):
     assert summary.count('| group | models | method |') == 3
     # one table per task; segmentation has each architecture's column and drop difference
     assert '| plainmamba-demo mIoU [95% CI] |' in summary
-    assert 'plainmamba-demo - vim-demo drop [95% CI]' in summary
+    assert 'plainmamba-demo - vim-demo drop [CI] verdict' in summary
+    # each task says what its verdicts rest on (one Holm family, or none with one seed)
+    assert summary.count('Verdicts: ') == 3
     assert 'demo finished' in out
 
 
