@@ -471,3 +471,28 @@ def test_an_unreadable_stats_file_is_one_line(tmp_path, content):
         pe.merge_results(str(tmp_path / 'results.json'), rows, dict(models=['a']),
                          out_dir=str(tmp_path), replicates=40)
     assert '\n' not in str(err.value)
+
+
+@pytest.mark.parametrize('edit', ['metric', 'stats'])
+def test_a_row_edited_after_its_evaluation_is_refused(tmp_path, edit):
+    """Issue 52, defect 7: a results.json metric or a per-image statistics file edited between
+    runs was reused with an interval that no longer contained its value."""
+    from amvim_mm.apis import sweep as pe
+    from amvim_mm.errors import ConfigError
+    rng = np.random.default_rng(3)
+    base = rng.random(50) < 0.7
+    rows = [_cls_row(tmp_path, 'a', 0.0, base),
+            _cls_row(tmp_path, 'a', 0.5, base & (rng.random(50) < 0.8))]
+    path = str(tmp_path / 'results.json')
+    pe.merge_results(path, rows, dict(models=['a']), out_dir=str(tmp_path), replicates=40)
+    if edit == 'metric':
+        data = json.loads(open(path).read())
+        data['results'][1]['metric'] += 5.0
+        open(path, 'w').write(json.dumps(data))
+    else:
+        other = _cls_row(tmp_path, 'x', 0.5, ~base)          # another file's statistics
+        (tmp_path / rows[1]['stats_file']).write_bytes(
+            (tmp_path / other['stats_file']).read_bytes())
+    with pytest.raises(ConfigError, match='was changed after the evaluation') as err:
+        pe.merge_results(path, [], dict(models=['a']), out_dir=str(tmp_path), replicates=40)
+    assert '\n' not in str(err.value)

@@ -312,8 +312,8 @@ def test_no_difference_is_rarely_resolved_and_the_intervals_cover(n, k, sd_seed)
     """Under equal robustness (A and B identical in distribution): p < 0.05 (one comparison,
     unadjusted) at most 6 % of the time; the unadjusted 95 % interval of the difference covers
     0, and ``estimate``'s 95 % interval of an architecture's mean drop (A's and B's) covers the
-    true expected drop, at least 94 % of the time. The true expected drop at ``n`` images is computed by a separate
-    simulation of point values (``TRUTH_EXPERIMENTS``; its Monte Carlo standard error is below
+    true expected drop, at least 94 % of the time. The true expected drop at ``n`` images is
+    computed by a separate simulation of point values (``TRUTH_EXPERIMENTS``; its Monte Carlo standard error is below
     0.02 points, negligible against the intervals' half-widths)."""
     assert _true_mean_drop(n)[1] < 0.02
     fpr, cover, cover_a = _level(n, k, sd_seed)

@@ -9,7 +9,11 @@ import os.path as osp
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from amvim_mm.apis.sweep.rows import row_key, zero_of
+from amvim_mm.errors import ConfigError
 
+#: how far a row's stored metric may lie from its statistics' value (it is stored rounded to
+#: 4 decimals)
+EDIT_TOLERANCE = 1e-3
 #: why a relative drop is null (results.json is strict JSON: no NaN)
 ZERO_BASELINE = 'the unreduced metric is 0: no relative drop'
 
@@ -48,7 +52,6 @@ class _Values:
 def _read_stats(path: str):
     """A row's per-image statistics file, or a one-line error naming it."""
     from amvim_mm.analysis import stats as S
-    from amvim_mm.errors import ConfigError
     try:
         return S.loads(path)
     except Exception as err:     # BadZipFile, EOFError, KeyError, ValueError of a bad file
@@ -90,6 +93,11 @@ def _row_intervals(r: dict, rows: Sequence[dict], vals: _Values, level: float) -
     v = vals(r)
     if v is None:
         return
+    if r.get('metric') is not None and not abs(float(r['metric']) - v[2]) <= EDIT_TOLERANCE:
+        raise ConfigError(f'{r["model"]} {r["method"]} {r["ratio"]}: results.json says metric '
+                          f'{r["metric"]} but its per-image statistics ({r.get("stats_file")}) '
+                          f'give {v[2]:.4f}: one of them was changed after the evaluation; '
+                          'delete the row and its statistics file to evaluate the cell again')
     r['ci_low'], r['ci_high'] = S.interval(v[0], level)
     z = zero_of(rows, r)
     v0 = vals(z)
