@@ -260,3 +260,18 @@ def test_a_fine_tuning_config_deploys_its_student():
     assert type(model).__name__ == 'EncoderDecoder' and hasattr(model, 'encode_decode')
     reducer = find_reducible_backbone(model).token_reducer
     assert type(reducer).__name__ == 'DynamicViTReducer' and not model.training
+
+
+def test_an_export_that_onnx_runtime_cannot_run_writes_nothing(tmp_path, capsys):
+    """Issue 52, defect 3: a classifier exported at 37x53 exited 0 and ONNX Runtime then
+    failed on the file ("Attempting to broadcast an axis..."). The written graph now runs once
+    in ONNX Runtime at the export size before it is moved into place."""
+    cfg = osp.join(ROOT, 'configs/demo/vim-demo_linear_1xb8-2k_toyshapes-64x64.py')
+    ckpt = osp.join(ROOT, 'checkpoints/demo/vim-demo-cls-seed0_toyshapes-64x64.pth')
+    out = tmp_path / 'cls.onnx'
+    code, _, err = _run('export_onnx', [cfg, ckpt, '--shape', 37, 53, '--out', out], capsys)
+    assert code == 2 and 'does not run in ONNX Runtime at 37x53' in err, err
+    assert 'nothing written' in err and not list(tmp_path.iterdir())
+    code, _, err = _run('export_onnx', [cfg, ckpt, '--out', out], capsys)     # its own size
+    assert code == 0, err
+    assert out.is_file() and not [p for p in tmp_path.iterdir() if p != out]

@@ -13,13 +13,15 @@ static ``input_shape`` ([W, H]) or a dynamic batch (``dynamic_axes``). What is e
 and what is fixed at export: docs/deploy.md. Without ``--out`` the file is
 ``work_dirs/deploy/<config name>[_<method><ratio>].onnx``. An output that is one of the inputs
 (config, checkpoint, deploy config; through links too) is refused, an existing one is replaced
-only with ``--force`` (atomically). Bad input ends with one ``error:``
+only with ``--force`` (atomically). The written graph is run once in ONNX Runtime at the export size and compared
+with PyTorch before it is moved into place. Bad input ends with one ``error:``
 line and exit code 2 (missing extras: the ``pip install -r requirements/deploy.txt`` hint).
 """
 import argparse
 import os
 import os.path as osp
 import sys
+import tempfile
 
 import warnings
 
@@ -85,11 +87,45 @@ def export(args) -> str:
     print(f'exporting at {h}x{w} with the {"torch.export-based" if args.dynamo else "TorchScript"}'
           ' exporter (a tiny model at 224: about a minute on 2 cores; dynamo: several)...',
           file=sys.stderr, flush=True)
-    return export_onnx(forward, out, (images, ), opset=args.opset or onnx_cfg.get(
-                           'opset_version', 17), dynamo=args.dynamo,
-                       dynamic_batch=is_dynamic_batch(deploy_cfg),
-                       input_names=tuple(onnx_cfg.get('input_names') or ('input', )),
-                       output_names=names)
+    # written beside the output and moved into place only once ONNX Runtime ran it
+    fd, tmp = tempfile.mkstemp(suffix='.onnx', prefix='.unverified-',
+                               dir=osp.dirname(osp.abspath(out)))
+    os.close(fd)
+    try:
+        export_onnx(forward, tmp, (images, ), opset=args.opset or onnx_cfg.get(
+                        'opset_version', 17), dynamo=args.dynamo,
+                    dynamic_batch=is_dynamic_batch(deploy_cfg),
+                    input_names=tuple(onnx_cfg.get('input_names') or ('input', )),
+                    output_names=names)
+        verify_export(forward, tmp, images, (h, w))
+        os.replace(tmp, out)
+    finally:
+        if osp.exists(tmp):
+            os.remove(tmp)
+    return out
+
+
+#: the largest relative error between ONNX Runtime and PyTorch an export may show
+VERIFY_TOL = 1e-3
+
+
+def verify_export(forward, path: str, images, size) -> None:
+    """Run the written graph once in ONNX Runtime at the export size and compare it with
+    PyTorch: a graph that cannot run (e.g. a broadcast fixed at export) or that computes
+    something else stops the export with one line instead of a file that fails later."""
+    from amvim_mm.deploy.ort import compare_onnx
+    from amvim_mm.errors import ConfigError
+    try:
+        result = compare_onnx(forward, path, images)
+    except Exception as err:     # onnxruntime's errors (Fail, RuntimeException, ...)
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ConfigError(f'the exported graph does not run in ONNX Runtime at '
+                          f'{size[0]}x{size[1]} ({reason}); nothing written') from None
+    worst = max((r['max_rel_err'] for r in result.values()), default=0.0)
+    if not worst <= VERIFY_TOL:
+        raise ConfigError(f'the exported graph differs from PyTorch at {size[0]}x{size[1]} '
+                          f'(largest relative error {worst:.2e} > {VERIFY_TOL:g}); nothing '
+                          'written')
 
 
 def main(argv=None) -> int:
