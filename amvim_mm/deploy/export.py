@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 import warnings
 from typing import Iterator, Optional, Sequence, Tuple, Union
@@ -126,9 +127,17 @@ def export_onnx(model: nn.Module,
             # fixed at export (the docstring); the batch stays symbolic where asked
             warnings.simplefilter('ignore', torch.jit.TracerWarning)
             warnings.filterwarnings('ignore', message='Constant folding - Only steps=1')
-            torch.onnx.export(model, xs, tmp, opset_version=opset, dynamo=dynamo,
-                              input_names=list(input_names), output_names=names,
-                              **_dynamic(xs, input_names, names, dynamic_batch, dynamo))
+            try:
+                with _quiet_stdout():
+                    torch.onnx.export(model, xs, tmp, opset_version=opset, dynamo=dynamo,
+                                      input_names=list(input_names), output_names=names,
+                                      **_dynamic(xs, input_names, names, dynamic_batch,
+                                                 dynamo))
+            except ConfigError:
+                raise
+            except Exception as err:     # the exporters' errors: thousands of lines of trace
+                raise ConfigError(f'export_onnx: the {_how(dynamo)} exporter cannot export '
+                                  f'this model: {_first_line(err)}') from None
         onnx.checker.check_model(tmp)
         if dynamic_batch:
             _check_dynamic_batch(onnx.load(tmp, load_external_data=False).graph, dynamo)
@@ -139,6 +148,34 @@ def export_onnx(model: nn.Module,
     return path
 
 
+@contextlib.contextmanager
+def _quiet_stdout():
+    """The exporter's own prints (on a failure the TorchScript exporter writes the whole
+    graph, thousands of lines, to standard output) go to a discarded file; our error says
+    what failed."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _how(dynamo: bool) -> str:
+    return 'torch.export-based' if dynamo else 'TorchScript'
+
+
+def _first_line(err: BaseException) -> str:
+    """The exporter's message without its trace: the first line, and for the TorchScript
+    exporter's symbolic errors the part before the offending graph value."""
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return text.split('  [Caused by')[0].split(' Please feel free to request support')[0][:300]
+
+
 def _check_dynamic_batch(graph, dynamo: bool) -> None:
     """A dynamic batch was asked for: every graph input must have a symbolic first dimension
     (``torch.export`` fixes a dimension of size 1 of its example; an exporter that fixed it
@@ -146,8 +183,7 @@ def _check_dynamic_batch(graph, dynamo: bool) -> None:
     for v in graph.input:
         dims = v.type.tensor_type.shape.dim
         if dims and not dims[0].dim_param:
-            how = 'torch.export-based' if dynamo else 'TorchScript'
-            raise ConfigError(f'export_onnx: the {how} exporter fixed the batch of input '
+            raise ConfigError(f'export_onnx: the {_how(dynamo)} exporter fixed the batch of input '
                               f'{v.name!r} at {dims[0].dim_value}, though a dynamic batch was '
                               'asked for (export with an example batch of 2 or more, or a '
                               'static deploy config)')

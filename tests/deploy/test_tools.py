@@ -275,3 +275,18 @@ def test_an_export_that_onnx_runtime_cannot_run_writes_nothing(tmp_path, capsys)
     code, _, err = _run('export_onnx', [cfg, ckpt, '--out', out], capsys)     # its own size
     assert code == 0, err
     assert out.is_file() and not [p for p in tmp_path.iterdir() if p != out]
+
+
+def test_a_segmentor_with_a_reducer_stops_in_one_line(tmp_path, capfd):
+    """Issue 52, defect 5: the demo Vim UperNet with ToMe 0.46 ended in a 3,000-line trace
+    (the exporter's graph dump and its SymbolicValueError). It does not export yet; the tool
+    says why in one line, prints no graph, and writes nothing."""
+    cfg = osp.join(ROOT, 'configs/demo/vim-demo_pyramid_upernet_1xb8-2k_toyshapes-64x64.py')
+    ckpt = osp.join(ROOT, 'checkpoints/demo/vim-demo-seed0_toyshapes-64x64.pth')
+    code = run_cli(lambda: _tool('export_onnx').main(
+        [cfg, ckpt, '--reduce', 'tome', '--ratio', '0.46', '--out', str(tmp_path / 's.onnx')]))
+    out, err = capfd.readouterr()
+    assert code == 2
+    assert 'cannot export this model' in err and 'adaptive_avg_pool2d' in err
+    assert len(out.splitlines()) < 5 and 'Traceback' not in err
+    assert not list(tmp_path.iterdir())
