@@ -290,3 +290,37 @@ def test_a_segmentor_with_a_reducer_stops_in_one_line(tmp_path, capfd):
     assert 'cannot export this model' in err and 'adaptive_avg_pool2d' in err
     assert len(out.splitlines()) < 5 and 'Traceback' not in err
     assert not list(tmp_path.iterdir())
+
+
+def test_check_onnx_scores_a_detector_subset_against_its_own_annotations(tmp_path, capsys):
+    """Issue 52, defect 6c: ``--real N`` for a detector scored N images against every image's
+    annotations (box AP 0.075 against 0.411). N images must score as a data set of exactly
+    those N images does (an annotation file holding only them, scored by the library)."""
+    import json
+
+    from amvim_mm.datasets.toy_shapes import make_toy_shapes_coco
+    cfg = osp.join(ROOT, 'configs/demo/vim-demo_sfp_retinanet_1xb8-2k_toyshapes-64x64.py')
+    ckpt = osp.join(ROOT, 'checkpoints/demo/vim-demo-det-seed0_toyshapes-64x64.pth')
+    data = make_toy_shapes_coco(str(tmp_path / 'coco'), num_train=1, num_val=12)
+    onnx_path = tmp_path / 'det.onnx'
+    code, _, err = _run('export_onnx', [cfg, ckpt, '--out', onnx_path], capsys)
+    assert code == 0, err
+
+    def ap(real, ann):
+        code, out, err = _run('check_onnx', [
+            cfg, ckpt, onnx_path, '--random', 0, '--real', real, '--cfg-options',
+            f'test_dataloader.dataset.data_root={data}',
+            f'test_dataloader.dataset.ann_file={ann}', f'test_evaluator.ann_file={ann}'],
+            capsys)
+        assert code == 0, out + err
+        line = next(ln for ln in out.splitlines() if ln.startswith('pytorch'))
+        return float(line.split('coco/bbox_mAP ')[1].split(',')[0])
+    full_ann = osp.join(data, 'annotations/instances_val2017.json')
+    subset = ap('5', full_ann)
+    full = json.load(open(full_ann))
+    keep = {im['id'] for im in full['images'][:5]}
+    own = dict(full, images=[im for im in full['images'] if im['id'] in keep],
+               annotations=[a for a in full['annotations'] if a['image_id'] in keep])
+    ann = tmp_path / 'first5.json'
+    ann.write_text(json.dumps(own))
+    assert subset == pytest.approx(ap('all', str(ann)), abs=1e-4) and subset > 0

@@ -144,11 +144,12 @@ def check_real(args, cfg, model, forward, session, tally, batch, size):
                   ('onnxruntime', 'pytorch')}
     for ev in evaluators.values():
         ev.dataset_meta = meta
-    seen, scored = 0, True
+    seen, scored, img_ids = 0, True, []
     for images, samples in real_batches(cfg, model, count, batch, size):
         ref, got = both(forward, session, images)
         tally.add(ref, got)
         seen += len(samples)
+        img_ids += [s.metainfo.get('img_id') for s in samples]
         for side, outs in (('onnxruntime', got), ('pytorch', ref)):
             predicted = predict_from(model, cfg.default_scope, outs, samples)
             scored = scored and predicted is not None
@@ -156,6 +157,11 @@ def check_real(args, cfg, model, forward, session, tally, batch, size):
                 evaluators[side].process(data_samples=predicted, data_batch=None)
     if not seen or not scored:
         return seen, {}
+    if None not in img_ids:   # COCO: score the images seen against their own annotations
+        for ev in evaluators.values():
+            for metric in ev.metrics:
+                if hasattr(metric, 'img_ids'):
+                    metric.img_ids = list(img_ids)
     return seen, {side: ev.evaluate(seen) for side, ev in evaluators.items()}
 
 
