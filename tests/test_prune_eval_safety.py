@@ -123,6 +123,36 @@ def test_merge_results_replaces_stale_rows_and_keeps_drop_baseline_of_same_check
     assert json.loads(open(path).read()) == data
 
 
+def test_a_sweep_never_deletes_rows_another_sweep_writes_meanwhile(tmp_path):
+    """Issue 52, defect 7: two prune_eval runs into one out-dir with the same model name and
+    different checkpoints deleted each other's rows as stale (both rc 0). A sweep may replace
+    only the fingerprints stored when it started; a fingerprint written meanwhile stops it
+    with one line, and nothing is deleted."""
+    from amvim_mm.apis.sweep.store import stored_fingerprints
+    from amvim_mm.errors import ConfigError
+    path = str(tmp_path / 'results.json')
+    first = dict(checkpoint_sha256='one', config_sha256='c')
+    second = dict(checkpoint_sha256='two', config_sha256='c')
+    older = dict(checkpoint_sha256='old', config_sha256='c')
+    pe.merge_results(path, [dict(model='m', method='tome', ratio=0.0, metric=9.0, **older)])
+    # both sweeps start now: each may replace the old checkpoint's rows, not each other's
+    start_a = start_b = stored_fingerprints(path, ['m'])
+    assert start_a == {'m': {('old', 'c')}}
+    pe.merge_results(path, [dict(model='m', method='tome', ratio=0.0, metric=1.0, **first)],
+                     replaceable=start_a)
+    with pytest.raises(ConfigError, match="rows of model 'm' from another checkpoint") as err:
+        pe.merge_results(path, [dict(model='m', method='tome', ratio=0.3, metric=2.0,
+                                     **second)], replaceable=start_b)
+    assert '\n' not in str(err.value)
+    rows = pe.load_results(path)['results']
+    assert [(r['checkpoint_sha256'], r['ratio']) for r in rows] == [('one', 0.0)]
+    # run one after the other: the second sweep starts seeing the first's rows and replaces them
+    pe.merge_results(path, [dict(model='m', method='tome', ratio=0.3, metric=2.0, **second)],
+                     replaceable=stored_fingerprints(path, ['m']))
+    rows = pe.load_results(path)['results']
+    assert [(r['checkpoint_sha256'], r['ratio']) for r in rows] == [('two', 0.3)]
+
+
 def test_reusable_splits_by_fingerprint():
     rows = [dict(model='a', method='tome', ratio=0.0, checkpoint_sha256='x', config_sha256='c'),
             dict(model='a', method='tome', ratio=0.3, checkpoint_sha256='y', config_sha256='c'),

@@ -17,7 +17,7 @@ from amvim_mm.apis.sweep.one_pass import pass_fits
 from amvim_mm.apis.sweep.rows import Fingerprint, row_key
 from amvim_mm.apis.sweep.store import (config_sha256, file_sha256, load_results,
                                        merge_results, prepare_out_dir, protocol, results_lock,
-                                       reusable_rows)
+                                       reusable_rows, stored_fingerprints)
 from amvim_mm.apis.sweep.workers import sweep_in_workers
 from amvim_mm.errors import ConfigError
 
@@ -231,6 +231,9 @@ class _Sweep:
         # rank 0 reads what is done (another sweep may write meanwhile) and tells the others
         self.done, stale = dist.broadcast(
             reusable_rows(self.path, self.prints, self.out_dir) if main else None)
+        # what this sweep may replace as stale: the rows of other fingerprints stored now
+        # (rank 0 alone merges)
+        self.replaceable = stored_fingerprints(self.path, self.names) if main else None
         for name, n in (stale.items() if self.final and main else ()):
             print(f'prune_eval: {n} row(s) of {name!r} in {self.path} come from another '
                   'checkpoint or config (sha256 differs): stale, recomputing and replacing '
@@ -253,6 +256,7 @@ class _Sweep:
         # the final pass (drops, intervals, meta; stale rows of these models) merges under
         # the lock, on rank 0; the others read its result
         data = merge_results(self.path, [], self.meta, current=self.prints,
+                             replaceable=self.replaceable,
                              out_dir=self.out_dir, replicates=self.replicates) if main else None
         return dist.broadcast(data)
 
@@ -372,7 +376,7 @@ class _Sweep:
         """Merge finished rows (rank 0's) into ``results.json`` and every rank's ``done``."""
         rows = [r.to_dict() for r in rows if r is not None] if dist.is_main() else None
         if rows:
-            merge_results(self.path, rows, self.meta)
+            merge_results(self.path, rows, self.meta, replaceable=self.replaceable)
         rows = dist.broadcast(rows)
         for row in rows:
             self.done[row_key(row)] = row

@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import os.path as osp
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from typing import Dict, Iterator, Optional, Sequence, Set, Tuple
 
 from amvim_mm.apis.sweep.intervals import add_intervals
 from amvim_mm.apis.sweep.methods import IMPORTANCE_METHODS, SEEDED_METHODS
@@ -140,19 +140,36 @@ def results_lock(path: str) -> Iterator[None]:
 
 def merge_results(path: str, rows: Sequence[dict], meta: Optional[dict] = None,
                   current: Optional[Dict[str, Fingerprint]] = None,
-                  out_dir: Optional[str] = None, replicates: int = 1000) -> Dict[str, object]:
+                  out_dir: Optional[str] = None, replicates: int = 1000,
+                  replaceable: Optional[Dict[str, Set[Fingerprint]]] = None
+                  ) -> Dict[str, object]:
     """Merge ``rows`` into the results file ``path`` under :func:`results_lock`.
 
     The file is read again under the lock; a row replaces the one with the same model, method
     and ratio; rows of a model whose fingerprint (checkpoint and config hashes) differs from
-    the new rows' (or from ``current[model]``) are stale and removed. ``drop`` is recomputed
-    for all rows and the file replaced atomically. Returns the merged results.
+    the new rows' (or from ``current[model]``) are stale and removed. ``replaceable``
+    (a sweep's :func:`stored_fingerprints` at its start): only rows of those fingerprints may
+    be removed as stale; a row of a fingerprint that appeared since was written meanwhile by
+    another sweep under the same model name with another checkpoint or config, and the merge
+    stops with one line instead of deleting it (two such sweeps used to delete each other's
+    rows without a word). ``drop`` is recomputed for all rows and the file replaced
+    atomically. Returns the merged results.
     """
     current = dict(current or {})
     for r in rows:
         current[r['model']] = fingerprint(r)
     with results_lock(path):
         data = load_results(path)
+        for r in data['results']:
+            name = r['model']
+            if replaceable is not None and name in current and \
+                    fingerprint(r) != current[name] and \
+                    fingerprint(r) not in replaceable.get(name, set()):
+                raise ConfigError(f'{path}: rows of model {name!r} from another checkpoint or '
+                                  'config were written while this sweep ran (another '
+                                  'prune_eval into this --out-dir with the same --names?); '
+                                  'give this model another name, or run the two one after '
+                                  'the other')
         merged = {row_key(r): r for r in data['results']
                   if r['model'] not in current or fingerprint(r) == current[r['model']]}
         merged.update((row_key(r), dict(r)) for r in rows)
@@ -165,6 +182,18 @@ def merge_results(path: str, rows: Sequence[dict], meta: Optional[dict] = None,
             add_intervals(data, out_dir, replicates)
         _write_json(path, data)
     return data
+
+
+def stored_fingerprints(path: str, names: Sequence[str]) -> Dict[str, Set[Fingerprint]]:
+    """The fingerprints of the rows ``path`` holds now for each of ``names`` (read under the
+    lock): what a sweep starting now may replace (``merge_results(replaceable=...)``)."""
+    with results_lock(path):
+        rows = load_results(path)['results']
+    out: Dict[str, Set[Fingerprint]] = {n: set() for n in names}
+    for r in rows:
+        if r['model'] in out:
+            out[r['model']].add(fingerprint(r))
+    return out
 
 
 def _reusable(rows: Sequence[dict], prints: Dict[str, Fingerprint],
