@@ -227,9 +227,28 @@ def check_weights(checkpoint: Any, filename: str) -> None:
                                       '(NaN/inf); the file is damaged or the training diverged')
     meta = checkpoint.get('meta') if isinstance(checkpoint, Mapping) else None
     want = meta.get(HASH_KEY) if isinstance(meta, Mapping) else None
-    if want is not None and state_dict_sha256(sd) != want:
+    if want is None:
+        _say_unverified(filename)
+    elif state_dict_sha256(sd) != want:
         raise CheckpointError(f'{filename}: the weights do not match the SHA-256 recorded when '
                               'the file was written; the file is damaged (e.g. a flipped bit)')
+
+
+#: files already reported as unverified (one line per file and process)
+_UNVERIFIED: set = set()
+
+
+def _say_unverified(filename: str) -> None:
+    """One log line that a checkpoint carries no recorded weights hash, so its weights are
+    loaded unverified (files written by this project's tools carry one; official and other
+    files do not; a file whose hash key was removed is then not silently taken as checked)."""
+    if filename in _UNVERIFIED:
+        return
+    _UNVERIFIED.add(filename)
+    from mmengine.logging import print_log
+    print_log(f'{filename}: no recorded weights hash ({HASH_KEY}); its weights are loaded '
+              'unverified (files written by amvim_mm carry one)', logger='current',
+              level=logging.WARNING)
 
 
 def load_checkpoint_file(filename: Union[str, os.PathLike], map_location: Any = 'cpu',

@@ -249,6 +249,27 @@ def test_recorded_hash_detects_a_flipped_bit(tmp_path):
         load_checkpoint_file(p)
 
 
+def test_a_file_without_a_recorded_hash_says_it_is_unverified(tmp_path, monkeypatch):
+    """Issue 52, defect 7: a hashed checkpoint with flipped bits and its hash key removed
+    loaded with no word that it was unverified. A file without the hash now logs one line
+    (once per file), a file with it none."""
+    from amvim_mm.utils import safe_load
+    said = []
+    monkeypatch.setattr('mmengine.logging.print_log',
+                        lambda msg, *a, **k: said.append(msg))
+    monkeypatch.setattr(safe_load, '_UNVERIFIED', set())
+    sd = {'a': torch.randn(4, 4)}
+    bare = tmp_path / 'bare.pth'
+    torch.save({'state_dict': sd, 'meta': {}}, bare)
+    hashed = tmp_path / 'hashed.pth'
+    torch.save({'state_dict': sd, 'meta': {HASH_KEY: state_dict_sha256(sd)}}, hashed)
+    load_checkpoint_file(hashed)
+    assert said == []
+    load_checkpoint_file(bare)
+    load_checkpoint_file(bare)
+    assert len(said) == 1 and 'loaded unverified' in said[0] and 'bare.pth' in said[0]
+
+
 def test_mmengine_uses_our_loader_and_converts_official_files(tmp_path):
     assert CheckpointLoader._schemes[''] is compat._mmengine_local_loader
     from amvim_mm.models.backbones import Vim
