@@ -3,6 +3,8 @@ import copy
 import logging
 
 import numpy as np
+import math
+
 import pytest
 import torch
 
@@ -116,26 +118,31 @@ def test_non_finite_input_is_named(model, bad, count):
         model(x)
 
 
-@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
-def test_finite_check_takes_a_sum_that_overflows_to_the_elementwise_test(model, dtype):
-    """The check adds the values first (one cheap reduction); finite values whose sum
-    overflows must still pass (the elementwise test decides), a NaN among them must not."""
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64, torch.float16])
+def test_the_input_check_takes_the_largest_magnitude_in_one_pass(model, dtype):
+    """One ``aminmax`` pass gives the largest magnitude: NaN or inf anywhere is non-finite,
+    and huge finite values (issue 52: 3e38 pixels gave non-finite outputs in every family) are
+    refused too, in one line naming the largest value."""
+    from amvim_mm.models.backbones.input_check import MAX_INPUT
     from amvim_mm.models.backbones.vim_family import VimFamilyBackbone
-    big = torch.finfo(dtype).max / 2
-    x = torch.full((2, 3, 8, 8), big, dtype=dtype)
-    assert not torch.isfinite(x.sum())
-    assert VimFamilyBackbone._finite(x)
+    x = torch.full((2, 3, 8, 8), 2.0, dtype=dtype)
+    x[0, 0, 0, 0] = -5.0
+    assert VimFamilyBackbone._largest(x) == 5.0
     x[1, 2, 7, 7] = float('nan')
-    assert not VimFamilyBackbone._finite(x)
-    half = torch.full((2, 3, 8, 8), 60000.0, dtype=torch.float16)   # added in float32
-    assert VimFamilyBackbone._finite(half)
-    half[0, 0, 0, 0] = float('inf')
-    assert not VimFamilyBackbone._finite(half)
-    x = torch.full((1, 3, 64, 64), 3e38)
-    x[0, 0, 0, ::2] = -3e38
-    x[0, 1, 5, 5] = float('inf')
+    assert math.isnan(VimFamilyBackbone._largest(x))
+    x[1, 2, 7, 7] = float('-inf')
+    assert VimFamilyBackbone._largest(x) == float('inf')
+    big = torch.full((1, 3, 64, 64), 3e38)
+    big[0, 0, 0, ::2] = -3e38
+    with pytest.raises(ConfigError, match=r'values up to 3e\+38; the backbone takes '
+                                          r'normalised images') as err, torch.no_grad():
+        model(big)
+    assert '\n' not in str(err.value) and MAX_INPUT == 1e6
+    big[0, 1, 5, 5] = float('inf')
     with pytest.raises(ConfigError, match='hold 1 non-finite'), torch.no_grad():
-        model(x)
+        model(big)
+    with torch.no_grad():                       # raw 0-255 pixels still pass
+        model(torch.full((1, 3, 64, 64), 255.0))
 
 
 def test_non_finite_check_can_be_switched_off():

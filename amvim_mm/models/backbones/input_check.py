@@ -7,6 +7,8 @@ convolution with a traceback that names neither the model nor the fix.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from amvim_mm.errors import ConfigError
@@ -14,6 +16,11 @@ from amvim_mm.errors import ConfigError
 #: input dtypes that autocast casts for the stem's convolution / GEMM (float64 it leaves alone)
 AUTOCAST_INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+#: the largest input magnitude the backbones take: normalised images are within a few units
+#: (raw 0-255 pixels too); much larger finite values overflow in the norms' squares
+MAX_INPUT = 1e6
 
 
 def check_image_shape(name: str, x, in_channels: int, min_size: int) -> None:
@@ -92,9 +99,10 @@ class ImageInputCheck:
         Raises :class:`~amvim_mm.errors.ConfigError` naming the backbone for anything but a
         (B, C, H, W) tensor with B >= 1, the model's C, H and W of at least one patch
         (:func:`check_image_shape`), a dtype the model takes (:func:`check_image_dtype`) and -
-        when ``check_finite_input`` is True (default) - finite values: one bad pixel would
-        otherwise turn every output into NaN without a word. The finiteness test is a single
-        reduction per forward (one host sync; the values are counted only when it fails). It
+        when ``check_finite_input`` is True (default) - finite values of at most
+        :data:`MAX_INPUT` in magnitude: one bad pixel would otherwise turn every output into
+        NaN without a word, and huge finite ones overflow inside. The test is a single
+        ``aminmax`` reduction per forward (the values are counted only when it fails). It
         is skipped while a CUDA graph is being captured (no sync is allowed there), while
         ``torch.jit`` traces or scripts the model (a traced graph could not keep a
         data-dependent check anyway) and while ``torch.compile`` traces it (a data-dependent
@@ -103,21 +111,24 @@ class ImageInputCheck:
         name = type(self).__name__
         check_image_shape(name, x, self.in_channels, self.min_input_size)
         check_image_dtype(name, x, self.input_dtype())
-        if self.check_finite_input and not self._skip_finite_check(x) and not self._finite(x):
-            bad = int((~torch.isfinite(x)).sum())
-            raise ConfigError(f'{name}: the input images hold {bad} non-finite (NaN or inf) '
-                              f'values of {x.numel()} (input shape {tuple(x.shape)}); every '
-                              'output would be NaN')
+        if self.check_finite_input and not self._skip_finite_check(x):
+            largest = self._largest(x)
+            if not math.isfinite(largest):
+                bad = int((~torch.isfinite(x)).sum())
+                raise ConfigError(f'{name}: the input images hold {bad} non-finite (NaN or '
+                                  f'inf) values of {x.numel()} (input shape '
+                                  f'{tuple(x.shape)}); every output would be NaN')
+            if largest > MAX_INPUT:
+                raise ConfigError(f'{name}: the input images hold values up to {largest:.3g}; '
+                                  f'the backbone takes normalised images (|x| <= {MAX_INPUT:g}): '
+                                  'larger finite values overflow inside (non-finite outputs)')
 
     @staticmethod
-    def _finite(x: torch.Tensor) -> bool:
-        """Whether every value of ``x`` is finite. A finite sum proves it (a NaN or inf makes
-        the sum NaN or inf) in one cheap reduction; only a non-finite sum (a bad value, or
-        finite values that overflow when added) takes the elementwise test, which decides:
-        one pass over the images instead of the elementwise test's four (timings:
-        benchmarks/runs/2026-12-02c_cpu_session/)."""
-        total = x.sum(dtype=torch.float32 if x.element_size() < 4 else None)
-        return bool(torch.isfinite(total)) or bool(torch.isfinite(x).all())
+    def _largest(x: torch.Tensor) -> float:
+        """The largest magnitude in ``x`` (NaN or inf when a value is not finite), from one
+        ``aminmax`` pass over the images (NaN propagates through it)."""
+        lo, hi = (float(v) for v in torch.aminmax(x))
+        return float('nan') if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi))
 
     @staticmethod
     def _skip_finite_check(x: torch.Tensor) -> bool:
