@@ -43,3 +43,10 @@ class CheckpointMismatchError(CheckpointError):
 
 class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
     """A checkpoint that would need full unpickling (which can run code) without the opt-in."""
+
+
+def first_line(err: BaseException, limit: int = 200) -> str:
+    """The first line of an error's message (its type's name when empty), at most ``limit``
+    characters: how a library's long or multi-line error enters our one-line messages."""
+    lines = str(err).strip().splitlines()
+    return (lines[0] if lines else type(err).__name__)[:limit]

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from amvim_mm import runtime
-from amvim_mm.errors import ConfigError
+from amvim_mm.errors import ConfigError, first_line
 
 __all__ = ['export_mode', 'export_onnx', 'MIN_OPSET']
 
@@ -172,7 +172,7 @@ def _how(dynamo: bool) -> str:
 def _first_line(err: BaseException) -> str:
     """The exporter's message without its trace: the first line, and for the TorchScript
     exporter's symbolic errors the part before the offending graph value."""
-    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    text = first_line(err, limit=10_000)
     return text.split('  [Caused by')[0].split(' Please feel free to request support')[0][:300]
 
 

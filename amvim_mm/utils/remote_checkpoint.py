@@ -33,13 +33,8 @@ from mmengine.runner.checkpoint import (_get_mmengine_home, _process_mmcls_check
                                         get_deprecated_model_names, get_external_models,
                                         get_mmcls_models, get_torchvision_models)
 
-from amvim_mm.errors import CheckpointError
+from amvim_mm.errors import CheckpointError, first_line
 from .safe_load import load_checkpoint_file
-
-
-def _reason(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return (lines[0] if lines else type(err).__name__)[:200]
 
 
 def _download(url: str, path: str, progress: bool) -> None:
@@ -50,7 +45,7 @@ def _download(url: str, path: str, progress: bool) -> None:
     try:
         torch.hub.download_url_to_file(url, path, progress=progress)
     except Exception as err:   # URLError, HTTPError, OSError ...
-        raise CheckpointError(f'{url}: download failed ({_reason(err)}); to use the file '
+        raise CheckpointError(f'{url}: download failed ({first_line(err)}); to use the file '
                               f'without a download, put it at {path}') from None
 
 
@@ -189,7 +184,7 @@ def load_from_ceph(filename: str, map_location: Any = None, backend: str = 'petr
     try:
         data = get_file_backend(filename, backend_args={'backend': backend}).get(filename)
     except Exception as err:   # ImportError of petrel_client, access errors ...
-        raise CheckpointError(f'{filename}: cannot read it ({_reason(err)})') from None
+        raise CheckpointError(f'{filename}: cannot read it ({first_line(err)})') from None
     return _load_copy(filename, data, map_location)
 
 

@@ -114,13 +114,12 @@ def verify_export(forward, path: str, images, size) -> None:
     PyTorch: a graph that cannot run (e.g. a broadcast fixed at export) or that computes
     something else stops the export with one line instead of a file that fails later."""
     from amvim_mm.deploy.ort import compare_onnx
-    from amvim_mm.errors import ConfigError
+    from amvim_mm.errors import ConfigError, first_line
     try:
         result = compare_onnx(forward, path, images)
     except Exception as err:     # onnxruntime's errors (Fail, RuntimeException, ...)
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise ConfigError(f'the exported graph does not run in ONNX Runtime at '
-                          f'{size[0]}x{size[1]} ({reason}); nothing written') from None
+                          f'{size[0]}x{size[1]} ({first_line(err)}); nothing written') from None
     worst = max((r['max_rel_err'] for r in result.values()), default=0.0)
     if not worst <= VERIFY_TOL:
         raise ConfigError(f'the exported graph differs from PyTorch at {size[0]}x{size[1]} '

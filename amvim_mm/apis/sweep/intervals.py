@@ -9,7 +9,7 @@ import os.path as osp
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from amvim_mm.apis.sweep.rows import row_key, zero_of
-from amvim_mm.errors import ConfigError
+from amvim_mm.errors import ConfigError, first_line
 
 #: how far a row's stored metric may lie from its statistics' value (it is stored rounded to
 #: 4 decimals)
@@ -55,9 +55,8 @@ def _read_stats(path: str):
     try:
         return S.loads(path)
     except Exception as err:     # BadZipFile, EOFError, KeyError, ValueError of a bad file
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
         raise ConfigError(f'{path}: the per-image statistics file is unreadable '
-                          f'({type(err).__name__}: {reason}); delete it and its row in '
+                          f'({type(err).__name__}: {first_line(err)}); delete it and its row in '
                           'results.json to evaluate that cell again') from None
 
 
