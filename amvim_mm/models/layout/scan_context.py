@@ -195,11 +195,11 @@ class ScanContext:
         """On a reduced sequence: 'identity' / 'flip' when the path needs no gather, else None.
 
         The reduced sequence keeps raster order with the class token in the middle: the raster
-        path is the sequence itself, its reverse a flip (unless an EViT fused token, last in
-        every path, breaks the flip).
+        path is the sequence itself, its reverse a flip (unless an EViT fused token, stored last
+        but scanned first in every path, breaks both).
         """
         spec = dict(key)
-        if spec['order'] == 'raster' and not (self.has_fused and spec['reverse']):
+        if spec['order'] == 'raster' and not self.has_fused:
             return 'flip' if spec['reverse'] else 'identity'
         return None
 

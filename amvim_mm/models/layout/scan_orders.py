@@ -268,7 +268,7 @@ def path_permutation(rank: torch.Tensor, pos: torch.Tensor, cls_index: int = -1,
         rank: (H*W,) rank of the path (for a reversed path, the rank of the *forward* order).
         pos: (L,) or (B, L) raster grid position of every token of the sequence; the class token
             (if any) has position ``-1`` and sits at ``cls_index``; other tokens without a
-            position (``-2``, EViT's fused token) are appended at the end of every path.
+            position (``-2``, EViT's fused token) open every path (see below).
         cls_index: index of the class token in the sequence, or -1 if there is none.
         reverse: run the path backwards (after placing the class token).
         n_patches: the number of patch tokens per sample, if known (saves a device sync).
@@ -278,6 +278,11 @@ def path_permutation(rank: torch.Tensor, pos: torch.Tensor, cls_index: int = -1,
         tokens are sorted by ``rank``, the class token is inserted at the middle index
         ``n // 2`` of the forward sequence (``n`` patch tokens), and the whole sequence is flipped
         when ``reverse``. For Vim's backward path this is exactly ``seq.flip(1)``.
+
+    EViT's fused token is scanned first in every path, reversed ones included: a scan is
+    causal, so a token is read only by the tokens after it, and EViT's rule is that every kept
+    token (the class token too) reads the fused token, as every token attends to it in a ViT.
+    Scanned last, nothing would read it and EViT would equal pruning.
     """
     batched = pos.dim() == 2
     p = pos if batched else pos.unsqueeze(0)
@@ -296,10 +301,10 @@ def path_permutation(rank: torch.Tensor, pos: torch.Tensor, cls_index: int = -1,
     if reverse:
         perm = perm.flip(1)
     extra = p.shape[1] - perm.shape[1]
-    if extra:  # tokens without a grid position (EViT's fused token) go last in every path
+    if extra:  # tokens without a grid position (EViT's fused token) open every path
         fused = (p < 0) & (torch.arange(p.shape[1], device=p.device) != cls_index)
         fused_idx = stable_argsort((~fused).to(torch.int8), dim=1)[:, :extra]
-        perm = torch.cat([perm, fused_idx], dim=1)
+        perm = torch.cat([fused_idx, perm], dim=1)
     return perm if batched else perm[0]
 
 
