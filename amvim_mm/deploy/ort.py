@@ -145,3 +145,21 @@ def compare_onnx(model, path: str, inputs: Sequence, session=None,
                             max_abs_err=float(np.max(np.abs(g - r))) if r.size else 0.0,
                             shape=tuple(r.shape))
     return result
+
+
+def near_ties(forward, images) -> Optional[np.ndarray]:
+    """Which images sit at a near tie of the reducer's token choices: (B,) bool from a PyTorch
+    pass of ``forward`` (a :class:`~amvim_mm.deploy.tasks.TaskForward`) on ATen ops that
+    records the decision margins (:mod:`amvim_mm.models.reduction.margins`), or None when the
+    model has no reducer that chooses by the features. There the runtimes may choose
+    differently (rounding), and their outputs then differ by far more than rounding."""
+    import torch
+    from amvim_mm import runtime
+    backbone = getattr(forward.model, 'backbone', forward.model)
+    if getattr(backbone, 'token_reducer', None) is None:
+        return None
+    from amvim_mm.models.reduction import margins
+    with torch.no_grad(), margins.recording() as rec, \
+            runtime.override(cpu_kernels=False, reduction_kernels=False):
+        forward(images)
+    return None if rec.margin is None else rec.near_ties(len(images)).numpy()

@@ -21,6 +21,7 @@ from amvim_mm import runtime
 from amvim_mm.errors import ConfigError, LookupConfigError
 from amvim_mm.ops import cpu_ops
 from amvim_mm.ops import token_merge as tm
+from . import margins
 from .schedule import ReductionSchedule
 from .settings import check_number
 from .state import Streams
@@ -246,7 +247,8 @@ class ToMe(TokenReducer):
         step in one compiled call (:func:`~amvim_mm.ops.cpu_ops.tome_step`, bit for bit
         :meth:`select` and the folded merge); else :meth:`select`."""
         n, plan = ctx.n_patches, ctx.step_plan
-        route = 'torch' if plan is None or not 0 < k <= self.max_merge(n) else plan.match
+        route = 'torch' if plan is None or not 0 < k <= self.max_merge(n) \
+            or margins.active() else plan.match
         w = layer.norm.weight if self.metric == 'norm_input' and route != 'torch' else None
         if route == 'cpu':
             a_idx, b_idx = _bipartite_sets(n, ctx.cls_index)
@@ -296,7 +298,10 @@ class ToMe(TokenReducer):
                 ma = torch.gather(m, 1, a_idx.unsqueeze(-1).expand(-1, -1, d))
                 mb = torch.gather(m, 1, b_idx.unsqueeze(-1).expand(-1, -1, d))
             scores = ma @ mb.transpose(1, 2)
-        if shared and tm.extra_kernels_enabled() and cpu_ops.tome_edges_misfit(scores) is None:
+        record = margins.active()
+        if record is not None:
+            record.note(margins.matching_margin(scores, k))
+        elif shared and tm.extra_kernels_enabled() and cpu_ops.tome_edges_misfit(scores) is None:
             # CPU inference: max, argsort and gathers in one compiled call (same decisions)
             removed, dst = cpu_ops.tome_edges(scores, a_idx[0], b_idx[0], k)
             return removed, dst, None
@@ -408,6 +413,9 @@ class _ImportanceReducer(TokenReducer):
             raise ConfigError(f'{type(self).__name__}: cannot remove {k} of {idx.shape[1]} '
                               f'tokens before block {block}')
         score = torch.gather(imp, 1, idx)
+        record = margins.active()
+        if record is not None:
+            record.note(margins.ranking_margin(score, k))
         pick = score.argsort(dim=1)[:, :k]          # least important first
         return idx, torch.gather(idx, 1, pick)
 
