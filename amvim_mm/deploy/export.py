@@ -113,7 +113,8 @@ def export_onnx(model: nn.Module,
     model.eval()
     _check_model_input(model, xs[0])
     with torch.no_grad():
-        n_out = len(_flat(model(*xs)))
+        shapes = [tuple(t.shape) for t in _flat(model(*xs))]
+    n_out = len(shapes)
     names = list(output_names) if output_names is not None else \
         [f'output_{i}' for i in range(n_out)]
     path = os.fspath(path)
@@ -138,6 +139,7 @@ def export_onnx(model: nn.Module,
             except Exception as err:     # the exporters' errors: thousands of lines of trace
                 raise ConfigError(f'export_onnx: the {_how(dynamo)} exporter cannot export '
                                   f'this model: {_first_line(err)}') from None
+        _name_output_sizes(onnx, tmp, shapes, dynamic_batch)
         onnx.checker.check_model(tmp)
         if dynamic_batch:
             _check_dynamic_batch(onnx.load(tmp, load_external_data=False).graph, dynamo)
@@ -187,6 +189,24 @@ def _check_dynamic_batch(graph, dynamo: bool) -> None:
                               f'{v.name!r} at {dims[0].dim_value}, though a dynamic batch was '
                               'asked for (export with an example batch of 2 or more, or a '
                               'static deploy config)')
+
+
+def _name_output_sizes(onnx, path: str, shapes, dynamic_batch: bool) -> None:
+    """Write the outputs' sizes that the exporter's shape inference lost (after a reduced
+    backbone it names them after the last op, e.g. ``Resizeseg_logits_dim_2``): the image size
+    is fixed at export, so every dimension but a dynamic batch is the traced output's."""
+    model = onnx.load(path, load_external_data=False)
+    changed = False
+    for v, shape in zip(model.graph.output, shapes, strict=True):
+        dims = v.type.tensor_type.shape.dim
+        if len(dims) != len(shape):          # no rank known: leave it to the runtime
+            continue
+        for i, (d, size) in enumerate(zip(dims, shape, strict=True)):
+            if d.dim_param and not (i == 0 and dynamic_batch):
+                d.dim_value = size
+                changed = True
+    if changed:
+        onnx.save(model, path)
 
 
 def _flat(out) -> list:

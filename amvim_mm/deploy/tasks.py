@@ -21,6 +21,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from amvim_mm.deploy.pooling import make_pools_exportable
 from amvim_mm.errors import ConfigError
 
 #: the config's default_scope -> (mmdeploy codebase task, the name of its first output)
@@ -35,6 +36,7 @@ class TaskForward(nn.Module):
 
     def __init__(self, model: nn.Module, scope: str, shape: Tuple[int, int]):
         super().__init__()
+        make_pools_exportable(model)
         self.model = model
         self.scope = scope
         self.shape = tuple(int(s) for s in shape)
