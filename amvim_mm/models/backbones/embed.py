@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.fused_embed import pack_patch_weight
 from amvim_mm.ops.fused_mixer import autocast_dtype
@@ -32,6 +33,9 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_channels, embed_dims, kernel_size=patch_size, stride=stride)
 
     def grid_size(self, H: int, W: int) -> Tuple[int, int]:
+        # Python ints also under a trace: an export fixes the image size, and a traced
+        # ceil division of sizes becomes an integer Div that truncates (a wrong padding)
+        H, W = runtime.static_int(H), runtime.static_int(W)
         p, s = self.patch_size, self.stride
         if H < p or W < p:
             raise ConfigError(f'input image {H}x{W} is smaller than one patch ({p}x{p})')
@@ -60,7 +64,7 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         gh, gw = self.check_input(x)
-        H, W = x.shape[-2:]
+        H, W = (runtime.static_int(d) for d in x.shape[-2:])
         pad_h = (gh - 1) * self.stride + self.patch_size - H
         pad_w = (gw - 1) * self.stride + self.patch_size - W
         if pad_h or pad_w:
