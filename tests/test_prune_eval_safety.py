@@ -164,6 +164,23 @@ def test_reusable_splits_by_fingerprint():
     assert done == {} and stale == {'a': 3}
 
 
+def test_rows_of_an_older_rule_are_recomputed(tmp_path):
+    """Issue 52, defect 6a: EViT's rule changed (its fused token is read now). An EViT row
+    stored before (no ``method_version``) must not be reused: it is recomputed and replaced,
+    and the sweep says so; a row of the current rule and other methods' rows are reused."""
+    fp = dict(checkpoint_sha256='x', config_sha256='c')
+    rows = [dict(model='a', method='evit', ratio=0.3, **fp),
+            dict(model='a', method='evit', ratio=0.5, method_version=2, **fp),
+            dict(model='a', method='top', ratio=0.3, **fp)]
+    done, stale = pe._reusable(rows, {'a': ('x', 'c')})
+    assert sorted(done) == [('a', 'evit', 0.5, 'fp32'), ('a', 'top', 0.3, 'fp32')]
+    assert stale == {}
+    path = str(tmp_path / 'results.json')
+    pe.merge_results(path, rows)
+    assert pe.older_rule_rows(path, {'a': ('x', 'c')}) == {('a', 'evit'): 1}
+    assert pe.older_rule_rows(path, {'a': ('y', 'c')}) == {}
+
+
 def test_file_sha256_streams(tmp_path):
     import hashlib
     data = os.urandom(3 * 1024 + 17)

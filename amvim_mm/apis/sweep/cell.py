@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from amvim_mm.apis.dist import broadcast, is_main
-from amvim_mm.apis.sweep.methods import LEARNED, SEEDED_METHODS, cell_reducer
+from amvim_mm.apis.sweep.methods import LEARNED, SEEDED_METHODS, cell_reducer, method_version
 from amvim_mm.apis.sweep.rows import Fingerprint, SweepRow
 from amvim_mm.apis.sweep.store import reusable_rows, stats_name, zero_row
 from amvim_mm.errors import ConfigError, LookupConfigError
@@ -186,6 +186,8 @@ class ModelCells:
             metric_library=round(float(np.mean(library)), 4), final_tokens=flops['tokens'][-1],
             seconds=round(dt, 2), images=len(keys), stats_file=stats_file,
             checkpoint_sha256=self.fingerprint[0], config_sha256=self.fingerprint[1])
+        if method_version(method) > 1:
+            row.method_version = method_version(method)
         if len(exact) > 1:
             row.seeds, row.metric_seeds = list(seeds), [round(m, 4) for m in exact]
             row.seed_std = round(float(np.std(exact, ddof=1)), 4)

@@ -33,6 +33,21 @@ LEARNED = 'learned'
 IMPORTANCE_METHODS = ('evit', 'top')
 #: methods with a random choice: one evaluation per seed
 SEEDED_METHODS = ('random', )
+#: the version of a method's rule where it changed after rows were stored (default 1): a
+#: stored row of an older version is recomputed, not reused. EViT 2: its fused token is read
+#: (scanned first in every path; version 1 scanned it last, where nothing read it)
+METHOD_VERSIONS = {'evit': 2}
+
+
+def method_version(method: str) -> int:
+    """The version of ``method``'s rule that rows computed now carry."""
+    return METHOD_VERSIONS.get(method, 1)
+
+
+def row_is_current(row: dict) -> bool:
+    """Whether a stored row was computed with the method's current rule (rows without a
+    ``method_version`` are version 1)."""
+    return row.get('method_version', 1) == method_version(row['method'])
 
 
 def check_method(method: str) -> None:

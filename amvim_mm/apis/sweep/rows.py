@@ -77,6 +77,8 @@ class SweepRow:
     relative_drop: object = ABSENT
     relative_drop_ci_low: object = ABSENT
     relative_drop_ci_high: object = ABSENT
+    #: the version of the method's rule, where it is above 1 (:data:`~.methods.METHOD_VERSIONS`)
+    method_version: object = ABSENT
     extra: Dict[str, object] = field(default_factory=dict, repr=False)
     key_order: Tuple[str, ...] = field(default=(), repr=False, compare=False)
 

@@ -12,12 +12,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from amvim_mm.apis import dist
 from amvim_mm.apis.sweep.cell import PRIMARY_METRICS, ModelCells, fine_tuning_label
 from amvim_mm.apis.sweep.methods import (LEARNED, SEEDED_METHODS, check_method, check_ratio,
-                                         config_has_learned_reducer, learned_reducer)
+                                         config_has_learned_reducer, learned_reducer,
+                                         method_version)
 from amvim_mm.apis.sweep.one_pass import pass_fits
 from amvim_mm.apis.sweep.rows import Fingerprint, row_key
 from amvim_mm.apis.sweep.store import (config_sha256, file_sha256, load_results,
-                                       merge_results, prepare_out_dir, protocol, results_lock,
-                                       reusable_rows, stored_fingerprints)
+                                       merge_results, older_rule_rows, prepare_out_dir,
+                                       protocol, results_lock, reusable_rows,
+                                       stored_fingerprints)
 from amvim_mm.apis.sweep.workers import sweep_in_workers
 from amvim_mm.errors import ConfigError
 
@@ -234,6 +236,11 @@ class _Sweep:
         # what this sweep may replace as stale: the rows of other fingerprints stored now
         # (rank 0 alone merges)
         self.replaceable = stored_fingerprints(self.path, self.names) if main else None
+        for (name, method), n in (older_rule_rows(self.path, self.prints).items()
+                                  if main else ()):
+            print(f'prune_eval: {n} {method} row(s) of {name!r} in {self.path} were computed '
+                  f'with an older rule of {method} (version < {method_version(method)}, see '
+                  'CHANGELOG.md): recomputing and replacing them', file=sys.stderr, flush=True)
         for name, n in (stale.items() if self.final and main else ()):
             print(f'prune_eval: {n} row(s) of {name!r} in {self.path} come from another '
                   'checkpoint or config (sha256 differs): stale, recomputing and replacing '

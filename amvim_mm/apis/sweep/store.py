@@ -18,7 +18,7 @@ import os.path as osp
 from typing import Dict, Iterator, Optional, Sequence, Set, Tuple
 
 from amvim_mm.apis.sweep.intervals import add_intervals
-from amvim_mm.apis.sweep.methods import IMPORTANCE_METHODS, SEEDED_METHODS
+from amvim_mm.apis.sweep.methods import IMPORTANCE_METHODS, SEEDED_METHODS, row_is_current
 from amvim_mm.apis.sweep.rows import Fingerprint, fingerprint, row_key, set_drops
 from amvim_mm.errors import CheckpointError, ConfigError
 
@@ -198,13 +198,16 @@ def stored_fingerprints(path: str, names: Sequence[str]) -> Dict[str, Set[Finger
 
 def _reusable(rows: Sequence[dict], prints: Dict[str, Fingerprint],
               out_dir: Optional[str] = None) -> Tuple[Dict[tuple, dict], Dict[str, int]]:
-    """Split the stored rows of this sweep's models into reusable ones (same fingerprint and,
-    with ``out_dir``, their per-image statistics present there), by key, and a count of stale
-    ones per model name."""
+    """Split the stored rows of this sweep's models into reusable ones (same fingerprint,
+    computed with the method's current rule and, with ``out_dir``, their per-image statistics
+    present there), by key, and a count of stale ones per model name (rows of an older rule
+    are recomputed and replaced by key, not counted)."""
     done, stale = {}, {}
     for r in rows:
         name = r['model']
         if name not in prints:
+            continue
+        if fingerprint(r) == prints[name] and not row_is_current(r):
             continue
         if fingerprint(r) == prints[name]:
             if out_dir is None or (r.get('stats_file') and
@@ -221,6 +224,19 @@ def reusable_rows(path: str, prints: Dict[str, Fingerprint], out_dir: Optional[s
     with results_lock(path):
         rows = load_results(path)['results']
     return _reusable(rows, prints, out_dir)
+
+
+def older_rule_rows(path: str, prints: Dict[str, Fingerprint]) -> Dict[Tuple[str, str], int]:
+    """(model, method) -> the number of this sweep's stored rows computed with an older rule
+    of the method (:func:`~.methods.row_is_current`): recomputed and replaced."""
+    with results_lock(path):
+        rows = load_results(path)['results']
+    out: Dict[Tuple[str, str], int] = {}
+    for r in rows:
+        if r['model'] in prints and fingerprint(r) == prints[r['model']] \
+                and not row_is_current(r):
+            out[r['model'], r['method']] = out.get((r['model'], r['method']), 0) + 1
+    return out
 
 
 def zero_row(done: Dict[tuple, dict], name: str, precision: str) -> Optional[dict]:
