@@ -93,3 +93,28 @@ def test_the_run_number_pattern():
               '2026-12-01_run37', 'rms(x) over D', 'at 512 px, batch 8', 'stride 16']
     assert [h for h in hits if not RUN_NUMBER.search(h)] == []
     assert [m for m in misses if RUN_NUMBER.search(m)] == []
+
+
+def test_one_arch_resolver():
+    """Issue 53: every family resolves its ``arch`` through ``resolve_arch`` (one alias rule,
+    one set of messages); no other module builds the alias map or the unknown-arch message."""
+    from amvim_mm.models.backbones import arch
+    owners = sorted(str(p.relative_to(REPO)) for p in _sources('amvim_mm')
+                    if 'arch {arch!r}; choose one of' in p.read_text())
+    assert owners == ['amvim_mm/models/backbones/arch.py'], owners
+    calls = []
+    for path in _sources('amvim_mm'):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, 'id', None) == 'resolve_arch':
+                calls.append(path.name)
+    assert sorted(calls) == ['plain_mamba.py', 'vil.py', 'vim_family.py', 'vmamba.py'], calls
+    # the one rule at work: case-insensitive names and aliases in every family
+    from amvim_mm.models.backbones.plain_mamba import _arch_settings as plain_arch
+    from amvim_mm.models.backbones.vil import _arch_settings as vil_arch
+    from amvim_mm.models.backbones.vim import VIM_ARCHS
+    from amvim_mm.models.backbones.vim_family import _canonical_arch
+    from amvim_mm.models.backbones.vmamba import _arch_settings as vmamba_arch
+    assert _canonical_arch(VIM_ARCHS, 'T', 'Vim') == _canonical_arch(VIM_ARCHS, 'tiny', 'Vim')
+    assert plain_arch('L1') == plain_arch('l1') and vmamba_arch('Tiny') == vmamba_arch('t')
+    assert vil_arch('TEST') == vil_arch('test')
+    assert arch.resolve_arch('X', {'a': {}}, 'A', frozenset(), {}) == {}

@@ -26,12 +26,13 @@ import torch
 import torch.nn as nn
 from mmengine.logging import MMLogger
 
-from amvim_mm.errors import ConfigError, LookupConfigError
+from amvim_mm.errors import ConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
 from ..layout.scan_context import ScanContext
 from ..reduction import restore_grid
+from .arch import resolve_arch
 from .args import is_int, positive_int, rate, resolve_out_indices
 from .base import MambaBackbone
 from .checkpoint_guard import pretrained_init_cfg
@@ -83,29 +84,7 @@ L3_TOP_BUDGET = dict(keep_rate=0.598, locations=(8, 17, 26))
 
 
 def _arch_settings(arch: Union[str, dict]) -> Dict[str, object]:
-    if isinstance(arch, str):
-        aliases = {a: k for k, v in PLAIN_MAMBA_ARCHS.items() for a in v.get('aliases', (k, ))}
-        key = aliases.get(arch)
-        if key is None:
-            raise LookupConfigError(f'unknown PlainMamba arch {arch!r}; choose one of '
-                                    f'{sorted(aliases)} or pass a dict with the keys '
-                                    f'{sorted(REQUIRED_ARCH_KEYS)}')
-        cfg = dict(ARCH_DEFAULTS)
-        cfg.update({k: v for k, v in PLAIN_MAMBA_ARCHS[key].items() if k != 'aliases'})
-    else:
-        if not isinstance(arch, dict):
-            raise ConfigError(f'PlainMamba arch must be a name or a dict, got '
-                              f'{type(arch).__name__}')
-        missing = REQUIRED_ARCH_KEYS - set(arch)
-        unknown = set(arch) - REQUIRED_ARCH_KEYS - set(ARCH_DEFAULTS)
-        if missing or unknown:
-            raise ConfigError(
-                f'custom PlainMamba arch {arch!r}: '
-                + (f'missing keys {sorted(missing)}; ' if missing else '')
-                + (f'unknown keys {sorted(unknown)}; ' if unknown else '')
-                + f'required {sorted(REQUIRED_ARCH_KEYS)}, optional {sorted(ARCH_DEFAULTS)}')
-        cfg = dict(ARCH_DEFAULTS)
-        cfg.update(arch)
+    cfg = resolve_arch('PlainMamba', PLAIN_MAMBA_ARCHS, arch, REQUIRED_ARCH_KEYS, ARCH_DEFAULTS)
     for k in ('embed_dims', 'num_layers', 'd_state', 'expand', 'd_conv'):
         if not is_int(cfg[k]) or cfg[k] < 1:
             raise ConfigError(f'PlainMamba arch: {k} must be a positive int, got {cfg[k]!r}')

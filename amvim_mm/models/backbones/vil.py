@@ -31,12 +31,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.logging import MMLogger
 
-from amvim_mm.errors import ConfigError, LookupConfigError
+from amvim_mm.errors import ConfigError
 from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import normalize_order
 from ..reduction import restore_grid
+from .arch import resolve_arch
 from .args import is_int, positive_int, rate, resolve_out_indices
 from .base import MambaBackbone
 from .checkpoint_guard import pretrained_init_cfg
@@ -76,24 +77,7 @@ FLOPS_CONVENTIONS = {
 
 
 def _arch_settings(arch: Union[str, dict]) -> Dict[str, object]:
-    if isinstance(arch, str):
-        if arch not in VIL_ARCHS:
-            raise LookupConfigError(f'unknown ViL arch {arch!r}; choose one of '
-                                    f'{sorted(VIL_ARCHS)} or pass a dict with the keys '
-                                    f'{sorted(REQUIRED_ARCH_KEYS)}')
-        cfg = dict(ARCH_DEFAULTS, **VIL_ARCHS[arch])
-    elif isinstance(arch, dict):
-        missing = REQUIRED_ARCH_KEYS - set(arch)
-        unknown = set(arch) - REQUIRED_ARCH_KEYS - set(ARCH_DEFAULTS)
-        if missing or unknown:
-            raise ConfigError(
-                f'custom ViL arch {arch!r}: '
-                + (f'missing keys {sorted(missing)}; ' if missing else '')
-                + (f'unknown keys {sorted(unknown)}; ' if unknown else '')
-                + f'required {sorted(REQUIRED_ARCH_KEYS)}, optional {sorted(ARCH_DEFAULTS)}')
-        cfg = dict(ARCH_DEFAULTS, **arch)
-    else:
-        raise ConfigError(f'ViL arch must be a name or a dict, got {type(arch).__name__}')
+    cfg = resolve_arch('ViL', VIL_ARCHS, arch, REQUIRED_ARCH_KEYS, ARCH_DEFAULTS)
     if cfg['version'] not in VERSIONS or isinstance(cfg['version'], bool):
         raise ConfigError(f'ViL arch: version must be 1 or 2, got {cfg["version"]!r}')
     if cfg['conv_kernel_size'] is None:

@@ -21,11 +21,12 @@ import torch
 import torch.nn as nn
 from mmengine.logging import MMLogger
 
-from amvim_mm.errors import ConfigError, LookupConfigError
+from amvim_mm.errors import ConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.token_layout import cls_row, drop_cls
 from ..layout.scan_context import ScanContext
 from ..reduction import ReductionSchedule, restore_grid
+from .arch import resolve_arch
 from .args import positive_int, rate, resolve_out_indices, size_pair
 from .base import MambaBackbone
 from .block import VimBlock
@@ -44,34 +45,15 @@ TAPS = ('stream', 'mixer')
 
 def _canonical_arch(arch_zoo: Dict[str, dict], arch: Union[str, dict],
                     name: str) -> Dict[str, object]:
-    aliases = {}
-    for key, cfg in arch_zoo.items():
-        for alias in cfg.get('aliases', (key, )):
-            aliases[alias] = key
-    if isinstance(arch, str):
-        key = aliases.get(arch.lower())
-        if key is None:
-            raise LookupConfigError(f'unknown {name} arch {arch!r}; choose one of '
-                                    f'{sorted(aliases)} or pass a dict with the keys '
-                                    f'{sorted(REQUIRED_ARCH_KEYS)}')
-        cfg = {k: v for k, v in arch_zoo[key].items() if k != 'aliases'}
-        return cfg
-    if not isinstance(arch, dict):
-        raise ConfigError(f'{name} arch must be a name or a dict, got {type(arch).__name__}')
-    missing = REQUIRED_ARCH_KEYS - set(arch)
-    unknown = set(arch) - REQUIRED_ARCH_KEYS - OPTIONAL_ARCH_KEYS
-    if missing or unknown:
-        raise ConfigError(
-            f'custom {name} arch {arch!r}: '
-            + (f'missing keys {sorted(missing)}; ' if missing else '')
-            + (f'unknown keys {sorted(unknown)}; ' if unknown else '')
-            + f'required {sorted(REQUIRED_ARCH_KEYS)}, optional {sorted(OPTIONAL_ARCH_KEYS)}')
-    for k, v in arch.items():
-        if not isinstance(v, int) or v < 1:
-            raise ConfigError(f'custom {name} arch: {k} must be a positive int, got {v!r}')
-    cfg = dict(d_state=16, d_conv=4, expand=2)
-    cfg.update(arch)
-    cfg.setdefault('dt_rank', math.ceil(cfg['embed_dims'] / 16))
+    """:func:`~.arch.resolve_arch`, then a custom dict's values checked (positive ints) and
+    ``dt_rank`` defaulting to ``ceil(embed_dims / 16)``."""
+    cfg = resolve_arch(name, arch_zoo, arch, REQUIRED_ARCH_KEYS, ARCH_DEFAULTS, zoo_defaults={})
+    if isinstance(arch, dict):
+        for k, v in arch.items():
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f'custom {name} arch: {k} must be a positive int, got {v!r}')
+        if cfg['dt_rank'] is None:
+            cfg['dt_rank'] = math.ceil(cfg['embed_dims'] / 16)
     return cfg
 
 
@@ -87,7 +69,8 @@ FLOPS_CONVENTIONS = {
                  'backbone: one FLOP per multiply-accumulate of the ops it has handles for '
                  '(linear, conv, matmul); the selective scan and element-wise ops uncounted'),
 }
-OPTIONAL_ARCH_KEYS = frozenset({'d_state', 'd_conv', 'expand', 'dt_rank'})
+#: a custom arch's optional keys and their defaults (``dt_rank`` None: ``ceil(embed_dims / 16)``)
+ARCH_DEFAULTS = dict(d_state=16, d_conv=4, expand=2, dt_rank=None)
 
 
 class VimFamilyBackbone(VimEmbedding, MambaBackbone):

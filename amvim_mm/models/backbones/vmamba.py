@@ -25,12 +25,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from amvim_mm.errors import ConfigError, LookupConfigError
+from amvim_mm.errors import ConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
 from ..layout.scan_context import ScanContext
 from ..reduction import restore_grid
+from .arch import resolve_arch
 from .args import is_int, positive_int, rate, resolve_out_indices
 from .base import MambaBackbone
 from .checkpoint_guard import pretrained_init_cfg
@@ -86,28 +87,10 @@ FLOPS_CONVENTIONS = {
 
 def _arch_settings(arch: Union[str, dict]) -> Dict[str, object]:
     """Resolve ``arch`` (a zoo name/alias or a custom dict) and validate every value."""
+    cfg = resolve_arch('VMamba', VMAMBA_ARCHS, arch, REQUIRED_ARCH_KEYS, ARCH_DEFAULTS,
+                       zoo_defaults=dict(dt_rank=None))
     if isinstance(arch, str):
-        aliases = {a: k for k, v in VMAMBA_ARCHS.items() for a in v.get('aliases', (k, ))}
-        key = aliases.get(arch.lower())
-        if key is None:
-            raise LookupConfigError(f'unknown VMamba arch {arch!r}; choose one of '
-                                    f'{sorted(aliases)} or pass a dict with the keys '
-                                    f'{sorted(REQUIRED_ARCH_KEYS)}')
-        cfg = {k: v for k, v in VMAMBA_ARCHS[key].items() if k != 'aliases'}
-        cfg.setdefault('dt_rank', None)
         return cfg
-    if not isinstance(arch, dict):
-        raise ConfigError(f'VMamba arch must be a name or a dict, got {type(arch).__name__}')
-    missing = REQUIRED_ARCH_KEYS - set(arch)
-    unknown = set(arch) - REQUIRED_ARCH_KEYS - set(ARCH_DEFAULTS)
-    if missing or unknown:
-        raise ConfigError(
-            f'custom VMamba arch {arch!r}: '
-            + (f'missing keys {sorted(missing)}; ' if missing else '')
-            + (f'unknown keys {sorted(unknown)}; ' if unknown else '')
-            + f'required {sorted(REQUIRED_ARCH_KEYS)}, optional {sorted(ARCH_DEFAULTS)}')
-    cfg = dict(ARCH_DEFAULTS)
-    cfg.update(arch)
 
     def bad(k, what):
         return ConfigError(f'custom VMamba arch: {k} must be {what}, got {cfg[k]!r}')
