@@ -373,12 +373,8 @@ class PlainMamba(MambaBackbone):
         ln, bn = (5, 2) if official else (0, 0)       # fvcore: eval BN with affine = 2 * numel
         f, M = self._stem_flops(*input_shape, bn)
         removals, counts, realised = [0] * depth, [M] * depth, 0.0
-        if reducer is not None:
+        if reducer is not None:     # a dynamic reducer's (LTMP): the means per image
             removals, counts, realised = reducer.token_plan(M, depth)
-        if reducer is not None and reducer.dynamic:   # per-image counts (LTMP): the mean
-            counts = list(reducer.mean_tokens())
-            removals = [p0 - p1 for p0, p1 in zip([M] + counts[:-1], counts)]
-            realised = sum(M - c for c in counts) / (depth * M)
         if convention == 'mmengine':
             total = measure() + C * num_classes
             return dict(gflops=total / 1e9, tokens=counts, removals=removals,

@@ -440,10 +440,6 @@ class ViL(MambaBackbone):
         removals, counts, realised = [0] * depth, [M] * depth, 0.0
         if reducer is not None:
             removals, counts, realised = reducer.token_plan(M, depth)
-        if reducer is not None and reducer.dynamic:
-            counts = list(reducer.mean_tokens())
-            removals = [p0 - p1 for p0, p1 in zip([M] + counts[:-1], counts)]
-            realised = sum(M - c for c in counts) / (depth * M)
         head = (2 * D if self.version == 2 else D) * num_classes
         if convention == 'mmengine':
             f = measure() + head

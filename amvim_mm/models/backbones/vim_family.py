@@ -374,9 +374,8 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
         tokens = ReductionSchedule.token_counts(counted, M, cls_token=bool(cls))
         if reducer is not None and reducer.dynamic:
             # counts that depend on the image (LTMP): the means over the images it evaluated
-            tokens = list(reducer.mean_tokens())
-            present = [t - cls for t in tokens]
-            removals = [p0 - p1 for p0, p1 in zip([M] + present[:-1], present)]
+            removals, tokens, _ = reducer.token_plan(M, depth, cls_token=bool(cls))
+            return removals, tokens
         if reducer is not None and reducer.freeze_sources:
             # EViT's fused token joins from its first location on
             first = next((i for i, k in enumerate(removals) if k), None)

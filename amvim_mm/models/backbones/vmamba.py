@@ -455,12 +455,7 @@ class VMamba(MambaBackbone):
         depth = self.depths[i]
         if i != self.reduction_stage or reducer is None:
             return [], [M] * depth, 0.0
-        removals, counts, realised = reducer.token_plan(M, depth)
-        if reducer.dynamic:   # per-image counts: the evaluated mean
-            counts = list(reducer.mean_tokens())
-            removals = [p0 - p1 for p0, p1 in zip([M] + counts[:-1], counts)]
-            realised = sum(M - c for c in counts) / (depth * M)
-        return removals, counts, realised
+        return reducer.token_plan(M, depth)    # a dynamic reducer's: the means per image
 
     def flops(self, input_shape: Tuple[int, int], reducer, num_classes: int, convention: str,
               measure: Callable[[], float]) -> Dict[str, object]:

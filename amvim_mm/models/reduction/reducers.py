@@ -125,18 +125,31 @@ class TokenReducer:
                               'keep_rate with locations (the blocks after which to prune)')
         return counts
 
-    def token_plan(self, num_patches: int, depth: int
+    def token_plan(self, num_patches: int, depth: int, cls_token: bool = False
                    ) -> Tuple[List[int], List[int], float]:
-        """``(removals, tokens, realised_ratio)`` of a backbone without a class token: the
-        patch tokens removed before each block, the tokens each block sees (EViT's fused
-        token included from its first step on) and the realised ratio (for FLOPs counters)."""
+        """``(removals, tokens, realised_ratio)``: the patch tokens removed before each block,
+        the tokens each block sees (the class token and EViT's fused token included) and the
+        realised ratio (for FLOPs counters). A :attr:`dynamic` reducer's counts depend on the
+        image: they are the means over the images it evaluated (:meth:`mean_tokens`)."""
+        if self.dynamic:
+            counts = list(self.mean_tokens())
+            present = [t - int(cls_token) for t in counts]
+            removals = [p0 - p1 for p0, p1 in zip([num_patches] + present[:-1], present)]
+            realised = sum(num_patches - c for c in present) / (depth * num_patches)
+            return removals, counts, realised
         removals = list(self.removals(num_patches, depth))
-        counts = ReductionSchedule.token_counts(removals, num_patches, cls_token=False)
+        counts = ReductionSchedule.token_counts(removals, num_patches, cls_token=cls_token)
         if self.freeze_sources:   # the fused token, from the first step on
             first = next((j for j, k in enumerate(removals) if k), None)
             if first is not None:
                 counts = [t + (j >= first) for j, t in enumerate(counts)]
         return removals, counts, ReductionSchedule.realised_ratio(removals, num_patches)
+
+    def mean_tokens(self) -> List[float]:
+        """A :attr:`dynamic` reducer's per-block token counts averaged over the images it
+        evaluated (the class token included)."""
+        raise NotImplementedError(f'{type(self).__name__} is not dynamic: its token counts '
+                                  'follow from its schedule (token_plan)')
 
     def select(self, block: int, k: int, stream: Streams, ctx, layer
                ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
