@@ -118,3 +118,12 @@ def test_one_arch_resolver():
     assert plain_arch('L1') == plain_arch('l1') and vmamba_arch('Tiny') == vmamba_arch('t')
     assert vil_arch('TEST') == vil_arch('test')
     assert arch.resolve_arch('X', {'a': {}}, 'A', frozenset(), {}) == {}
+
+
+def test_one_triton_loader():
+    """Issue 53: the ops load their Triton kernels through ``ops/triton_loader.py`` alone (the
+    ``triton.jit`` wrapping and the interpreter check were written seven times)."""
+    found = sorted(str(p.relative_to(REPO)) for p in _sources('amvim_mm')
+                   if ('triton.jit(' in p.read_text() or 'runtime.interpret' in p.read_text())
+                   and p.name != 'triton_loader.py')
+    assert found == [], found

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
+from .triton_loader import jit_kernels
 
 K = 4
 BLOCK_L, BLOCK_E = 64, 32
@@ -105,16 +106,9 @@ def cross_merge_ref(ys: Tensor, H: int, W: int, index: Optional[DirectionIndex] 
     return tok.sum(1).transpose(1, 2).to(ys.dtype)
 
 
-@functools.lru_cache(maxsize=None)
 def _kernels(interpret: bool):
-    import triton
-
-    from . import _cross_scan_kernels as k
-    if interpret and not triton.knobs.runtime.interpret:
-        raise ConfigError('the cross-scan kernels run on CPU tensors in Triton\'s interpreter '
-                          'only: set TRITON_INTERPRET=1 before starting Python (tests)')
-    return triton.jit(k.cross_scan_kernel), triton.jit(k.cross_merge_kernel)
-
+    return jit_kernels('_cross_scan_kernels', ('cross_scan_kernel', 'cross_merge_kernel'),
+                       'the cross-scan kernels', interpret)
 
 def _launch(kernel: int, src: Tensor, dst: Tensor, H: int, W: int, E: int,
             index: Optional[DirectionIndex]) -> Tensor:

@@ -22,13 +22,13 @@ On CUDA the kernels are compiled; on CPU tensors they run in Triton's interprete
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from amvim_mm.errors import BackendUnavailableError, ConfigError
+from amvim_mm.errors import ConfigError
+from .triton_loader import jit_kernels
 from .fused_mixer import autocast_dtype
 
 __all__ = ['FusedAddRMSNorm', 'fused_add_rmsnorm_train']
@@ -37,18 +37,10 @@ FWD_BLOCK_M = 8
 BWD_BLOCK_M = 8
 
 
-@functools.lru_cache(maxsize=None)
 def _kernels(interpret: bool):
     """(forward, backward) kernels, compiled (or wrapped for the interpreter) once."""
-    import triton
-
-    from . import _fused_norm_kernels as k
-    if interpret and not triton.knobs.runtime.interpret:
-        raise BackendUnavailableError('on CPU tensors the fused add + RMSNorm runs in Triton\'s '
-                                      'interpreter only: set TRITON_INTERPRET=1 before '
-                                      'starting Python (slow; meant for tests)')
-    return triton.jit(k.add_rmsnorm_fwd_kernel), triton.jit(k.add_rmsnorm_bwd_kernel)
-
+    return jit_kernels('_fused_norm_kernels', ('add_rmsnorm_fwd_kernel', 'add_rmsnorm_bwd_kernel'),
+                       'the fused add + RMSNorm', interpret)
 
 def _backward_programs(device: torch.device, n_blocks: int) -> int:
     """Programs of the backward kernel: a few per SM on CUDA (each walks several row blocks and

@@ -16,14 +16,14 @@ only where ``torch.backends.cuda.matmul.allow_tf32`` allows it, as for ``F.linea
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from amvim_mm import runtime
-from amvim_mm.errors import BackendUnavailableError, ConfigError
+from amvim_mm.errors import ConfigError
+from .triton_loader import jit_kernels
 from amvim_mm.token_layout import cls_slot
 from .fused_mixer import autocast_dtype
 
@@ -42,17 +42,9 @@ def embed_config() -> Tuple[int, int, int, int]:
     return runtime.settings().embed_config or EMBED_CONFIG
 
 
-@functools.lru_cache(maxsize=None)
 def _kernel(interpret: bool):
-    import triton
-
-    from . import _fused_embed_kernels as k
-    if interpret and not triton.knobs.runtime.interpret:
-        raise BackendUnavailableError('on CPU tensors the fused embedding runs in Triton\'s '
-                                      'interpreter only: set TRITON_INTERPRET=1 before '
-                                      'starting Python (slow; tests)')
-    return triton.jit(k.patch_embed_kernel)
-
+    return jit_kernels('_fused_embed_kernels', ('patch_embed_kernel', ),
+                       'the fused embedding', interpret)[0]
 
 def pack_patch_weight(weight: Tensor, bias: Tensor, dtype: torch.dtype
                       ) -> Tuple[Tensor, Tensor]:

@@ -56,7 +56,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from amvim_mm import runtime
-from amvim_mm.errors import BackendUnavailableError, ConfigError
+from amvim_mm.errors import ConfigError
+from .triton_loader import jit_kernels
 
 from .scan_choice import (CHUNK_MIN_LEN, CHUNK_SIZES, DEFAULT_SCAN_CONFIG,  # noqa: F401
                           SCAN_CHOICE_TABLE, SCAN_CONFIGS, SCAN_TABLE_PATHS, TARGET_PROGRAMS,
@@ -80,21 +81,13 @@ def fused_requested(setting: Optional[bool]) -> Optional[bool]:
     return runtime.settings().fused_mixer
 
 
-@functools.lru_cache(maxsize=None)
 def _kernels(interpret: bool):
-    """Compile (or wrap for the interpreter) the kernels once; (conv, scan, add_rmsnorm,
-    merge_add_rmsnorm, chunk_scan, chunk_carry)."""
-    import triton
-
-    from . import _fused_mixer_kernels as k
-    if interpret and not triton.knobs.runtime.interpret:
-        raise BackendUnavailableError('on CPU tensors the fused mixer runs in Triton\'s '
-                                      'interpreter only: set TRITON_INTERPRET=1 before '
-                                      'starting Python (slow; meant for tests)')
-    return (triton.jit(k.conv_kernel), triton.jit(k.scan_kernel),
-            triton.jit(k.add_rmsnorm_kernel), triton.jit(k.merge_add_rmsnorm_kernel),
-            triton.jit(k.chunk_scan_kernel), triton.jit(k.chunk_carry_kernel))
-
+    """(conv, scan, add_rmsnorm, merge_add_rmsnorm, chunk_scan, chunk_carry), compiled (or
+    wrapped for the interpreter) once."""
+    return jit_kernels('_fused_mixer_kernels', ('conv_kernel', 'scan_kernel', 'add_rmsnorm_kernel',
+                                                'merge_add_rmsnorm_kernel', 'chunk_scan_kernel',
+                                                'chunk_carry_kernel'),
+                       'the fused mixer', interpret)
 
 @functools.lru_cache(maxsize=None)
 def fused_mixer_available(device_type: str = 'cuda') -> Tuple[bool, str]:

@@ -19,7 +19,6 @@ dtype under AMP, as autograd runs the unfused path's GEMMs), fp32 otherwise.
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional, Tuple
 
 import torch
@@ -27,8 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from amvim_mm import runtime
-from .fused_mixer import (CONV_BLOCK, _kernels, chunk_initial_states, launch_scan,
-                          mixer_front)
+from .fused_mixer import CONV_BLOCK, chunk_initial_states, launch_scan, mixer_front
+from .triton_loader import jit_kernels
 
 __all__ = ['FusedSSM', 'fused_mixer_train', 'BWD_CONFIG', 'bwd_config', 'bwd_groups',
            'auto_prefers_fused_training', 'TRAIN_MIN_LEN']
@@ -72,17 +71,12 @@ def bwd_config() -> Tuple[int, int, int]:
     return runtime.settings().bwd_config or BWD_CONFIG
 
 
-@functools.lru_cache(maxsize=None)
 def _bwd_kernels(interpret: bool):
-    """Compile (or wrap for the interpreter) the backward kernels once: (scan_bwd, scan_bwd_carry,
-    scan_bwd_link, conv_bwd, conv_bwd_dx)."""
-    import triton
-
-    from . import _fused_mixer_bwd_kernels as k
-    _kernels(interpret)     # the same availability check and message as the forward
-    return (triton.jit(k.scan_bwd_kernel), triton.jit(k.scan_bwd_carry_kernel),
-            triton.jit(k.scan_bwd_link_kernel), triton.jit(k.conv_bwd_kernel),
-            triton.jit(k.conv_bwd_dx_kernel))
+    """The backward kernels, compiled (or wrapped for the interpreter) once: (scan_bwd,
+    scan_bwd_carry, scan_bwd_link, conv_bwd, conv_bwd_dx)."""
+    return jit_kernels('_fused_mixer_bwd_kernels', (
+        'scan_bwd_kernel', 'scan_bwd_carry_kernel', 'scan_bwd_link_kernel', 'conv_bwd_kernel',
+        'conv_bwd_dx_kernel'), "the fused mixer's backward", interpret)
 
 
 def _inverse(perm: Tensor) -> Tensor:

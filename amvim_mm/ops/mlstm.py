@@ -38,6 +38,7 @@ from torch import Tensor
 
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
+from .triton_loader import jit_kernels
 
 __all__ = ['mlstm', 'mlstm_parallel', 'mlstm_chunkwise', 'mlstm_triton', 'PARALLEL_MAX_LEN',
            'CUDA_PARALLEL_MAX_LEN', 'DEFAULT_CHUNK', 'KERNEL_MAX_DH']
@@ -186,16 +187,8 @@ def mlstm_chunkwise(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate
     return h.reshape(B, NH, nc * size, -1)[:, :, :S].to(out)
 
 
-@functools.lru_cache(maxsize=None)
 def _kernel(interpret: bool):
-    import triton
-
-    from . import _mlstm_kernels as k
-    if interpret and not triton.knobs.runtime.interpret:
-        raise ConfigError("mlstm_triton runs on CPU tensors in Triton's interpreter only: set "
-                          'TRITON_INTERPRET=1 before starting Python (tests)')
-    return triton.jit(k.mlstm_fwd_kernel)
-
+    return jit_kernels('_mlstm_kernels', ('mlstm_fwd_kernel', ), 'mlstm_triton', interpret)[0]
 
 @functools.lru_cache(maxsize=None)
 def _triton_ok() -> bool:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from amvim_mm.errors import ConfigError
+from .triton_loader import jit_kernels
 from .cross_scan import exporting
 from .selective_scan import _finish, selective_scan_fn
 
@@ -130,16 +131,9 @@ def _gap_slots_table(steps: Tensor, pos: Tensor, cells: int) -> Tensor:
     return torch.where(own_step | (seg >= L), torch.full_like(seg, L), seg)
 
 
-@functools.lru_cache(maxsize=None)
 def _kernels(interpret: bool):
-    import triton
-
-    from . import _plain_aligned_kernels as k
-    if interpret and not triton.knobs.runtime.interpret:
-        raise ConfigError("PlainMamba's aligned-scan kernel runs on CPU tensors in Triton's "
-                          'interpreter only: set TRITON_INTERPRET=1 before starting Python')
-    return triton.jit(k.plain_aligned_kernel)
-
+    return jit_kernels('_plain_aligned_kernels', ('plain_aligned_kernel', ),
+                       "PlainMamba's aligned-scan kernel", interpret)[0]
 
 @functools.lru_cache(maxsize=None)
 def _available(device_type: str) -> bool:

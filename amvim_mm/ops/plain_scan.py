@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from amvim_mm import runtime
-from amvim_mm.errors import BackendUnavailableError, ConfigError
+from amvim_mm.errors import ConfigError
+from .triton_loader import jit_kernels
 from .backends import requested_backend
 from .scan_choice import TARGET_PROGRAMS
 
@@ -45,16 +46,9 @@ def snake_config(E: int) -> Tuple[int, int]:
     return min(block_e, 1 << max(E - 1, 0).bit_length()), warps
 
 
-@functools.lru_cache(maxsize=None)
 def _kernel(interpret: bool):
-    import triton
-
-    from . import _plain_scan_kernels as k
-    if interpret and not triton.knobs.runtime.interpret:
-        raise BackendUnavailableError("PlainMamba's snake-scan kernel runs on CPU tensors in "
-                                      "Triton's interpreter only: set TRITON_INTERPRET=1 "
-                                      'before starting Python')
-    return triton.jit(k.plain_scan_kernel)
+    return jit_kernels('_plain_scan_kernels', ('plain_scan_kernel', ),
+                       "PlainMamba's snake-scan kernel", interpret)[0]
 
 
 @functools.lru_cache(maxsize=None)

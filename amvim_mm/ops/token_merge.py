@@ -20,7 +20,6 @@ Every reducer's step at inference: ToMe's merges, pruning (ToP, DynamicViT, rand
 """
 from __future__ import annotations
 
-import functools
 from types import SimpleNamespace
 from typing import NamedTuple, Optional, Tuple
 
@@ -30,6 +29,7 @@ from torch import Tensor
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.token_layout import cls_index_for
+from .triton_loader import jit_kernels
 
 __all__ = ['MergePlan', 'plan_merge', 'apply_merge_plan', 'tome_match', 'MAX_MATCH_ROWS',
            'MATCH_CONFIG', 'match_config',
@@ -51,16 +51,15 @@ def extra_kernels_enabled() -> bool:
     return runtime.settings().reduction_kernels
 
 
-@functools.lru_cache(maxsize=None)
 def _kernels():
-    import triton
-
-    from . import _token_merge_kernels as k
-    return SimpleNamespace(plan=triton.jit(k.merge_plan_kernel),
-                           match=triton.jit(k.tome_match_kernel),
-                           perm=triton.jit(k.rank_perm_kernel),
-                           best=triton.jit(k.tome_best_kernel),
-                           rank_plan=triton.jit(k.tome_rank_plan_kernel))
+    """The kernels by role (compiled on CUDA; on CPU tensors Triton's interpreter, when Python
+    started with it, runs them)."""
+    roles = ('plan', 'match', 'perm', 'best', 'rank_plan')
+    names = ('merge_plan_kernel', 'tome_match_kernel', 'rank_perm_kernel', 'tome_best_kernel',
+             'tome_rank_plan_kernel')
+    return SimpleNamespace(**dict(zip(roles, jit_kernels('_token_merge_kernels', names,
+                                                         "ToMe's matching", False),
+                                      strict=True)))
 
 
 class MergePlan(NamedTuple):
