@@ -10,7 +10,7 @@ PACKAGE = pathlib.Path(amvim_mm.__file__).parent
 REPO = PACKAGE.parent
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
-MAX_README_LINES = 250
+MAX_README_LINES = 200
 
 
 def _sources(*roots):

@@ -33,7 +33,7 @@ def _blocks(text, lang):
 
 def test_readme_is_short():
     n = len(_read(README).splitlines())
-    assert n <= 250, f'README.md has {n} lines (at most 250); move details to docs/'
+    assert n <= 200, f'README.md has {n} lines (at most 200); move details to docs/'
 
 
 @pytest.mark.parametrize('path', RECIPES, ids=osp.basename)
