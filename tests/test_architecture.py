@@ -98,22 +98,22 @@ def test_the_run_number_pattern():
 def test_one_arch_resolver():
     """Issue 53: every family resolves its ``arch`` through ``resolve_arch`` (one alias rule,
     one set of messages); no other module builds the alias map or the unknown-arch message."""
-    from amvim_mm.models.backbones import arch
+    from amvim_mm.models.skeleton import arch
     owners = sorted(str(p.relative_to(REPO)) for p in _sources('amvim_mm')
                     if 'arch {arch!r}; choose one of' in p.read_text())
-    assert owners == ['amvim_mm/models/backbones/arch.py'], owners
+    assert owners == ['amvim_mm/models/skeleton/arch.py'], owners
     calls = []
     for path in _sources('amvim_mm'):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, 'id', None) == 'resolve_arch':
                 calls.append(path.name)
-    assert sorted(calls) == ['plain_mamba.py', 'vil.py', 'vim_family.py', 'vmamba.py'], calls
+    assert sorted(calls) == ['family.py', 'plain_mamba.py', 'vil.py', 'vmamba.py'], calls
     # the one rule at work: case-insensitive names and aliases in every family
-    from amvim_mm.models.backbones.plain_mamba import _arch_settings as plain_arch
-    from amvim_mm.models.backbones.vil import _arch_settings as vil_arch
-    from amvim_mm.models.backbones.vim import VIM_ARCHS
-    from amvim_mm.models.backbones.vim_family import _canonical_arch
-    from amvim_mm.models.backbones.vmamba import _arch_settings as vmamba_arch
+    from amvim_mm.models.plain_mamba.plain_mamba import _arch_settings as plain_arch
+    from amvim_mm.models.vil.vil import _arch_settings as vil_arch
+    from amvim_mm.models.vim.vim import VIM_ARCHS
+    from amvim_mm.models.vim.family import _canonical_arch
+    from amvim_mm.models.vmamba.vmamba import _arch_settings as vmamba_arch
     assert _canonical_arch(VIM_ARCHS, 'T', 'Vim') == _canonical_arch(VIM_ARCHS, 'tiny', 'Vim')
     assert plain_arch('L1') == plain_arch('l1') and vmamba_arch('Tiny') == vmamba_arch('t')
     assert vil_arch('TEST') == vil_arch('test')
@@ -127,3 +127,32 @@ def test_one_triton_loader():
                    if ('triton.jit(' in p.read_text() or 'runtime.interpret' in p.read_text())
                    and p.name != 'triton_loader.py')
     assert found == [], found
+
+
+FAMILIES = ('vim', 'vmamba', 'plain_mamba', 'vil')
+
+
+def test_every_family_in_its_package():
+    """Issue 53: ``models/backbones/`` only registers; each family is a package of its own that
+    imports no other family (what they share is ``models/skeleton/``), and the skeleton imports
+    no family."""
+    models = PACKAGE / 'models'
+    assert sorted(p.name for p in (models / 'backbones').iterdir()
+                  if p.suffix == '.py') == ['__init__.py']
+    crossing = []
+    for pkg in FAMILIES + ('skeleton', ):
+        for path in sorted((models / pkg).glob('*.py')):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.ImportFrom):
+                    continue
+                mod = node.module or ''
+                parts = mod.split('.')
+                target = parts[2] if mod.startswith('amvim_mm.models.') else \
+                    parts[0] if node.level == 2 else None
+                if target in FAMILIES and target != pkg:
+                    crossing.append(f'{path.relative_to(REPO)}:{node.lineno} -> {target}')
+    assert not crossing, crossing
+    from amvim_mm.registry import MODELS
+    for name in ('Vim', 'AMVim', 'LocalVim', 'VMamba', 'PlainMamba', 'ViL', 'AMViL'):
+        family = MODELS.get(name).__module__.split('.')[2]
+        assert family in FAMILIES, (name, family)

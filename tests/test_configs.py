@@ -470,7 +470,7 @@ def test_plain_mamba_configs_match_their_arch(path, tmp_path):
     """At full size (which ``shrink`` overwrites): the neck / head widths are the arch's C, the
     outputs lie in its depth (UperNet: the official evenly spaced layers, (5, 11, 17, 23) of 24,
     (8, 17, 26, 35) of 36), and the dense configs start from that arch's released file."""
-    from amvim_mm.models.backbones.plain_mamba import PLAIN_MAMBA_ARCHS
+    from amvim_mm.models.plain_mamba.plain_mamba import PLAIN_MAMBA_ARCHS
     cfg = _load(path, tmp_path)
     model, bb = cfg.model, cfg.model.backbone
     arch = bb.arch.lower()

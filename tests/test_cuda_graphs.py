@@ -9,9 +9,9 @@ import torch
 
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
-from amvim_mm.models.backbones.base import MambaBackbone
-from amvim_mm.models.backbones.graphs import (InferenceGraphs, _no_cast_cache, graphs_requested,
-                                              reducer_misfit)
+from amvim_mm.models.skeleton.base import MambaBackbone
+from amvim_mm.models.skeleton.graphs import (InferenceGraphs, _no_cast_cache, graphs_requested,
+                                             reducer_misfit)
 from amvim_mm.registry import MODELS
 
 
@@ -103,7 +103,7 @@ def test_copies_start_without_graphs():
         InferenceGraphs(0)
 
 
-#: every backbone on the skeleton (backbones/base.py) takes cuda_graph
+#: every backbone on the skeleton (skeleton/base.py) takes cuda_graph
 FAMILIES = sorted(n for n, c in MODELS.module_dict.items()
                   if isinstance(c, type) and issubclass(c, MambaBackbone))
 

@@ -241,7 +241,7 @@ def test_path_probe_summary():
     m = MODELS.build(dict(type='Vim', arch='test', img_size=32, out_type='featmap'))
     with torch.no_grad(), DB.PathProbe(m) as probe:
         m(torch.randn(1, 3, 32, 32))
-    from amvim_mm.models.backbones import mixer
+    from amvim_mm.models.vim import mixer
     from amvim_mm.ops import fused_mixer
     assert mixer.fused_mixer_forward is fused_mixer.fused_mixer_forward       # restored
     assert not any(x._forward_pre_hooks for x in m.modules())

@@ -4,7 +4,7 @@ from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
 import amvim_mm  # noqa: F401
-from amvim_mm.models.backbones.base import MambaBackbone
+from amvim_mm.models.skeleton.base import MambaBackbone
 from amvim_mm.registry import MODELS as ROOT_MODELS
 
 #: our backbones, from the registry (a new one is covered by registering it)

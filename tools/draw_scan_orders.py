@@ -16,7 +16,7 @@ import torch  # noqa: E402
 
 import amvim_mm  # noqa: F401,E402
 from amvim_mm.apis.cli import run_cli  # noqa: E402
-from amvim_mm.models.backbones.vim_family import VimFamilyBackbone  # noqa: E402
+from amvim_mm.models.vim.family import VimFamilyBackbone  # noqa: E402
 from amvim_mm.models.layout.scan_orders import is_reverse, scan_rank  # noqa: E402
 from amvim_mm.registry import MODELS  # noqa: E402
 

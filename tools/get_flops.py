@@ -22,7 +22,7 @@ import amvim_mm  # noqa: F401,E402
 from amvim_mm.analysis.flops import CONVENTIONS, backbone_flops  # noqa: E402
 from amvim_mm.errors import ConfigError  # noqa: E402
 from amvim_mm.apis.cli import run_cli  # noqa: E402
-from amvim_mm.models.backbones.base import MambaBackbone  # noqa: E402
+from amvim_mm.models.skeleton.base import MambaBackbone  # noqa: E402
 from amvim_mm.registry import MODELS  # noqa: E402
 
 #: every registered backbone of ours (a new one is listed by registering it)

@@ -27,8 +27,8 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple, Union
 
 from amvim_mm.errors import ConfigError
-from amvim_mm.models.backbones.base import MambaBackbone
-from amvim_mm.models.backbones.vim_family import FLOPS_CONVENTIONS as VIM_CONVENTIONS
+from amvim_mm.models.skeleton.base import MambaBackbone
+from amvim_mm.models.vim.family import FLOPS_CONVENTIONS as VIM_CONVENTIONS
 from amvim_mm.models.reduction import build_reducer
 from amvim_mm.registry import MODELS
 from .mmengine_flops import mmengine_count
@@ -59,7 +59,7 @@ def backbone_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
 
     Args:
         model: a backbone with ``flops`` and ``flops_conventions`` (every family of
-            :class:`~amvim_mm.models.backbones.base.MambaBackbone`).
+            :class:`~amvim_mm.models.skeleton.base.MambaBackbone`).
         input_shape: image size (int or (H, W)).
         token_reduction: ``'model'`` uses the model's own reducer, ``None`` none, or a config
             dict (e.g. ``dict(type='ToMe', ratio=0.17)``).

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple, Union
 
-from amvim_mm.models.backbones.plain_mamba import FLOPS_CONVENTIONS as CONVENTIONS
+from amvim_mm.models.plain_mamba.plain_mamba import FLOPS_CONVENTIONS as CONVENTIONS
 from .flops import backbone_flops
 
 __all__ = ['CONVENTIONS', 'plainmamba_flops']
@@ -25,7 +25,7 @@ __all__ = ['CONVENTIONS', 'plainmamba_flops']
 def plainmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
                      token_reduction: Optional[dict] = 'model', num_classes: int = 0,
                      convention: str = 'official') -> Dict[str, object]:
-    """FLOPs of ``model`` (a :class:`~amvim_mm.models.backbones.plain_mamba.PlainMamba`) for
+    """FLOPs of ``model`` (a :class:`~amvim_mm.models.plain_mamba.plain_mamba.PlainMamba`) for
     one image (:func:`~.flops.backbone_flops`; the layers count themselves,
     ``PlainMambaLayer.flops``).
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple, Union
 
-from amvim_mm.models.backbones.vmamba import FLOPS_CONVENTIONS as CONVENTIONS
+from amvim_mm.models.vmamba.vmamba import FLOPS_CONVENTIONS as CONVENTIONS
 from .flops import backbone_flops
 
 __all__ = ['CONVENTIONS', 'vmamba_flops']
@@ -33,7 +33,7 @@ __all__ = ['CONVENTIONS', 'vmamba_flops']
 def vmamba_flops(model, input_shape: Union[int, Tuple[int, int]] = 224,
                  token_reduction: Optional[dict] = 'model', num_classes: int = 0,
                  convention: str = 'official') -> Dict[str, object]:
-    """FLOPs of ``model`` (a :class:`~amvim_mm.models.backbones.vmamba.VMamba`) for one image
+    """FLOPs of ``model`` (a :class:`~amvim_mm.models.vmamba.vmamba.VMamba`) for one image
     (:func:`~.flops.backbone_flops`; the blocks count themselves, ``VSSBlock.flops``).
 
     Args:

@@ -17,7 +17,7 @@ base rate. ``paramwise_cfg`` keys:
 * ``layer_decay_scope``: ``'all'`` (default: every depth as above) or ``'embeddings'`` (only
   the embeddings are decayed, at ``rate ** (n - 1)``; blocks train at the base rate): the
   rule the official Vim segmentation code actually runs (see
-  :mod:`amvim_mm.models.backbones.layer_decay`).
+  :mod:`amvim_mm.models.skeleton.layer_decay`).
 * ``flat_decay_mult``: weight-decay factor of 1-D parameters (norm weights, biases, ``D``);
   default 0.0.
 * ``no_decay_leaves``: fnmatch patterns on a parameter's leaf name with no weight decay;
@@ -35,7 +35,7 @@ Configs written for mmseg's ``LayerDecayOptimizerConstructor`` carry ``num_layer
 ``decay_type`` in ``paramwise_cfg``: both are accepted here when they agree with the backbone
 (``num_layers`` = its depth, ``decay_type='layer_wise'``); the depth itself always comes from the
 backbone. mmseg's and mmdet's own constructors work with our backbones too (see
-:mod:`amvim_mm.models.backbones.layer_decay`).
+:mod:`amvim_mm.models.skeleton.layer_decay`).
 """
 from __future__ import annotations
 
@@ -48,9 +48,9 @@ from mmengine.optim import DefaultOptimWrapperConstructor
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
 from amvim_mm.errors import ConfigError
-from amvim_mm.models.backbones.layer_decay import (DEFAULT_NO_DECAY_LEAVES, NoDecayRule,
-                                                    checked_rate, layer_decay_param_groups,
-                                                    unwrap_backbone)
+from amvim_mm.models.skeleton.layer_decay import (DEFAULT_NO_DECAY_LEAVES, NoDecayRule,
+                                                  checked_rate, layer_decay_param_groups,
+                                                  unwrap_backbone)
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()

@@ -55,7 +55,7 @@ def cpu_mixer_forward(hidden: Tensor, in_proj_weight: Tensor, out_proj_weight: T
     right before each step of path ``p`` in path ``p``'s order (aligned with ``perms[p]``),
     each decaying the state with zero input at the step size ``softplus(dt_bias)``
     (``gap_delta='bias'``) or the next kept token's own (``'token'``), as
-    :meth:`BiMambaMixer.scan_path <amvim_mm.models.backbones.mixer.BiMambaMixer.scan_path>`.
+    :meth:`BiMambaMixer.scan_path <amvim_mm.models.vim.mixer.BiMambaMixer.scan_path>`.
     Returns (B, L, D); with ``importance``, ``(output, importance)``: ToP's importance (B, L)
     float32, the sum over paths and channels of ``max(0, y_p)`` (each path's gated output,
     token order, before the paths' mean).

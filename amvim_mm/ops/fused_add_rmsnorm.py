@@ -2,9 +2,9 @@
 backward kernels in :mod:`amvim_mm.ops._fused_norm_kernels`).
 
 Forward: ``res = residual + s[b] * hidden`` (``s``: the per-sample stochastic-depth factor
-``mask / keep_prob`` of :meth:`amvim_mm.models.backbones.drop.DropPath.scale`, None = 1;
+``mask / keep_prob`` of :meth:`amvim_mm.models.skeleton.drop.DropPath.scale`, None = 1;
 ``residual`` None = 0) in fp32, and ``out = RMSNorm(res) * weight`` (the project's
-:class:`~amvim_mm.models.backbones.norm.RMSNorm`) in the autocast dtype, or in the weight's
+:class:`~amvim_mm.models.vim.norm.RMSNorm`) in the autocast dtype, or in the weight's
 dtype without autocast, like :func:`amvim_mm.ops.fused_mixer.fused_add_rmsnorm`, the
 inference-only kernel (which stays the choice when no gradient is wanted, and which also does
 ToMe merges; this one does not).

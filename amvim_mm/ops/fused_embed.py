@@ -2,7 +2,7 @@
 launch, for the fused path (inference: :func:`fused_patch_embed`; training: the autograd
 Function :class:`FusedPatchEmbed`, the same kernel forward and a PyTorch backward).
 
-The reference is :meth:`amvim_mm.models.backbones.vim_embed.VimEmbedding.embed`: the
+The reference is :meth:`amvim_mm.models.vim.embed.VimEmbedding.embed`: the
 non-overlapping patch convolution as a GEMM over unfolded patches, then the class token
 concatenated at ``cls_slot(M)`` (= M // 2) and the fp32 position embedding added: five
 launches, a fixed cost that does not shrink with the tokens under reduction (measurements in
@@ -117,7 +117,7 @@ class FusedPatchEmbed(torch.autograd.Function):
     cuBLAS runs these GEMMs near peak, the unfold is one strided copy of the image, and the
     sums are single reductions, so a Triton kernel would save a few launches per training step
     (negligible next to the blocks' backward) and add a kernel to maintain. The numerics follow
-    the unfused embedding (:meth:`~amvim_mm.models.backbones.vim_embed.VimEmbedding.embed`)
+    the unfused embedding (:meth:`~amvim_mm.models.vim.embed.VimEmbedding.embed`)
     under autocast: the patch rows' gradient is rounded to ``compute_dtype`` before
     the GEMMs (what the gradient of autocast's ``F.linear`` output is), in fp32 everything is
     fp32. The class token's and the position embedding's gradients are fp32 sums over the

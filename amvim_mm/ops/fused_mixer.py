@@ -1,6 +1,6 @@
 """Fused inference path of the Vim-family mixer: two Triton kernels for all scan paths at once.
 
-The unfused mixer (:class:`amvim_mm.models.backbones.mixer.BiMambaMixer`, the reference for
+The unfused mixer (:class:`amvim_mm.models.vim.mixer.BiMambaMixer`, the reference for
 this file) works channel-first like the official code: per path a gather or flip of ``xz`` into
 the path's order, a causal conv launch, a selective-scan launch, and a gather back. At Vim's shapes
 (L = 197, E = 384) every one of these launches is far from the memory roofline
@@ -471,7 +471,7 @@ def fused_add_rmsnorm(hidden: Tensor, residual: Optional[Tensor], weight: Tensor
     ``residual`` (fp32) may be None (block 0: the residual is ``hidden``). Returns ``(normed,
     residual)``: the new fp32 residual and the normalised input of the mixer in ``out_dtype``
     (default: the autocast dtype when autocast is on, else the norm weight's dtype, as
-    :class:`~amvim_mm.models.backbones.norm.RMSNorm` gives). Inference only (no autograd).
+    :class:`~amvim_mm.models.vim.norm.RMSNorm` gives). Inference only (no autograd).
 
     ``merge``: a :class:`~amvim_mm.ops.token_merge.MergePlan` (a ToMe step planned before this
     block): the summed stream is merged in the same pass, so both outputs have the plan's new

@@ -13,7 +13,7 @@ fused path is forced, tests), no autograd graph recorded (the kernel has no back
 while exporting, the scan backend left automatic and the fused path not switched off
 (``AMVIM_FUSED_MIXER=0`` / ``runtime.override(fused_mixer=False)``), and on automatic enough
 programs to fill the GPU (below that mamba-ssm's kernel is faster).
-:func:`~amvim_mm.models.backbones.plain_mamba_mixer.PlainMamba2D._scan` stays the reference.
+:func:`~amvim_mm.models.plain_mamba.mixer.PlainMamba2D._scan` stays the reference.
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ registered under their names in those libraries' registries.
 4. **mmseg 1.2.2's ``LayerDecayOptimizerConstructor`` / ``LearningRateDecayOptimizerConstructor``
    and mmdet 3.3.0's ``LearningRateDecayOptimizerConstructor``** pick layers by the backbone's
    class name (ConvNeXt, BEiT, MAE) and raise a bare ``NotImplementedError`` for any other
-   backbone. :func:`amvim_mm.models.backbones.layer_decay.teach_upstream_layer_decay`, called
+   backbone. :func:`amvim_mm.models.skeleton.layer_decay.teach_upstream_layer_decay`, called
    when one of our backbones is built, registers under the same names in those libraries' own
    registries (public ``Registry.register_module(force=True)``) a subclass that uses our
    backbones' ``get_layer_depth`` and is the library's code, unchanged, for every other

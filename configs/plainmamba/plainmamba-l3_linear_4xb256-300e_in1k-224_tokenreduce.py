@@ -2,7 +2,7 @@
 # = the clipped channel sum of the summed four-direction output; hidden-state alignment along each
 # snake order) keeping 0.598 of the tokens after layers 9, 18 and 27 (counted from 1): 196 -> 117
 # -> 69 -> 41 tokens, 8.447 GFLOPs (41.6 % fewer than 14.454 G; L3_TOP_BUDGET in
-# amvim_mm/models/backbones/plain_mamba.py). The paper reports 81.7 % Top-1 after 30 epochs of
+# amvim_mm/models/plain_mamba/plain_mamba.py). The paper reports 81.7 % Top-1 after 30 epochs of
 # fine-tuning at this budget; training-free (this config) no number is published.
 #   python tools/test.py THIS_CONFIG pretrain/l3.pth
 # Other methods / budgets: tools/prune_eval.py, or edit reduction below.

@@ -100,7 +100,7 @@ def test_the_libraries_own_backbones_see_no_change(scope):
     the library's own class's, group for group."""
     from mmpretrain.models import ConvNeXt
 
-    from amvim_mm.models.backbones.layer_decay import teach_upstream_layer_decay
+    from amvim_mm.models.skeleton.layer_decay import teach_upstream_layer_decay
     registries = __import__(f'{scope}.registry', fromlist=['OPTIM_WRAPPER_CONSTRUCTORS'])
     MODELS.build(dict(type='Vim', arch='test', img_size=32))     # teaches the libraries
     teach_upstream_layer_decay()                                   # (idempotent)

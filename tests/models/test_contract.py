@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import amvim_mm  # noqa: F401
-from amvim_mm.models.backbones.base import MambaBackbone
-from amvim_mm.models.backbones.vim_family import VimFamilyBackbone
+from amvim_mm.models.skeleton.base import MambaBackbone
+from amvim_mm.models.vim.family import VimFamilyBackbone
 from amvim_mm.models.layout import ScanContext
 from amvim_mm.models.reduction import TOKEN_REDUCERS
 from amvim_mm.registry import MODELS
@@ -165,7 +165,7 @@ def test_plain_backbone_x_reducer(typ, reducer):
         assert reduced.keep_mask.sum(1).max() < reduced.token_counts[0]
 
 
-#: every backbone on the skeleton (backbones/base.py): one record, the same for every family
+#: every backbone on the skeleton (skeleton/base.py): one record, the same for every family
 FAMILIES = sorted(n for n, c in MODELS.module_dict.items()
                   if isinstance(c, type) and issubclass(c, MambaBackbone))
 

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import amvim_mm  # noqa: F401
-from amvim_mm.models.backbones.plain_mamba import PlainMamba
-from amvim_mm.models.backbones.plain_mamba_scan import SNAKE_DIRECTIONS
-from amvim_mm.models.backbones.ss2d import SS2D_DIRECTIONS
-from amvim_mm.models.backbones.vmamba import VMamba
+from amvim_mm.models.plain_mamba.plain_mamba import PlainMamba
+from amvim_mm.models.plain_mamba.scan import SNAKE_DIRECTIONS
+from amvim_mm.models.vmamba.ss2d import SS2D_DIRECTIONS
+from amvim_mm.models.vmamba.vmamba import VMamba
 from amvim_mm.registry import MODELS
 from tests.reference.evit_vim import evit_vim_forward
 from tests.reference.official_vim import random_official_state_dict

@@ -8,9 +8,9 @@ import torch
 import amvim_mm  # noqa: F401
 from amvim_mm import runtime
 from amvim_mm.models import execution
-from amvim_mm.models.backbones import block as block_mod
-from amvim_mm.models.backbones import mixer as mixer_mod
-from amvim_mm.models.backbones import vim_embed
+from amvim_mm.models.vim import block as block_mod
+from amvim_mm.models.vim import mixer as mixer_mod
+from amvim_mm.models.vim import embed as vim_embed
 from amvim_mm.models.reduction import session as session_mod
 from amvim_mm.ops import cpu_ops
 from amvim_mm.registry import MODELS

@@ -313,7 +313,7 @@ def test_gpu_cuda_graph_backbone_replays_equal_the_eager_forward(red):
 @pytest.mark.parametrize('red', [None, dict(type='ToMe', ratio=0.4)], ids=['none', 'tome'])
 @pytest.mark.parametrize('typ', ['VMamba', 'PlainMamba'])
 def test_gpu_cuda_graph_vmamba_plainmamba_replay_equal_the_eager_forward(typ, red):
-    """VMamba and PlainMamba take cuda_graph=True as the Vim family (backbones/base.py):
+    """VMamba and PlainMamba take cuda_graph=True as the Vim family (skeleton/base.py):
     eager, captured, replayed; the outputs (every stage's or layer's map, non-square input)
     and the token counts equal the eager model's, with and without ToMe. The ToMe case runs in
     fp32: its merge (PyTorch's scatter-add, atomic on CUDA) sums in a different order each call,
@@ -335,7 +335,7 @@ def test_gpu_cuda_graph_recaptures_after_a_weight_change_and_keeps_checks():
     eager call; the old graph is dropped. NaN images still fail before a replay; training,
     gradients, hooks and a reducer off the allow-list run eagerly."""
     from amvim_mm.errors import ConfigError
-    from amvim_mm.models.backbones.graphs import InferenceGraphs
+    from amvim_mm.models.skeleton.graphs import InferenceGraphs
     eager, graphed = graph_pair()
     g = graphed._graphs
     x = torch.randn(1, 3, 224, 224, device='cuda')

@@ -13,7 +13,7 @@ from amvim_mm import runtime
 import amvim_mm  # noqa: F401
 from amvim_mm.engine.hooks import TokenReductionHook
 from amvim_mm.errors import ConfigError
-from amvim_mm.models.backbones.base import MambaBackbone
+from amvim_mm.models.skeleton.base import MambaBackbone
 from amvim_mm.models.reduction import ReductionSchedule, ToMe, build_reducer
 from amvim_mm.models.reduction.state import init_reduction_state, reduce_tokens
 from amvim_mm.registry import MODELS
@@ -123,8 +123,8 @@ def test_the_input_check_takes_the_largest_magnitude_in_one_pass(model, dtype):
     """One ``aminmax`` pass gives the largest magnitude: NaN or inf anywhere is non-finite,
     and huge finite values (issue 52: 3e38 pixels gave non-finite outputs in every family) are
     refused too, in one line naming the largest value."""
-    from amvim_mm.models.backbones.input_check import MAX_INPUT
-    from amvim_mm.models.backbones.vim_family import VimFamilyBackbone
+    from amvim_mm.models.skeleton.input_check import MAX_INPUT
+    from amvim_mm.models.vim.family import VimFamilyBackbone
     x = torch.full((2, 3, 8, 8), 2.0, dtype=dtype)
     x[0, 0, 0, 0] = -5.0
     assert VimFamilyBackbone._largest(x) == 5.0
@@ -330,8 +330,8 @@ def test_amvim_paths_override_refuses_ignored_arguments():
 
 
 def test_block_with_wrong_number_of_paths_fails_at_build():
-    from amvim_mm.models.backbones.block import VimBlock
-    from amvim_mm.models.backbones.mixer import BiMambaMixer
+    from amvim_mm.models.vim.block import VimBlock
+    from amvim_mm.models.vim.mixer import BiMambaMixer
     mixer = BiMambaMixer(32, d_state=8, dt_rank=2)
     with pytest.raises(ConfigError, match='has 2 paths, but the block got 3 scan orders'):
         VimBlock(mixer, 32, [dict(order='raster')] * 3)

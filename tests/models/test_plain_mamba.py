@@ -4,7 +4,7 @@ import torch
 
 import amvim_mm  # noqa: F401
 from amvim_mm.errors import AmvimError, CheckpointMismatchError, ConfigError
-from amvim_mm.models.backbones.plain_mamba_scan import SNAKE_DIRECTIONS, snake_directions
+from amvim_mm.models.plain_mamba.scan import SNAKE_DIRECTIONS, snake_directions
 from amvim_mm.models.layout.scan_orders import scan_rank
 from amvim_mm.registry import MODELS
 

@@ -7,9 +7,9 @@ import torch
 import amvim_mm  # noqa: F401
 from amvim_mm.analysis.plainmamba_flops import plainmamba_flops
 from amvim_mm.errors import ConfigError
-from amvim_mm.models.backbones.plain_mamba import L3_TOP_BUDGET
-from amvim_mm.models.backbones.plain_mamba_mixer import PlainMamba2D
-from amvim_mm.models.backbones.plain_mamba_scan import displacement_codes
+from amvim_mm.models.plain_mamba.plain_mamba import L3_TOP_BUDGET
+from amvim_mm.models.plain_mamba.mixer import PlainMamba2D
+from amvim_mm.models.plain_mamba.scan import displacement_codes
 from amvim_mm.models.layout import NO_CLS, ScanContext
 from amvim_mm.models.reduction.state import init_reduction_state, reduce_tokens
 from amvim_mm.registry import MODELS

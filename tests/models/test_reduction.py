@@ -403,7 +403,7 @@ def test_a_merging_reducer_that_prunes_must_say_so():
 def test_importance_is_scored_only_in_the_block_before_a_step(monkeypatch):
     """ToP / EViT need the SSM output's importance of the block right before each step; every
     other block keeps the fused-path-eligible mixer (no importance)."""
-    from amvim_mm.models.backbones.mixer import BiMambaMixer
+    from amvim_mm.models.vim.mixer import BiMambaMixer
     seen = []
     orig = BiMambaMixer.forward
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 import amvim_mm  # noqa: F401
 from amvim_mm.analysis.flops import backbone_flops
 from amvim_mm.errors import CheckpointMismatchError, ConfigError
-from amvim_mm.models.backbones.vim import AMVim
+from amvim_mm.models.vim.vim import AMVim
 from amvim_mm.models.layout import ScanContext
 from amvim_mm.models.layout.scan_orders import normalize_order
 from amvim_mm.registry import MODELS

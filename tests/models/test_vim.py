@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import amvim_mm  # noqa: F401
-from amvim_mm.models.backbones.embed import resize_pos_embed
+from amvim_mm.models.skeleton.embed import resize_pos_embed
 from amvim_mm.registry import MODELS
 from amvim_mm.utils.checkpoint import CheckpointMismatchError
 from tests.reference.official_vim import official_vim_forward, random_official_state_dict
@@ -64,8 +64,8 @@ def test_official_even_grid_and_tokens():
                                        ('b', 768)])
 def test_arch_zoo_aliases(arch, dims):
     # only the settings are checked here (building Vim-B would be slow)
-    from amvim_mm.models.backbones.vim import VIM_ARCHS
-    from amvim_mm.models.backbones.vim_family import _canonical_arch
+    from amvim_mm.models.vim.vim import VIM_ARCHS
+    from amvim_mm.models.vim.family import _canonical_arch
     cfg = _canonical_arch(VIM_ARCHS, arch, 'Vim')
     assert cfg['embed_dims'] == dims and cfg['num_layers'] == 24
     assert cfg['dt_rank'] == math.ceil(dims / 16) and cfg['d_state'] == 16

@@ -6,8 +6,8 @@ import torch
 import amvim_mm  # noqa: F401
 from amvim_mm.analysis.vmamba_flops import vmamba_flops
 from amvim_mm.errors import AmvimError, CheckpointMismatchError, ConfigError
-from amvim_mm.models.backbones.ss2d import SS2D
-from amvim_mm.models.backbones.vmamba import VMAMBA_ARCHS
+from amvim_mm.models.vmamba.ss2d import SS2D
+from amvim_mm.models.vmamba.vmamba import VMAMBA_ARCHS
 from amvim_mm.models.layout.scan_context import ScanContext
 from amvim_mm.models.reduction.state import init_reduction_state, reduce_tokens
 from amvim_mm.registry import MODELS

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import amvim_mm  # noqa: F401
-from amvim_mm.models.backbones.ss2d import SS2D_DIRECTIONS
+from amvim_mm.models.vmamba.ss2d import SS2D_DIRECTIONS
 from amvim_mm.models.layout.scan_context import ScanContext
 from amvim_mm.ops.cross_scan import cross_merge
 from amvim_mm.registry import MODELS

@@ -57,7 +57,7 @@ REFERENCE = textwrap.dedent('''
 INTERPRETER_SCRIPT = REFERENCE + textwrap.dedent('''
     import json
     from amvim_mm import runtime
-    from amvim_mm.models.backbones.mixer import BiMambaMixer
+    from amvim_mm.models.vim.mixer import BiMambaMixer
     from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.layout.scan_orders import normalize_order
     from amvim_mm.ops import fused_mixer as FM
@@ -413,7 +413,7 @@ def _rel(a, b):
 
 
 def _dense_mixer():
-    from amvim_mm.models.backbones.mixer import BiMambaMixer
+    from amvim_mm.models.vim.mixer import BiMambaMixer
     from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.layout.scan_orders import normalize_order
     torch.manual_seed(0)

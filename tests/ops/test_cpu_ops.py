@@ -17,7 +17,7 @@ import torch
 
 from amvim_mm import runtime
 from amvim_mm.errors import BackendUnavailableError
-from amvim_mm.models.backbones.norm import RMSNorm
+from amvim_mm.models.vim.norm import RMSNorm
 from amvim_mm.ops import cpu_ops
 from amvim_mm.ops.causal_conv1d import causal_conv1d_torch
 from amvim_mm.ops.selective_scan import (aligned_selective_scan, selective_scan_fn,

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import amvim_mm  # noqa: F401
-from amvim_mm.models.backbones.norm import RMSNorm
+from amvim_mm.models.vim.norm import RMSNorm
 from amvim_mm.registry import MODELS
 from amvim_mm.testing.triton_interpreter import PREAMBLE as FAST_INTERPRETER
 from tests.ops.triton_support import HAS_TRITON, needs_triton  # noqa: F401
@@ -33,9 +33,9 @@ from tests.ops.triton_support import HAS_TRITON, needs_triton  # noqa: F401
 
 INTERPRETER_SCRIPT = textwrap.dedent('''
     import json, torch, amvim_mm
-    import amvim_mm.models.backbones.block as blockmod
+    import amvim_mm.models.vim.block as blockmod
     import amvim_mm.ops.fused_embed as fe
-    from amvim_mm.models.backbones.norm import RMSNorm
+    from amvim_mm.models.vim.norm import RMSNorm
     from amvim_mm.ops.fused_add_rmsnorm import fused_add_rmsnorm_train
     from amvim_mm.registry import MODELS
 
@@ -438,7 +438,7 @@ def test_backbone_takes_both_trainable_pieces_on_the_fused_decision(interp):
 def test_drop_path_scale_is_forwards_factor():
     """``DropPath.scale`` draws the mask ``forward`` draws (same seed, same numbers) and returns
     ``mask / keep_prob`` per sample; None where ``forward`` is the identity."""
-    from amvim_mm.models.backbones.drop import DropPath
+    from amvim_mm.models.skeleton.drop import DropPath
     dp = DropPath(0.4).train()
     x = torch.randn(16, 5, 3)
     torch.manual_seed(0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from amvim_mm.models.backbones.plain_mamba_scan import snake_cell_tables
+from amvim_mm.models.plain_mamba.scan import snake_cell_tables
 from amvim_mm.ops.plain_aligned import (aligned_inputs, aligned_inputs_torch, override_kernels,
                                         step_lookup, use_kernels)
 from tests.ops.triton_support import needs_triton, run_in_interpreter

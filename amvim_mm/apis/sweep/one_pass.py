@@ -16,7 +16,7 @@ forward, the hooks ``before_run`` / ``before_test`` / ``before_test_epoch`` befo
 weights in), the dataset's meta on every evaluator, and each evaluator's ``evaluate(len(dataset))``
 (which in a distributed run gathers the ranks' results on rank 0). Each evaluation's reducer is
 built once and swapped in per batch, and the backbone's CUDA-graph cache holds every
-evaluation's graph for the pass (:mod:`~amvim_mm.models.backbones.graphs` keys a graph by the
+evaluation's graph for the pass (:mod:`~amvim_mm.models.skeleton.graphs` keys a graph by the
 reducer object: a reducer rebuilt per batch, or a cache smaller than the evaluations, would
 capture again and again). The per-iteration hooks
 (logging, visualisation) are not called: their only sweep-relevant job, telling a random

@@ -14,7 +14,7 @@ same input tensors and the same starting weights:
 * ``forced`` (inference only): ``fused_mixer=True``, the fused path whatever the batch size
   (the automatic choice takes the unfused kernels at these small batches);
 * ``auto-graphs`` / ``unfused-graphs`` (eager inference rows): ``auto`` / ``unfused`` with the
-  backbone's ``cuda_graph=True`` (:mod:`amvim_mm.models.backbones.graphs`): the pipeline stays
+  backbone's ``cuda_graph=True`` (:mod:`amvim_mm.models.skeleton.graphs`): the pipeline stays
   eager, the backbone's forward is replayed from a CUDA graph (captured in the warm-up).
   ``auto-graphs`` is the default path (graphs are on by default for CUDA inference); the other
   impls set ``cuda_graph=False``, so ``auto`` is the plain eager forward. Their
@@ -26,7 +26,7 @@ same input tensors and the same starting weights:
 
 Which path actually ran is recorded per row (``path_ran``, ``fused_calls``): one warm-up call
 runs under :class:`PathProbe`, which asks every mixer call for its decision
-(:meth:`~amvim_mm.models.backbones.mixer.BiMambaMixer.use_fused` and the per-call conditions its
+(:meth:`~amvim_mm.models.vim.mixer.BiMambaMixer.use_fused` and the per-call conditions its
 forward adds) and counts the calls of the fused mixer function as a cross-check.
 
 Workloads (``--workloads``):

@@ -59,12 +59,12 @@ def quarter_indices(depth: int) -> Tuple[int, ...]:
 
 
 def ours_depth(sizes: DenseSizes) -> int:
-    from amvim_mm.models.backbones.vim import Vim
+    from amvim_mm.models.vim.vim import Vim
     return Vim.arch_zoo[sizes.arch]['num_layers']
 
 
 def ours_width(sizes: DenseSizes) -> int:
-    from amvim_mm.models.backbones.vim import Vim
+    from amvim_mm.models.vim.vim import Vim
     return Vim.arch_zoo[sizes.arch]['embed_dims']
 
 

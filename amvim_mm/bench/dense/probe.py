@@ -10,7 +10,7 @@ import torch.nn as nn
 class PathProbe:
     """Record which path every mixer call of one step takes (a context manager).
 
-    Each :class:`~amvim_mm.models.backbones.mixer.BiMambaMixer` call is asked for its decision
+    Each :class:`~amvim_mm.models.vim.mixer.BiMambaMixer` call is asked for its decision
     in a forward pre-hook, as its forward takes it: the ``fused`` flag the block passes (the
     backbone's one decision per forward), else :meth:`use_fused`, then the per-call conditions
     (ToP's importance scores and alignment need the unfused path). The calls of the fused
@@ -19,7 +19,7 @@ class PathProbe:
     """
 
     def __init__(self, model: nn.Module) -> None:
-        from amvim_mm.models.backbones.mixer import BiMambaMixer
+        from amvim_mm.models.vim.mixer import BiMambaMixer
         self.mixers = [m for m in model.modules() if isinstance(m, BiMambaMixer)]
         self.decisions: List[Optional[bool]] = []
         self.backends: set = set()
@@ -31,7 +31,7 @@ class PathProbe:
         self._saved = None
 
     def __enter__(self) -> 'PathProbe':
-        from amvim_mm.models.backbones import mixer as mixer_module
+        from amvim_mm.models.vim import mixer as mixer_module
         self._handles = [m.register_forward_pre_hook(self._pre, with_kwargs=True)
                          for m in self.mixers]
         # the inference and the training entry of the fused mixer
@@ -110,7 +110,7 @@ class PathProbe:
 def set_fused_mixer(model: nn.Module, value: Optional[bool]) -> int:
     """Set every mixer's ``fused`` switch (what ``fused_mixer=`` sets at build time); returns
     how many mixers there are."""
-    from amvim_mm.models.backbones.mixer import BiMambaMixer
+    from amvim_mm.models.vim.mixer import BiMambaMixer
     n = 0
     for m in model.modules():
         if isinstance(m, BiMambaMixer):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from amvim_mm.analysis.flops import backbone_flops
-from amvim_mm.models.backbones.plain_mamba import L3_TOP_BUDGET
+from amvim_mm.models.plain_mamba.plain_mamba import L3_TOP_BUDGET
 from amvim_mm.models.reduction import ReductionSchedule
 
 from .. import measure as B

@@ -14,7 +14,7 @@ Budgets (the publications'): ToMe at ratio 0.46 (AMVim's largest); ToP and EViT 
 after ToP-ViM's blocks (Tiny: 0-based 9, 19; Small: 4, 9, 14), whose GFLOPs in LocalMamba's
 convention are the published 1.27 / 3.60 G; DynamicViT's rho fitted to the same GFLOPs
 (keep predictors before blocks 6, 12, 18); PlainMamba-L3: the 8.44-GFLOPs ToP schedule
-(:data:`~amvim_mm.models.backbones.plain_mamba.L3_TOP_BUDGET`), EViT at the same, ToMe 0.42;
+(:data:`~amvim_mm.models.plain_mamba.plain_mamba.L3_TOP_BUDGET`), EViT at the same, ToMe 0.42;
 VMamba-T: stage-3 ToMe 0.27 / 0.46 and ToP at realised 0.27. FLOPs ratios are in each
 backbone's default convention (Vim: mamba-ssm's, PlainMamba and VMamba: their official code's).
 """
@@ -25,7 +25,7 @@ from typing import List, Tuple
 import torch
 
 from amvim_mm.analysis.flops import backbone_flops
-from amvim_mm.models.backbones.plain_mamba import L3_TOP_BUDGET
+from amvim_mm.models.plain_mamba.plain_mamba import L3_TOP_BUDGET
 from amvim_mm.models.reduction import ReductionSchedule
 
 from .. import measure as B

@@ -135,7 +135,7 @@ def gpu_tune_chunk(args):
     scan for every T of ``--chunk-sizes`` ('chunkT'), and the unfused mixer with the mamba-ssm
     kernels ('mamba', when importable). The fastest per shape in graph mode makes the table,
     printed ready to paste and used for the rest of the run."""
-    from amvim_mm.models.backbones.mixer import BiMambaMixer
+    from amvim_mm.models.vim.mixer import BiMambaMixer
     from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.layout.scan_orders import normalize_order
     from amvim_mm.ops import fused_mixer as FM

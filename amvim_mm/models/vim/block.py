@@ -16,7 +16,7 @@ from ..execution import (CPU, TRITON, TRITON_TRAIN, BlockFacts, ExecutionPlan, F
                          as_plan, plan_forward)
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import normalize_order
-from .drop import DropPath
+from ..skeleton.drop import DropPath
 from .norm import RMSNorm
 
 

@@ -7,7 +7,7 @@ from typing import List, Optional, Sequence
 from amvim_mm.errors import ConfigError
 from amvim_mm.registry import MODELS
 from ..layout.scan_orders import normalize_order
-from .vim_family import VimFamilyBackbone
+from .family import VimFamilyBackbone
 
 # embed dims / depth of the released models; d_state 16, d_conv 4, expand 2, dt_rank ceil(D/16)
 VIM_ARCHS = {
@@ -28,7 +28,7 @@ class Vim(VimFamilyBackbone):
     """Vision Mamba (Zhu et al., 2024): a forward raster path and its reverse.
 
     Loads the official checkpoints (``vim_t_midclstok_76p1acc.pth``...) 1:1. See
-    :class:`~amvim_mm.models.backbones.vim_family.VimFamilyBackbone` for the arguments.
+    :class:`~amvim_mm.models.vim.family.VimFamilyBackbone` for the arguments.
 
     Example:
         >>> from amvim_mm.registry import MODELS

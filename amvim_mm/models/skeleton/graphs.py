@@ -32,7 +32,7 @@ that fails (e.g. an operation that synchronizes with the host) logs one warning 
 key eager. Each replay restores what the eager forward leaves on the backbone (its
 ``last_record``: the token counts; the context is the captured one, whose tensors the replays
 refresh). A backbone whose forward cannot be captured names the reason in its
-``graph_misfit()`` (see :class:`~amvim_mm.models.backbones.base.MambaBackbone`).
+``graph_misfit()`` (see :class:`~amvim_mm.models.skeleton.base.MambaBackbone`).
 """
 from __future__ import annotations
 

@@ -16,11 +16,11 @@ from amvim_mm.token_layout import NO_CLS, cls_index_for, cls_slot
 from ..execution import (TRITON, TRITON_TRAIN, ExecutionPlan, ForwardFacts, as_plan,
                          plan_forward, reducer_facts)
 from ..layout.scan_context import ScanContext
-from .embed import resize_pos_embed
+from ..skeleton.embed import resize_pos_embed
 
 
 class VimEmbedding:
-    """Mixin of :class:`~.vim_family.VimFamilyBackbone`: needs ``patch_embed``, ``pos_embed``,
+    """Mixin of :class:`~.family.VimFamilyBackbone`: needs ``patch_embed``, ``pos_embed``,
     ``cls_token``, ``with_cls_token``, ``patch_resolution``, ``interpolate_mode``,
     ``drop_after_pos``, ``layers`` and ``check_images``."""
 

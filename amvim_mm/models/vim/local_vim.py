@@ -10,7 +10,7 @@ from amvim_mm.errors import ConfigError
 from amvim_mm.registry import MODELS
 from .vim import VIM_ARCHS
 from .mixer import BiMambaMixer
-from .vim_family import VimFamilyBackbone
+from .family import VimFamilyBackbone
 
 # The direction names of the LocalMamba paper / code, as scan orders of this package.
 DIRECTIONS: Dict[str, dict] = {

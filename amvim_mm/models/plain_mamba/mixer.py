@@ -49,8 +49,8 @@ from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_f
 from ..layout.grid_conv import grid_depthwise_conv, whole_grid
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import masked_path_permutation
-from .plain_mamba_scan import (SNAKE_DIRECTIONS, displacement_codes, snake_cell_tables,
-                               snake_directions)
+from .scan import (SNAKE_DIRECTIONS, displacement_codes, snake_cell_tables,
+                   snake_directions)
 
 #: how the steps of a reduced sequence get their direction codes (see :class:`PlainMamba2D`)
 REDUCED_DIRECTION_CODES = ('positional', 'displacement')

@@ -13,8 +13,8 @@ Parameter names equal the official keys (``patch_embed.stem/convs/projection``, 
 ``layers.{i}.{norm,mamba,dw}``, ``ln1``), so the released files load 1:1 (``backbone.``
 stripped, ``head.*`` and EMA buffers dropped).
 
-The mixer and its two quirks: :mod:`.plain_mamba_mixer`; the snake directions:
-:mod:`.plain_mamba_scan`; the layer and the stem: :mod:`.plain_mamba_block`.
+The mixer and its two quirks: :mod:`.mixer`; the snake directions:
+:mod:`.scan`; the layer and the stem: :mod:`.block`.
 """
 from __future__ import annotations
 
@@ -32,22 +32,16 @@ from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
 from ..layout.scan_context import ScanContext
 from ..reduction import restore_grid
-from .arch import resolve_arch
-from .args import is_int, positive_int, rate, resolve_out_indices
-from .base import MambaBackbone
-from .checkpoint_guard import pretrained_init_cfg
-from .embed import resize_pos_embed
-from .layer_decay import teach_upstream_layer_decay
-from .plain_mamba_block import STEM_CHANNELS, ConvPatchEmbed, PlainMambaLayer
-from .plain_mamba_mixer import REDUCED_DIRECTION_CODES, PlainMamba2D
-from .plain_mamba_scan import (MOVE_CODES, SNAKE_DIRECTIONS, displacement_codes, move_codes,
-                               snake_cell_tables, snake_directions)
+from ..skeleton.arch import resolve_arch
+from ..skeleton.args import is_int, positive_int, rate, resolve_out_indices
+from ..skeleton.base import MambaBackbone
+from ..skeleton.checkpoint_guard import pretrained_init_cfg
+from ..skeleton.embed import resize_pos_embed
+from ..skeleton.layer_decay import teach_upstream_layer_decay
+from .block import ConvPatchEmbed, PlainMambaLayer
+from .mixer import PlainMamba2D
 
-__all__ = ['PlainMamba', 'PLAIN_MAMBA_ARCHS', 'L3_TOP_BUDGET',
-           # re-exported from the split files (their old home)
-           'ConvPatchEmbed', 'PlainMambaLayer', 'PlainMamba2D', 'REDUCED_DIRECTION_CODES',
-           'STEM_CHANNELS', 'MOVE_CODES', 'SNAKE_DIRECTIONS', 'displacement_codes', 'move_codes',
-           'snake_cell_tables', 'snake_directions']
+__all__ = ['PlainMamba', 'PLAIN_MAMBA_ARCHS', 'L3_TOP_BUDGET']
 
 #: the official arch zoo (``PlainMamba.arch_zoo``); d_state 16, expand 2, dt_rank ceil(C/16)
 PLAIN_MAMBA_ARCHS = {
@@ -139,7 +133,7 @@ class PlainMamba(MambaBackbone):
         scan_backend: selective-scan backend (``None``: automatic).
         cuda_graph: replay CUDA inference forwards from captured CUDA graphs (``None``: the
             ``AMVIM_CUDA_GRAPH`` switch, on by default), as the Vim family (see
-            :mod:`amvim_mm.models.backbones.graphs`).
+            :mod:`amvim_mm.models.skeleton.graphs`).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads a released file (mmcls
             layout: ``state_dict`` with ``backbone.*``, ``head.*``) or a bare backbone state
             dict strictly; ``head.*`` and EMA buffers (``ema_*``) are dropped; output norms
@@ -147,7 +141,7 @@ class PlainMamba(MambaBackbone):
         pretrained: mmseg's deprecated form of ``init_cfg=dict(type='Pretrained',
             checkpoint=pretrained)`` (mmseg's ``EncoderDecoder`` passes its own on); not
             together with ``init_cfg`` (see
-            :func:`~amvim_mm.models.backbones.checkpoint_guard.pretrained_init_cfg`).
+            :func:`~amvim_mm.models.skeleton.checkpoint_guard.pretrained_init_cfg`).
     """
 
     arch_zoo = PLAIN_MAMBA_ARCHS

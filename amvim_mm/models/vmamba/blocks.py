@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from amvim_mm.errors import ConfigError
 from ..layout.scan_context import ScanContext
-from .drop import DropPath
+from ..skeleton.drop import DropPath
 from .ss2d import SS2D
 
 class _ToLast(nn.Module):

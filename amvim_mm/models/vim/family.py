@@ -26,16 +26,16 @@ from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.token_layout import cls_row, drop_cls
 from ..layout.scan_context import ScanContext
 from ..reduction import ReductionSchedule, restore_grid
-from .arch import resolve_arch
-from .args import positive_int, rate, resolve_out_indices, size_pair
-from .base import MambaBackbone
+from ..skeleton.arch import resolve_arch
+from ..skeleton.args import positive_int, rate, resolve_out_indices, size_pair
+from ..skeleton.base import MambaBackbone
 from .block import VimBlock
-from .checkpoint_guard import pretrained_init_cfg
-from .drop import DropPath
-from .embed import PatchEmbed, infer_square_grid, resize_pos_embed
-from .layer_decay import teach_upstream_layer_decay
+from ..skeleton.checkpoint_guard import pretrained_init_cfg
+from ..skeleton.drop import DropPath
+from ..skeleton.embed import PatchEmbed, infer_square_grid, resize_pos_embed
+from ..skeleton.layer_decay import teach_upstream_layer_decay
 from .mixer import BiMambaMixer
-from .vim_embed import VimEmbedding
+from .embed import VimEmbedding
 from .norm import RMSNorm
 
 OUT_TYPES = ('cls_token', 'featmap', 'raw')
@@ -115,7 +115,7 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
             without the host's launch overhead, which bounds an eager forward at the dense
             tasks' small batches; a shape is captured the second time it is seen, training,
             gradients, hooks and reducers off the allow-list stay eager (see
-            :mod:`amvim_mm.models.backbones.graphs`).
+            :mod:`amvim_mm.models.skeleton.graphs`).
         norm_eps: RMSNorm epsilon.
         token_reduction: switch on a token reducer, e.g. ``dict(type='ToMe', ratio=0.17)``
             (see :mod:`amvim_mm.models.reduction`); validated at build time for ``img_size``.
@@ -128,12 +128,12 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
         pretrained: mmseg's deprecated form of ``init_cfg=dict(type='Pretrained',
             checkpoint=pretrained)`` (mmseg's ``EncoderDecoder`` passes its own on); not
             together with ``init_cfg`` (see
-            :func:`~amvim_mm.models.backbones.checkpoint_guard.pretrained_init_cfg`).
+            :func:`~amvim_mm.models.skeleton.checkpoint_guard.pretrained_init_cfg`).
 
     Every argument is checked at build time (a :class:`~amvim_mm.errors.ConfigError` names the
     argument, the value and what is allowed); the images of each forward are checked by
     :meth:`check_images` (shape, channels, an empty batch, dtype, NaN/inf values; see
-    :mod:`~amvim_mm.models.backbones.input_check`).
+    :mod:`~amvim_mm.models.skeleton.input_check`).
     """
 
     arch_zoo: Dict[str, dict] = {}

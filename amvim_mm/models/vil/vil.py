@@ -18,7 +18,7 @@ Data flow::
 Parameter names equal the official ones (``patch_embed.proj``, ``pos_embed.embed``,
 ``blocks.{i}.rowwise_from_top_left.*`` / ``.rowwise_from_bot_right.*`` (v2), ``blocks.{i}.*``
 (v1), ``norm``, ``legacy_norm``), so a released ``.th`` file loads 1:1 (``head.*`` dropped).
-The layer, the traversals as scan orders and the conv on the grid: :mod:`.vil_layer`.
+The layer, the traversals as scan orders and the conv on the grid: :mod:`.layer`.
 """
 from __future__ import annotations
 
@@ -37,12 +37,12 @@ from amvim_mm.token_layout import NO_CLS
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import normalize_order
 from ..reduction import restore_grid
-from .arch import resolve_arch
-from .args import is_int, positive_int, rate, resolve_out_indices
-from .base import MambaBackbone
-from .checkpoint_guard import pretrained_init_cfg
-from .layer_decay import teach_upstream_layer_decay
-from .vil_layer import ResidualLayerNorm, ViLBlock, ViLBlockPair
+from ..skeleton.arch import resolve_arch
+from ..skeleton.args import is_int, positive_int, rate, resolve_out_indices
+from ..skeleton.base import MambaBackbone
+from ..skeleton.checkpoint_guard import pretrained_init_cfg
+from ..skeleton.layer_decay import teach_upstream_layer_decay
+from .layer import ResidualLayerNorm, ViLBlock, ViLBlockPair
 
 __all__ = ['ViL', 'AMViL', 'VIL_ARCHS']
 

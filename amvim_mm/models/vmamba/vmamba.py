@@ -31,19 +31,16 @@ from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
 from ..layout.scan_context import ScanContext
 from ..reduction import restore_grid
-from .arch import resolve_arch
-from .args import is_int, positive_int, rate, resolve_out_indices
-from .base import MambaBackbone
-from .checkpoint_guard import pretrained_init_cfg
-from .layer_decay import teach_upstream_layer_decay
+from ..skeleton.arch import resolve_arch
+from ..skeleton.args import is_int, positive_int, rate, resolve_out_indices
+from ..skeleton.base import MambaBackbone
+from ..skeleton.checkpoint_guard import pretrained_init_cfg
+from ..skeleton.layer_decay import teach_upstream_layer_decay
+from .blocks import (PatchMerging2D, VSSBlock, VSSLayer, downsample_flops, downsample_v3,
+                     patch_embed_v1, patch_embed_v2, stem_flops)
 from .ss2d import FORWARD_TYPES, SS2D
-from .vmamba_blocks import (Mlp, PatchMerging2D, VSSBlock, VSSLayer, downsample_flops,
-                            downsample_v3, patch_embed_v1, patch_embed_v2, stem_flops)
 
-__all__ = ['VMamba', 'VMAMBA_ARCHS',
-           # re-exported from vmamba_blocks (their old home)
-           'Mlp', 'PatchMerging2D', 'VSSBlock', 'VSSLayer', 'downsample_v3', 'patch_embed_v1',
-           'patch_embed_v2']
+__all__ = ['VMamba', 'VMAMBA_ARCHS']
 
 _FINAL = dict(d_state=1, mlp_ratio=4.0, forward_type='v05_noz', patch_embed='v2',
               downsample='v3', conv_bias=False)
@@ -165,7 +162,7 @@ class VMamba(MambaBackbone):
             ToP-ViM and the Swin pruning works; 57 % (T) to 71 % (S, B) of the block FLOPs).
         cuda_graph: replay CUDA inference forwards from captured CUDA graphs (``None``: the
             ``AMVIM_CUDA_GRAPH`` switch, on by default), as the Vim family (see
-            :mod:`amvim_mm.models.backbones.graphs`: training, gradients, hooks and reducers
+            :mod:`amvim_mm.models.skeleton.graphs`: training, gradients, hooks and reducers
             off the allow-list stay eager).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads an official VMamba file
             (``{'model': ...}``, keys of the official classification ``VSSM``) or one of ours
@@ -176,7 +173,7 @@ class VMamba(MambaBackbone):
         pretrained: mmseg's deprecated form of ``init_cfg=dict(type='Pretrained',
             checkpoint=pretrained)`` (mmseg's ``EncoderDecoder`` passes its own on); not
             together with ``init_cfg`` (see
-            :func:`~amvim_mm.models.backbones.checkpoint_guard.pretrained_init_cfg`).
+            :func:`~amvim_mm.models.skeleton.checkpoint_guard.pretrained_init_cfg`).
     """
 
     arch_zoo = VMAMBA_ARCHS

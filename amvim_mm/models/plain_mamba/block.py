@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from ..layout.grid_conv import grid_depthwise_conv
 from ..layout.scan_context import ScanContext
-from .drop import DropPath
-from .plain_mamba_mixer import PlainMamba2D
+from ..skeleton.drop import DropPath
+from .mixer import PlainMamba2D
 
 STEM_CHANNELS = 64
 

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from amvim_mm.ops.mlstm import mlstm
 from ..layout.grid_conv import grid_depthwise_conv
 from ..layout.scan_context import ScanContext
-from .drop import DropPath
+from ..skeleton.drop import DropPath
 
 __all__ = ['ResidualLayerNorm', 'MultiHeadLayerNorm', 'HeadwiseLinear', 'MatrixLSTMCell',
            'CausalConv1d', 'ViLLayer', 'ViLBlock', 'ViLBlockPair']
