@@ -152,6 +152,15 @@ class ScanContext:
                 path_gaps(self, spec, self.path_index(spec).indices(self.pos))
         return self._gaps[key]
 
+    def stacked_path_gaps(self, paths) -> torch.Tensor:
+        """(P, B, L) fp32: :meth:`path_gaps` of every path, stacked once per context (the
+        fused mixer's input; every block of the context shares it)."""
+        key = ('stacked', ) + tuple(paths)
+        gaps = self._gaps.get(key)
+        if gaps is None:
+            gaps = self._gaps[key] = torch.stack([self.path_gaps(k) for k in paths]).float()
+        return gaps
+
     def path_perms(self, keys: Tuple[tuple, ...]) -> torch.Tensor:
         """(P, 1 or B, L) int32: token at each position of each path (for the fused mixer).
 

@@ -360,11 +360,7 @@ def _top_kwargs(ctx: ScanContext, paths: Sequence) -> dict:
     importance scores are wanted."""
     kw = dict(importance=True) if ctx.want_importance else {}
     if ctx.align is not None and ctx.reduced:
-        key = ('stacked', ) + tuple(paths)        # one stack per context, not per block
-        gaps = ctx._gaps.get(key)
-        if gaps is None:
-            gaps = ctx._gaps[key] = torch.stack([ctx.path_gaps(k) for k in paths]).float()
-        kw.update(gaps=gaps, gap_delta=ctx.align)
+        kw.update(gaps=ctx.stacked_path_gaps(paths), gap_delta=ctx.align)
     return kw
 
 
