@@ -156,3 +156,18 @@ def test_every_family_in_its_package():
     for name in ('Vim', 'AMVim', 'LocalVim', 'VMamba', 'PlainMamba', 'ViL', 'AMViL'):
         family = MODELS.get(name).__module__.split('.')[2]
         assert family in FAMILIES, (name, family)
+
+
+def test_every_block_reports_its_facts():
+    """Issue 53: every family's block reports its facts to the planner and the reduction
+    session (``block_facts``); nobody probes for it with ``hasattr``."""
+    from amvim_mm.models.skeleton.block_facts import PlannedBlock
+    from amvim_mm.models.vil.layer import ViLBlock, ViLBlockPair
+    from amvim_mm.models.plain_mamba.block import PlainMambaLayer
+    from amvim_mm.models.vim.block import VimBlock
+    from amvim_mm.models.vmamba.blocks import VSSBlock
+    for cls in (VimBlock, VSSBlock, PlainMambaLayer, ViLBlock, ViLBlockPair):
+        assert issubclass(cls, PlannedBlock), cls
+    probes = [str(p.relative_to(REPO)) for p in _sources('amvim_mm')
+              if "'block_facts')" in p.read_text()]
+    assert probes == [], probes

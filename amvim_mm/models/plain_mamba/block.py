@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from ..layout.grid_conv import grid_depthwise_conv
 from ..layout.scan_context import ScanContext
+from ..skeleton.block_facts import PlannedBlock
 from ..skeleton.drop import DropPath
 from .mixer import PlainMamba2D
 
@@ -49,7 +50,7 @@ class ConvPatchEmbed(nn.Module):
         return x.flatten(2).transpose(1, 2), tuple(x.shape[-2:])
 
 
-class PlainMambaLayer(nn.Module):
+class PlainMambaLayer(PlannedBlock, nn.Module):
     """``x = x + drop_path(mamba(norm(x)))``, then (L1's layer 0) ``x = dw(x)`` on the grid:
     dw3x3 (no bias) + BN + GELU, no residual."""
 

@@ -19,8 +19,8 @@ import torch
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.token_merge import MergePlan
-from ..execution import (CPU, TRITON, BlockFacts, ExecutionPlan, ForwardFacts, StepPlan,
-                         plan_forward, reducer_facts)
+from ..execution import (CPU, TRITON, ExecutionPlan, ForwardFacts, StepPlan, plan_forward,
+                         reducer_facts)
 from ..layout.scan_context import ScanContext
 from .reducers import TokenReducer
 from .state import (Streams, append_fused_slot, folded_successor, init_reduction_state,
@@ -97,22 +97,12 @@ class ReductionSession:
             return fused.step(i)
         mixer = getattr(layer, 'mixer', None)
         facts = ForwardFacts.for_call(hidden, None if mixer is None else mixer.mixer_facts(),
-                                      self._layer_facts(layer), self.training,
+                                      layer.block_facts(self.training), self.training,
                                       forced=None if fused is None else bool(fused),
                                       residual=residual)
         red = replace(self.facts, steps=frozenset({0}), importance=frozenset(),
                       align_from=None)
         return replace(plan_forward(replace(facts, reducer=red)).steps[0], block=i)
-
-    def _layer_facts(self, layer) -> BlockFacts:
-        """A layer's facts: its own (a Vim block's ``block_facts``), else what a step needs
-        (another family's block: its norm weight's grad, its own ToMe metric)."""
-        if hasattr(layer, 'block_facts'):
-            return layer.block_facts(self.training)
-        norm = getattr(layer, 'norm', None)
-        return BlockFacts(norm_grad=torch.is_grad_enabled() and norm is not None
-                          and norm.weight.requires_grad,
-                          own_metric=hasattr(layer, 'merge_metric'))
 
     def _run_step(self, i: int, step: StepPlan, layer, hidden: torch.Tensor,
                   residual: Optional[torch.Tensor]):

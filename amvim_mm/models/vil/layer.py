@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from amvim_mm.ops.mlstm import mlstm
 from ..layout.grid_conv import grid_depthwise_conv
 from ..layout.scan_context import ScanContext
+from ..skeleton.block_facts import PlannedBlock
 from ..skeleton.drop import DropPath
 
 __all__ = ['ResidualLayerNorm', 'MultiHeadLayerNorm', 'HeadwiseLinear', 'MatrixLSTMCell',
@@ -241,7 +242,7 @@ class ViLLayer(nn.Module):
         return f + 2 * L * L * E + L * E * D
 
 
-class ViLBlock(nn.Module):
+class ViLBlock(PlannedBlock, nn.Module):
     """``x + drop_path(layer(norm(x)))`` with the traversal ``path`` (a scan-order dict) and
     v2's kernel rotation (``rotate_kernel``: the sub-block at the flipped position)."""
 
@@ -276,7 +277,7 @@ class ViLBlock(nn.Module):
         return self.layer.flops(L)
 
 
-class ViLBlockPair(nn.Module):
+class ViLBlockPair(PlannedBlock, nn.Module):
     """v2's block: ``rowwise_from_top_left`` then ``rowwise_from_bot_right`` (official names;
     each a :class:`ViLBlock` with its own path). ``norm`` / ``merge_metric``: the first
     sub-block's (the pair's input norm, ToMe's metric)."""

@@ -16,11 +16,12 @@ from ..execution import (CPU, TRITON, TRITON_TRAIN, BlockFacts, ExecutionPlan, F
                          as_plan, plan_forward)
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import normalize_order
+from ..skeleton.block_facts import PlannedBlock
 from ..skeleton.drop import DropPath
 from .norm import RMSNorm
 
 
-class VimBlock(nn.Module):
+class VimBlock(PlannedBlock, nn.Module):
     """``residual = residual + drop_path(h); h = mixer(norm(residual))`` with an fp32 residual."""
 
     def __init__(self, mixer: nn.Module, embed_dims: int, paths: Sequence,

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from amvim_mm.errors import ConfigError
 from ..layout.scan_context import ScanContext
+from ..skeleton.block_facts import PlannedBlock
 from ..skeleton.drop import DropPath
 from .ss2d import SS2D
 
@@ -82,7 +83,7 @@ class Mlp(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-class VSSBlock(nn.Module):
+class VSSBlock(PlannedBlock, nn.Module):
     """``x = x + drop_path(op(norm(x))); x = x + drop_path(mlp(norm2(x)))`` on (B, L, d)
     tokens (the MLP half is absent when ``mlp_ratio == 0``, Vanilla VMamba)."""
 
