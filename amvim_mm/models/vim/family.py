@@ -191,9 +191,7 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
         if not final_norm:
             self.norm_f.weight.requires_grad_(False)
         self.frozen_stages = frozen_stages
-        self._init_default_weights()
-        self._freeze_stages()
-        self.set_token_reduction(token_reduction)
+        self.finish_init(token_reduction, key_hook=self._prepare_pos_embed)
 
     def _build_embedding(self, name: str, patch_size: int, stride: int, in_channels: int,
                          drop_rate: float) -> None:
@@ -209,8 +207,6 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, D))
         self.drop_after_pos = nn.Dropout(p=drop_rate)
-        self._register_load_state_dict_pre_hook(self._prepare_pos_embed)
-        self.guard_whole_model_loads()
 
     def _build_layers(self, drop_path_rate: float, fused_mixer: Optional[bool],
                       scan_backend: Optional[str], norm_eps: float) -> None:
