@@ -171,3 +171,22 @@ def test_every_block_reports_its_facts():
     probes = [str(p.relative_to(REPO)) for p in _sources('amvim_mm')
               if "'block_facts')" in p.read_text()]
     assert probes == [], probes
+
+
+def test_a_block_without_facts_stops_in_one_line():
+    """A family's block that is no ``PlannedBlock`` stops a reduction step with one line (it
+    used to be probed with ``hasattr`` and given default facts)."""
+    import pytest
+    import torch
+    from torch import nn
+
+    from amvim_mm.errors import ConfigError
+    from amvim_mm.models.layout.scan_context import ScanContext
+    from amvim_mm.models.reduction import ReductionSession, build_reducer
+    hidden = torch.randn(1, 16, 8)
+    session = ReductionSession(build_reducer(dict(type='ToMe', r=[2, 0])),
+                               ScanContext((4, 4)), hidden, 2, training=False)
+    with pytest.raises(ConfigError, match='Linear is a block of a reducible backbone but no '
+                                          'PlannedBlock') as err:
+        session.before_block(0, nn.Linear(8, 8), hidden, None)
+    assert '\n' not in str(err.value)

@@ -48,7 +48,7 @@ report shows (all cells and all AUCs together):
   (noncentral t with the comparison's df and se).
 
 The level of these intervals and verdicts is measured by simulation in the test suite
-(``tests/test_verdicts.py``, ``tests/test_verdicts_simulation.py``), not assumed.
+(``tests/analysis/test_verdicts.py``, ``tests/analysis/test_verdicts_simulation.py``), not assumed.
 Documentation: ``docs/statistics.md``.
 """
 from __future__ import annotations

@@ -22,6 +22,7 @@ from amvim_mm.ops.token_merge import MergePlan
 from ..execution import (CPU, TRITON, ExecutionPlan, ForwardFacts, StepPlan, plan_forward,
                          reducer_facts)
 from ..layout.scan_context import ScanContext
+from ..skeleton.block_facts import PlannedBlock
 from .reducers import TokenReducer
 from .state import (Streams, append_fused_slot, folded_successor, init_reduction_state,
                     plan_merge_step, reduce_tokens)
@@ -95,6 +96,10 @@ class ReductionSession:
         """The forward's plan of the step before block ``i``, or one made for it."""
         if isinstance(fused, ExecutionPlan) and fused.step(i) is not None:
             return fused.step(i)
+        if not isinstance(layer, PlannedBlock):
+            raise ConfigError(f'{type(layer).__name__} is a block of a reducible backbone but no '
+                              'PlannedBlock (amvim_mm.models.skeleton.block_facts): it must '
+                              'report its facts to the reduction session')
         mixer = getattr(layer, 'mixer', None)
         facts = ForwardFacts.for_call(hidden, None if mixer is None else mixer.mixer_facts(),
                                       layer.block_facts(self.training), self.training,
