@@ -55,7 +55,7 @@ def _tune_chunk(tc: dict) -> List[str]:
             table(tc['rows'], ['E', 'L', 'batch', 'dtype', 'mode', 'sequential_programs']
                   + tc['variants'] + ['best', 'best_over_seq']), '',
             'Fastest per shape (graph mode), ready to paste into '
-            '`amvim_mm/ops/fused_mixer.py`:', '', '```python', tc['table_literal'], '```', '']
+            '`amvim_mm/ops/scan_choice.py`:', '', '```python', tc['table_literal'], '```', '']
 
 
 def _vmamba(rows: List[dict]) -> List[str]:

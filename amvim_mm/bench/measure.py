@@ -221,7 +221,7 @@ def table(rows: List[Dict[str, object]], cols: List[str]) -> str:
 
 def scan_choice_table(rows: List[Dict[str, object]], variants: List[str]
                       ) -> Dict[Tuple[int, int], Dict[int, str]]:
-    """The fastest scan per shape, as :data:`amvim_mm.ops.fused_mixer.SCAN_CHOICE_TABLE` holds
+    """The fastest scan per shape, as :data:`amvim_mm.ops.scan_choice.SCAN_CHOICE_TABLE` holds
     it: ``{(E, L): {batch: variant}}`` from timing rows with keys ``E``, ``L``, ``batch`` and
     one microsecond time (or None: not measured) per name in ``variants`` ('seq', 'chunkT',
     'mamba'). Ties go to the earlier variant; shapes with no time are left out."""
@@ -236,7 +236,7 @@ def scan_choice_table(rows: List[Dict[str, object]], variants: List[str]
 
 def format_scan_choice_table(table: Dict[Tuple[int, int], Dict[int, str]],
                              name: str = 'SCAN_CHOICE_TABLE', width: int = 100) -> str:
-    """``table`` as a Python literal ready to paste into ``amvim_mm/ops/fused_mixer.py``
+    """``table`` as a Python literal ready to paste into ``amvim_mm/ops/scan_choice.py``
     (sorted keys, lines of at most ``width`` characters)."""
     lines = [f'{name}: Dict[Tuple[int, int], Dict[int, str]] = {{']
     for (E, L), row in sorted(table.items()):

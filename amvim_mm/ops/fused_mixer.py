@@ -32,7 +32,7 @@ delta) * H_{c-1} + end_c``, the state before each chunk (:func:`chunk_initial_st
 (``chunk_scan_kernel`` again) walks every chunk from its initial state, writing the outputs as
 ``scan_kernel`` does. About twice the arithmetic, ``ceil(L / T)`` times the programs. Which
 scan runs, and whether the fused path beats the mamba-ssm kernels at all, comes from a table
-measured per batch x E x L (:mod:`amvim_mm.ops.scan_choice`, re-exported here).
+measured per batch x E x L (:mod:`amvim_mm.ops.scan_choice`).
 
 It computes exactly the mixer's math (fp32 state and accumulation; bf16 or fp32 storage like the
 inputs), ToP's hidden-state alignment included (``gaps``: pruned positions before each kept
@@ -59,15 +59,11 @@ from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from .triton_loader import jit_kernels
 
-from .scan_choice import (CHUNK_MIN_LEN, CHUNK_SIZES, DEFAULT_SCAN_CONFIG,  # noqa: F401
-                          SCAN_CHOICE_TABLE, SCAN_CONFIGS, SCAN_TABLE_PATHS, TARGET_PROGRAMS,
-                          auto_prefers_fused, auto_scan_choice, auto_scan_chunk, choice_chunk,
-                          rule_scan_choice, scan_config, table_scan_choice)
+from .scan_choice import auto_scan_chunk, scan_config
 
 __all__ = ['fused_mixer_available', 'fused_mixer_forward', 'fused_add_rmsnorm', 'FUSED_ENV_VAR',
-           'fused_requested', 'auto_prefers_fused', 'auto_scan_choice', 'autocast_dtype',
-           'pack_mixer_weights', 'stack_mixer_params', 'mixer_front', 'launch_scan',
-           'chunk_initial_states', 'SCAN_CHOICE_TABLE']
+           'fused_requested', 'autocast_dtype', 'pack_mixer_weights', 'stack_mixer_params',
+           'mixer_front', 'launch_scan', 'chunk_initial_states']
 
 FUSED_ENV_VAR = runtime.variable_of('fused_mixer')
 LOG2E = 1.4426950408889634

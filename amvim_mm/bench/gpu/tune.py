@@ -17,7 +17,7 @@ def gpu_tune(args):
     """Launch configuration of the fused scan kernel per inner width: bf16 graph throughput of
     Vim-T (E=384) and Vim-S (E=768) per (BLOCK_E, num_warps, dt_in_kernel); the best of each
     is used for the rest of the run (and goes into SCAN_CONFIGS by hand)."""
-    from amvim_mm.ops import fused_mixer as FM
+    from amvim_mm.ops import scan_choice as SC
     rows = []
     for name in ('vim-t', 'vim-s'):
         m = B.build(name, 224, head=True, fused_mixer=True)
@@ -31,8 +31,8 @@ def gpu_tune(args):
             log(f'  {name} (E={E}) BLOCK_E,warps,dt_in_kernel={cfg}: {r["img_per_s"]} img/s')
         best = max(mine, key=lambda r: r['img_per_s'])
         be, w, dk = (int(v) for v in best['config'].split(','))
-        FM.SCAN_CONFIGS[E] = (be, w, bool(dk))
-        log(f'  {name}: using {FM.SCAN_CONFIGS[E]}')
+        SC.SCAN_CONFIGS[E] = (be, w, bool(dk))
+        log(f'  {name}: using {SC.SCAN_CONFIGS[E]}')
         rows += mine
         del m
         torch.cuda.empty_cache()
@@ -139,6 +139,7 @@ def gpu_tune_chunk(args):
     from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.layout.scan_orders import normalize_order
     from amvim_mm.ops import fused_mixer as FM
+    from amvim_mm.ops import scan_choice as SC
     from amvim_mm.ops.backends import mamba_selective_scan
     from amvim_mm.token_layout import cls_slot
     has_mamba = mamba_selective_scan()[0] is not None
@@ -170,7 +171,7 @@ def gpu_tune_chunk(args):
                             with torch.no_grad(), torch.autocast(
                                     'cuda', dtype=amp or torch.float32, enabled=amp is not None):
                                 return mixer(h, ctx, keys, fused=v != 'mamba')
-                        with runtime.override(scan_chunk=FM.choice_chunk(v)):
+                        with runtime.override(scan_chunk=SC.choice_chunk(v)):
                             r = attempt(_mixer_us, call, mode)
                         row[v] = r if not isinstance(r, dict) else None
                         if isinstance(r, dict):
@@ -189,9 +190,9 @@ def gpu_tune_chunk(args):
         del mixer
         torch.cuda.empty_cache()
     table = B.scan_choice_table([r for r in rows if r['mode'] == 'graph'], variants)
-    FM.SCAN_CHOICE_TABLE.update(table)
+    SC.SCAN_CHOICE_TABLE.update(table)
     literal = B.format_scan_choice_table(table)
-    log('  measured table (graph mode), ready to paste into amvim_mm/ops/fused_mixer.py:\n'
+    log('  measured table (graph mode), ready to paste into amvim_mm/ops/scan_choice.py:\n'
         + literal)
     return dict(variants=variants, rows=rows, table_literal=literal,
                 table={f'{E},{L}': row for (E, L), row in table.items()})

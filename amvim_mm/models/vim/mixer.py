@@ -40,7 +40,7 @@ class BiMambaMixer(nn.Module):
             :mod:`amvim_mm.ops.fused_mixer_autograd`): ``None`` (automatic: on for CUDA
             tensors when Triton imports and no scan backend was forced by argument or
             ``AMVIM_SCAN_BACKEND``; in inference also only where the table of
-            :func:`~amvim_mm.ops.fused_mixer.auto_scan_choice` does not name the mamba-ssm
+            :func:`~amvim_mm.ops.scan_choice.auto_scan_choice` does not name the mamba-ssm
             kernels for this batch, width and length; in training only under 16-bit autocast
             with enough tokens: :func:`~amvim_mm.ops.fused_mixer_autograd.
             auto_prefers_fused_training`), ``True`` (always; in training it halves the
