@@ -1,5 +1,5 @@
 """Reduced segmentors export (issue 52, defect 5): the demo UperNet configs of every family
-with every training-free reducer export with the TorchScript exporter at the demo size
+(VMamba: the Vim demo's UperNet on its four stages) with every training-free reducer export with the TorchScript exporter at the demo size
 (64 x 64, dynamic batch) and ONNX Runtime equals PyTorch to 1e-4 relative on fresh images at
 batch 2. They used to stop in the exporter ("adaptive_avg_pool2d, input size not accessible":
 after a reduced backbone its shape inference loses the maps' sizes, which UperNet's pooling
@@ -23,10 +23,11 @@ from amvim_mm import runtime  # noqa: E402
 from tests.deploy.matrix import FULL  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-FAMILIES = ('vim', 'amvim', 'plainmamba', 'vil', 'amvil')
+FAMILIES = ('vim', 'amvim', 'plainmamba', 'vil', 'amvil', 'vmamba')
 METHODS = ('tome', 'random', 'evit', 'top')
 #: each family and each reducer once in the default suite; the rest with AMVIM_EXPORT_FULL=1
-QUICK = [('vim', 'tome'), ('plainmamba', 'evit'), ('vil', 'top'), ('amvim', 'random')]
+QUICK = [('vim', 'tome'), ('plainmamba', 'evit'), ('vil', 'top'), ('amvim', 'random'),
+         ('vmamba', 'tome')]
 CASES = [pytest.param(f, m, id=f'{f}-{m}', marks=() if (f, m) in QUICK else FULL)
          for f in FAMILIES for m in METHODS]
 pytestmark = pytest.mark.filterwarnings('ignore::torch.jit.TracerWarning')
@@ -36,8 +37,14 @@ def _segmentor(family, method):
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
+    demo = 'vim' if family == 'vmamba' else family
     cfg = Config.fromfile(osp.join(
-        ROOT, f'configs/demo/{family}-demo_pyramid_upernet_1xb8-2k_toyshapes-64x64.py'))
+        ROOT, f'configs/demo/{demo}-demo_pyramid_upernet_1xb8-2k_toyshapes-64x64.py'))
+    if family == 'vmamba':   # no demo config: the Vim demo's UperNet on VMamba's four stages
+        cfg.model.backbone = dict(type='VMamba', arch='test', img_size=64,
+                                  out_indices=(0, 1, 2, 3))
+        cfg.model.neck = None
+        cfg.model.decode_head.update(in_channels=[16, 32, 64, 128], channels=16)
     init_default_scope('mmseg')
     torch.manual_seed(0)
     model = MODELS.build(cfg.model).eval()
