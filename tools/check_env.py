@@ -1,6 +1,9 @@
 """Print the versions that matter to amvim_mm and check the install.
 
-Usage: python tools/check_env.py [--quiet]
+Usage: python tools/check_env.py [--quiet] [--routes]
+
+``--routes`` also prints which kernel each part of a reduced Vim-T forward runs on this
+machine, and why (the execution plan).
 
 Exits non-zero, naming the fix, when the install is broken.
 """
@@ -8,11 +11,14 @@ import argparse
 import sys
 
 from amvim_mm.bench.environment import collect_env
+from amvim_mm.bench.routes import route_report
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--quiet', action='store_true', help='print only problems')
+    parser.add_argument('--routes', action='store_true',
+                        help="print the routes of a reduced Vim-T forward on this machine")
     args = parser.parse_args()
     info, problems = collect_env()
     if not args.quiet:
@@ -23,6 +29,10 @@ def main() -> int:
         print(f'PROBLEM: {p}', file=sys.stderr)
     if not args.quiet:
         print('environment OK' if not problems else f'{len(problems)} problem(s) found')
+    if args.routes and not problems:
+        import torch
+        device = 'cuda' if torch.cuda.is_available() else 'cpu'
+        print('\n'.join(route_report(device)))
     return 1 if problems else 0
 
 

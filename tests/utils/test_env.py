@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_check_env_passes_and_reports():
-    r = subprocess.run([sys.executable, str(ROOT / 'tools' / 'check_env.py')],
+    r = subprocess.run([sys.executable, str(ROOT / 'tools' / 'check_env.py'), '--routes'],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     for key in ('torch', 'mmcv ops', 'mmengine', 'mmsegmentation', 'mmdet', 'mmpretrain',
@@ -18,6 +18,19 @@ def test_check_env_passes_and_reports():
         assert key in r.stdout
     assert 'compiled' in r.stdout
     assert 'environment OK' in r.stdout
+    # --routes (issue 53): the plan of a reduced Vim-T forward, equal blocks merged
+    assert 'Vim-T, ToMe 0.27, 224x224, batch 1, cpu inference:' in r.stdout
+    assert '  embed: ' in r.stdout and '  step before block 0: match ' in r.stdout
+    assert any(ln.startswith('  blocks 0-23: add+norm ') for ln in r.stdout.splitlines())
+    assert 'ViL, AMViL: their ops choose the kernels per call' in r.stdout
+
+
+def test_route_report_merges_equal_blocks():
+    from amvim_mm.bench.routes import _merge_blocks
+    lines = ['embed: torch (x)', 'block 0: a', 'block 1: a', 'block 2: b', 'block 3: a',
+             'step before block 2: s']
+    assert _merge_blocks(lines) == ['embed: torch (x)', 'blocks 0-1: a', 'block 2: b',
+                                    'block 3: a', 'step before block 2: s']
 
 
 def test_check_env_names_a_broken_install(monkeypatch):
