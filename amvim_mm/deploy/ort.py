@@ -155,10 +155,13 @@ def near_ties(forward, images) -> Optional[np.ndarray]:
     differently (rounding), and their outputs then differ by far more than rounding."""
     import torch
     from amvim_mm import runtime
-    backbone = getattr(forward.model, 'backbone', forward.model)
-    if getattr(backbone, 'token_reducer', None) is None:
-        return None
+    from amvim_mm.engine.hooks import find_reducible_backbone
     from amvim_mm.models.reduction import margins
+    try:
+        if find_reducible_backbone(forward.model).token_reducer is None:
+            return None
+    except ConfigError:          # no reducible backbone: nothing chooses tokens
+        return None
     with torch.no_grad(), margins.recording() as rec, \
             runtime.override(cpu_kernels=False, reduction_kernels=False):
         forward(images)

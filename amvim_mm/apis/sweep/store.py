@@ -207,9 +207,9 @@ def _reusable(rows: Sequence[dict], prints: Dict[str, Fingerprint],
         name = r['model']
         if name not in prints:
             continue
-        if fingerprint(r) == prints[name] and not row_is_current(r):
-            continue
         if fingerprint(r) == prints[name]:
+            if not row_is_current(r):      # recomputed and replaced by key, not stale
+                continue
             if out_dir is None or (r.get('stats_file') and
                                    osp.isfile(osp.join(out_dir, r['stats_file']))):
                 done[row_key(r)] = r
