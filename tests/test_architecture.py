@@ -161,7 +161,7 @@ def test_every_family_in_its_package():
 def test_every_block_reports_its_facts():
     """Issue 53: every family's block reports its facts to the planner and the reduction
     session (``block_facts``); nobody probes for it with ``hasattr``."""
-    from amvim_mm.models.skeleton.block_facts import PlannedBlock
+    from amvim_mm.models.execution import PlannedBlock
     from amvim_mm.models.vil.layer import ViLBlock, ViLBlockPair
     from amvim_mm.models.plain_mamba.block import PlainMambaLayer
     from amvim_mm.models.vim.block import VimBlock
@@ -174,19 +174,67 @@ def test_every_block_reports_its_facts():
 
 
 def test_a_block_without_facts_stops_in_one_line():
-    """A family's block that is no ``PlannedBlock`` stops a reduction step with one line (it
+    """A family's block that is no ``PlannedBlock`` stops the forward's plan with one line (it
     used to be probed with ``hasattr`` and given default facts)."""
     import pytest
     import torch
     from torch import nn
 
     from amvim_mm.errors import ConfigError
-    from amvim_mm.models.layout.scan_context import ScanContext
-    from amvim_mm.models.reduction import ReductionSession, build_reducer
-    hidden = torch.randn(1, 16, 8)
-    session = ReductionSession(build_reducer(dict(type='ToMe', r=[2, 0])),
-                               ScanContext((4, 4)), hidden, 2, training=False)
-    with pytest.raises(ConfigError, match='Linear is a block of a reducible backbone but no '
+    from amvim_mm.registry import MODELS
+    m = MODELS.build(dict(type='PlainMamba', arch='test', img_size=64,
+                          token_reduction=dict(type='ToMe', ratio=0.2))).eval()
+    m.layers[1] = nn.Identity()
+    with pytest.raises(ConfigError, match='Identity is a block of PlainMamba but no '
                                           'PlannedBlock') as err:
-        session.before_block(0, nn.Linear(8, 8), hidden, None)
+        m(torch.randn(1, 3, 64, 64))
     assert '\n' not in str(err.value)
+
+
+def test_fused_is_a_build_argument_only():
+    """Issue 53: no forward, route or call in the models takes ``fused=`` (a plan, a bool or
+    None); the routes come as arguments (``route=``) from the forward's plan, and ``fused`` is
+    the mixers' / backbones' build argument."""
+    import ast
+    bad = []
+    for path in _sources('amvim_mm'):
+        if 'execution' in path.parts:     # the planner's rules: the forward's Triton decision
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                    and node.name not in ('__init__', 'execution_plan', 'plan_vil',
+                                          'plan_vmamba', 'plan_plain_mamba', 'plan_family') \
+                    and 'fused' in [a.arg for a in node.args.args + node.args.kwonlyargs]:
+                bad.append(f'{path.relative_to(REPO)}:{node.lineno} {node.name}')
+            if isinstance(node, ast.Name) and node.id in ('as_plan', 'step_plan'):
+                bad.append(f'{path.relative_to(REPO)}:{node.lineno} {node.id}')
+            if isinstance(node, ast.Attribute) and node.attr == 'step_plan':
+                bad.append(f'{path.relative_to(REPO)}:{node.lineno} .step_plan')
+    assert bad == [], bad
+
+
+def test_every_type_has_a_plan_that_names_every_block_and_step():
+    """Issue 53: ``execution_plan(x).describe()`` names the route of every block and every
+    reduction step for all seven backbone types (CPU inference, one ToMe step)."""
+    import torch
+
+    from amvim_mm.registry import MODELS
+    cases = dict(Vim=dict(img_size=32, patch_size=8), AMVim=dict(img_size=32, patch_size=8),
+                 LocalVim=dict(img_size=32, patch_size=8), PlainMamba=dict(img_size=64),
+                 ViL=dict(img_size=64), AMViL=dict(img_size=64), VMamba=dict(img_size=64))
+    for name, kw in cases.items():
+        m = MODELS.build(dict(type=name, arch='test', token_reduction=dict(type='ToMe', r=1),
+                              **kw)).eval()
+        x = torch.randn(1, 3, kw['img_size'], kw['img_size'])
+        with torch.no_grad():
+            plan = m.execution_plan(x)
+            m(x)
+        text = plan.describe().splitlines()
+        blocks = sum(len(stage) for stage in m.stages())
+        assert plan.family == name and text[0].startswith(f'{name}: triton')
+        assert sum(t.startswith('block ') for t in text) == blocks >= 2, name
+        steps = [t for t in text if t.startswith('step before block')]
+        assert len(steps) == len(plan.steps) >= 1, name
+        assert len(m.last_context.steps) == len(plan.steps), name
+        assert all(' (' in t for t in text[1:]), name      # every route says why

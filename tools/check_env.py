@@ -2,8 +2,8 @@
 
 Usage: python tools/check_env.py [--quiet] [--routes]
 
-``--routes`` also prints which kernel each part of a reduced Vim-T forward runs on this
-machine, and why (the execution plan).
+``--routes`` also prints which kernel each part of a reduced Vim-T, VMamba-T, PlainMamba-L1
+and ViL-T forward runs on this machine, and why (the execution plans).
 
 Exits non-zero, naming the fix, when the install is broken.
 """
@@ -18,7 +18,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--quiet', action='store_true', help='print only problems')
     parser.add_argument('--routes', action='store_true',
-                        help="print the routes of a reduced Vim-T forward on this machine")
+                        help="print the routes of reduced forwards (every family) on this machine")
     args = parser.parse_args()
     info, problems = collect_env()
     if not args.quiet:

@@ -26,8 +26,8 @@ def recording(backbone) -> Iterator[List[Tuple[torch.Tensor, torch.Tensor]]]:
     log: List[Tuple[torch.Tensor, torch.Tensor]] = []
     original = reducer.step
 
-    def step(block, k, stream, ctx, layer):
-        sel = original(block, k, stream, ctx, layer)
+    def step(block, k, stream, ctx, layer, route):
+        sel = original(block, k, stream, ctx, layer, route)
         pos = ctx.pos if ctx.pos.dim() == 2 else ctx.pos.expand(sel.removed.shape[0], -1)
         rem = torch.gather(pos, 1, sel.removed)
         dst = torch.where(sel.dst >= 0, torch.gather(pos, 1, sel.dst.clamp_min(0)),

@@ -1,9 +1,6 @@
-"""Which kernel a forward runs on this machine, and why: the execution plan of a reduced Vim-T
-(:meth:`~amvim_mm.models.execution.ExecutionPlan.describe`), for ``tools/check_env.py --routes``.
-
-The plan covers the Vim family (Vim, AMVim, LocalVim); VMamba's cross-scan, PlainMamba's snake
-and aligned scans and ViL's mLSTM cell choose their kernels per call in their ops, so for them
-the report says so instead of naming a route.
+"""Which kernel a forward runs on this machine, and why: the execution plans
+(:meth:`~amvim_mm.models.execution.ExecutionPlan.describe`) of a reduced Vim-T and of one
+reduced forward of every other family (small archs), for ``tools/check_env.py --routes``.
 """
 from __future__ import annotations
 
@@ -11,8 +8,9 @@ from typing import List
 
 __all__ = ['route_report']
 
-#: the families whose kernels are not in the execution plan yet
-PER_CALL = ('VMamba', 'PlainMamba', 'ViL', 'AMViL')
+#: the other families' reports: (type, its build arguments, image size)
+FAMILIES = (('VMamba', dict(arch='tiny'), 224), ('PlainMamba', dict(arch='L1'), 224),
+            ('ViL', dict(arch='tiny'), 224))
 
 
 def _merge_blocks(lines: List[str]) -> List[str]:
@@ -37,18 +35,42 @@ def _merge_blocks(lines: List[str]) -> List[str]:
     return out
 
 
-def route_report(device: str, ratio: float = 0.27, size: int = 224) -> List[str]:
-    """The plan of one inference forward of Vim-T with ToMe at ``ratio`` on ``device`` (one
-    line per part, equal blocks merged), then a line for the families planned per call."""
-    import torch
+def _merge_steps(lines: List[str]) -> List[str]:
+    """``step before block i: ...`` lines with the same routes as one line naming the blocks."""
+    out: List[str] = []
+    for line in lines:
+        head, _, text = line.partition(': ')
+        last = out[-1].partition(': ') if out else ('', '', '')
+        if head.startswith('step before block ') and last[0].startswith('step') \
+                and last[2] == text:
+            blocks = last[0].split(' ', 3)[3] + ', ' + head.rsplit(' ', 1)[-1]
+            out[-1] = f'steps before blocks {blocks}: {text}'
+        else:
+            out.append(line)
+    return out
 
-    from amvim_mm.registry import MODELS
-    model = MODELS.build(dict(type='Vim', arch='tiny', img_size=size, out_type='cls_token',
-                              token_reduction=dict(type='ToMe', ratio=ratio)))
+
+def _plan_lines(model, device: str, size: int) -> List[str]:
+    import torch
     model = model.to(device).eval()
     x = torch.zeros(1, 3, size, size, device=device)
     with torch.no_grad():
         plan = model.execution_plan(x)
-    head = f'Vim-T, ToMe {ratio:g}, {size}x{size}, batch 1, {device} inference:'
-    tail = f'{", ".join(PER_CALL)}: their ops choose the kernels per call (not in the plan yet)'
-    return [head] + ['  ' + ln for ln in _merge_blocks(plan.describe().splitlines())] + [tail]
+    return ['  ' + ln for ln in _merge_steps(_merge_blocks(plan.describe().splitlines()))]
+
+
+def route_report(device: str, ratio: float = 0.27, size: int = 224) -> List[str]:
+    """The plan of one inference forward of Vim-T with ToMe at ``ratio`` on ``device`` (one
+    line per part, equal blocks merged), then those of VMamba-T, PlainMamba-L1 and ViL-T."""
+    from amvim_mm.registry import MODELS
+    red = dict(type='ToMe', ratio=ratio)
+    lines = [f'Vim-T, ToMe {ratio:g}, {size}x{size}, batch 1, {device} inference:']
+    lines += _plan_lines(MODELS.build(dict(type='Vim', arch='tiny', img_size=size,
+                                           out_type='cls_token', token_reduction=red)),
+                         device, size)
+    for name, kw, s in FAMILIES:
+        lines.append(f'{name} ({kw["arch"]}), ToMe {ratio:g}, {s}x{s}, batch 1, {device} '
+                     'inference:')
+        lines += _plan_lines(MODELS.build(dict(type=name, img_size=s, token_reduction=red,
+                                               **kw)), device, s)
+    return lines

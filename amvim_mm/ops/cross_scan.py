@@ -168,10 +168,21 @@ def exporting() -> bool:
     return runtime.exporting() or torch.jit.is_tracing() or torch.jit.is_scripting()
 
 
+def kernel_misfit(device: str, exporting_now: bool) -> Optional[str]:
+    """Why the Triton cross-scan / cross-merge cannot take tensors on ``device`` (None: they
+    can; the automatic choice of :func:`cross_scan`, and the planner's): CUDA, not while an
+    export records, Triton importable."""
+    if exporting_now:
+        return 'an export records'
+    if device != 'cuda':
+        return 'not CUDA'
+    return None if _triton_ok() else 'no Triton'
+
+
 def _use_kernels(t: Tensor, kernels: Optional[bool]) -> bool:
     if kernels is not None:
         return kernels and not exporting()
-    return t.is_cuda and _triton_ok() and not exporting()
+    return kernel_misfit(t.device.type, exporting()) is None
 
 
 @functools.lru_cache(maxsize=None)

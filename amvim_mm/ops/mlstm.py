@@ -41,7 +41,7 @@ from amvim_mm.errors import ConfigError
 from .triton_loader import jit_kernels
 
 __all__ = ['mlstm', 'mlstm_parallel', 'mlstm_chunkwise', 'mlstm_triton', 'PARALLEL_MAX_LEN',
-           'CUDA_PARALLEL_MAX_LEN', 'DEFAULT_CHUNK', 'KERNEL_MAX_DH']
+           'CUDA_PARALLEL_MAX_LEN', 'DEFAULT_CHUNK', 'KERNEL_MAX_DH', 'kernel_misfit']
 
 # Automatic choice of :func:`mlstm` without the kernel: the quadratic form up to two chunks'
 # worth of steps, beyond it the chunkwise form with DEFAULT_CHUNK steps per chunk. On CPU (fp32,
@@ -249,20 +249,27 @@ def mlstm_triton(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_pr
     return h
 
 
-def _kernel_route(q: Tensor, tensors: Tuple[Tensor, ...]) -> bool:
-    """Whether :func:`mlstm` takes the kernel: CUDA, a kernel dtype, head dims up to
-    ``KERNEL_MAX_DH``, no autograd graph recorded, not an export, Triton importable."""
-    if not q.is_cuda or q.dtype not in KERNEL_DTYPES or runtime.exporting():
-        return False
-    if max(q.shape[-1], tensors[2].shape[-1]) > KERNEL_MAX_DH:
-        return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return False
-    return _triton_ok()
+def kernel_misfit(device: str, dtype: torch.dtype, head_dim: int, grad: bool,
+                  exporting: bool) -> Optional[str]:
+    """Why :func:`mlstm` cannot take the fused kernel (None: it takes it): CUDA, a kernel
+    dtype, head dims up to ``KERNEL_MAX_DH``, no autograd graph recorded (``grad``), not an
+    export, Triton importable. The planner asks this for ViL's blocks."""
+    if device != 'cuda':
+        return 'not CUDA'
+    if dtype not in KERNEL_DTYPES:
+        return f'{dtype} is not a kernel dtype'
+    if exporting:
+        return 'an export records'
+    if head_dim > KERNEL_MAX_DH:
+        return f'head dim {head_dim} > {KERNEL_MAX_DH}'
+    if grad:
+        return 'grad recorded (no backward)'
+    return None if _triton_ok() else 'no Triton'
 
 
 def mlstm(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_preact: Tensor,
-          eps: float = 1e-6, chunk: Optional[int] = None) -> Tensor:
+          eps: float = 1e-6, chunk: Optional[int] = None, kernel: Optional[bool] = None
+          ) -> Tensor:
     """The mLSTM cell, fused, parallel or chunkwise (same result to rounding).
 
     ``chunk=None`` (automatic): :func:`mlstm_triton` for CUDA tensors of a kernel dtype
@@ -270,12 +277,18 @@ def mlstm(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_preact: T
     (inference) when Triton imports, any S; otherwise :func:`mlstm_parallel` for S <=
     ``PARALLEL_MAX_LEN`` steps (``CUDA_PARALLEL_MAX_LEN`` on CUDA), else :func:`mlstm_chunkwise`
     with ``DEFAULT_CHUNK`` (64) steps per chunk. An int ``chunk``: always the chunkwise form
-    with that chunk length.
+    with that chunk length. ``kernel``: the planner's route (True: the fused kernel, False:
+    the PyTorch forms; None: :func:`kernel_misfit` asked here).
     """
     if chunk is None:
         tensors = (q, k, v, igate_preact, fgate_preact)
         _check(*tensors)
-        if _kernel_route(q, tensors):
+        if kernel is None:
+            kernel = kernel_misfit(
+                q.device.type, q.dtype, max(q.shape[-1], v.shape[-1]),
+                torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
+                runtime.exporting()) is None
+        if kernel:
             return mlstm_triton(*tensors, eps)
         limit = CUDA_PARALLEL_MAX_LEN if q.is_cuda else PARALLEL_MAX_LEN
         if q.shape[-2] <= limit:

@@ -37,7 +37,8 @@ from .cross_scan import exporting
 from .selective_scan import _finish, selective_scan_fn
 
 __all__ = ['ALIGN_MODES', 'aligned_inputs', 'aligned_inputs_torch', 'aligned_scan', 'at_steps',
-           'override_kernels', 'snake_gap_tables', 'step_lookup', 'use_kernels']
+           'kernel_misfit', 'override_kernels', 'snake_gap_tables', 'step_lookup',
+           'use_kernels']
 
 #: ``ctx.align``: how a gap's zero-input steps size their decay
 ALIGN_MODES = ('bias', 'token')
@@ -156,16 +157,31 @@ def override_kernels(on: Optional[bool]) -> Iterator[None]:
         _forced.on = old
 
 
-def use_kernels(u: Tensor, dt: Tensor) -> bool:
-    """Whether :func:`aligned_scan` (the kernel) takes these inputs: fp32 ``dt``, no autograd
-    graph (the kernel has no backward), and CUDA tensors or Triton's interpreter; never while
-    an export traces the model (:func:`~amvim_mm.ops.cross_scan.exporting`)."""
-    if dt.dtype != torch.float32 or u.dtype == torch.float64 or exporting():
-        return False
-    if torch.is_grad_enabled() and (u.requires_grad or dt.requires_grad):
-        return False
+def kernel_misfit(device: str, dtype: torch.dtype, grad: bool, exporting: bool
+                  ) -> Optional[str]:
+    """Why :func:`aligned_scan` (the kernel) cannot take the aligned scan's inputs (None: it
+    can): ``dtype`` the mixer's compute dtype (float64 stays in PyTorch; ``dt`` is float32
+    otherwise), no autograd graph (``grad``: the kernel has no backward), not while an export
+    traces the model, and CUDA tensors or Triton's interpreter (:func:`override_kernels`
+    forces the answer for fp32 inputs outside autograd, tests)."""
+    if dtype == torch.float64:
+        return 'float64'
+    if exporting:
+        return 'an export records'
+    if grad:
+        return 'grad recorded (no backward)'
     forced = getattr(_forced, 'on', None)
-    return forced if forced is not None else _available(u.device.type)
+    if forced is not None:
+        return None if forced else 'switched off (override_kernels)'
+    return None if _available(device) else 'no Triton kernel here'
+
+
+def use_kernels(u: Tensor, dt: Tensor) -> bool:
+    """:func:`kernel_misfit` on the tensors of a direct call."""
+    grad = torch.is_grad_enabled() and (u.requires_grad or dt.requires_grad)
+    dtype = torch.float64 if u.dtype == torch.float64 or dt.dtype != torch.float32 \
+        else torch.float32
+    return kernel_misfit(u.device.type, dtype, grad, exporting()) is None
 
 
 def _slot_table(pos: Tensor, M: int) -> Tensor:

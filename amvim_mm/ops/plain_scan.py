@@ -8,7 +8,7 @@ walks each direction's L steps, reading ``u`` of the visited token, dt, B and C 
 token (the official index pairing, or ToP's aligned survivor) straight from the mixer's
 projections and summing the directions in storage order, so its cost follows L.
 
-:func:`use_snake_scan` decides: CUDA tensors (or Triton's interpreter on CPU tensors when the
+:func:`snake_scan_misfit` says why not (the planner asks it): CUDA tensors (or Triton's interpreter on CPU tensors when the
 fused path is forced, tests), no autograd graph recorded (the kernel has no backward), not
 while exporting, the scan backend left automatic and the fused path not switched off
 (``AMVIM_FUSED_MIXER=0`` / ``runtime.override(fused_mixer=False)``), and on automatic enough
@@ -30,7 +30,7 @@ from .backends import requested_backend
 from .scan_choice import TARGET_PROGRAMS
 
 __all__ = ['SNAKE_CONFIG', 'snake_config', 'snake_scan', 'snake_scan_available',
-           'use_snake_scan']
+           'snake_scan_misfit', 'use_snake_scan']
 
 #: (BLOCK_E, num_warps): channels and warps per program, measured on an H200
 #: (benchmarks/README.md); ``AMVIM_SNAKE_SCAN_CONFIG`` overrides it
@@ -61,23 +61,47 @@ def snake_scan_available(device_type: str) -> bool:
     return device_type != 'cuda' or torch.cuda.is_available()
 
 
+def snake_scan_misfit(device: str, dtype: torch.dtype, grad: bool, exporting: bool,
+                      batch: int, d_inner: int, d_state: int, scan_backend: Optional[str]
+                      ) -> Optional[str]:
+    """Why PlainMamba's mixer cannot run :func:`snake_scan` (None: it runs it). ``device``: the
+    input's device type; ``dtype``: the mixer's input dtype; ``grad``: autograd records
+    through the mixer (the kernel has no backward); ``exporting``: an export traces the model;
+    ``batch``, ``d_inner``, ``d_state``: the call's sizes (the state a power of 2, the kernel's
+    state block); ``scan_backend``: the mixer's argument. On automatic
+    (``AMVIM_FUSED_MIXER`` unset) the kernel needs CUDA and enough programs to fill the GPU
+    (below that mamba-ssm's kernel is faster); forced on, CPU tensors take Triton's
+    interpreter (tests)."""
+    if dtype == torch.float64:
+        return 'float64'
+    if exporting:
+        return 'an export records'
+    if d_state & (d_state - 1):
+        return 'd_state is not a power of 2'
+    if grad:
+        return 'grad recorded (no backward)'
+    if requested_backend(scan_backend) != 'auto':
+        return 'a scan backend was requested'
+    fused = runtime.settings().fused_mixer
+    if fused is False:
+        return f'{runtime.variable_of("fused_mixer")}=0'
+    if device != 'cuda' and not fused:
+        return 'not CUDA'
+    if not snake_scan_available(device):
+        return 'no Triton kernel here'
+    if not fused and batch * -(-d_inner // snake_config(d_inner)[0]) < TARGET_PROGRAMS:
+        return 'too few programs: the mamba-ssm kernel is faster'
+    return None
+
+
 def use_snake_scan(x: Tensor, d_inner: int, d_state: int, scan_backend: Optional[str],
                    params: Iterable[Tensor] = ()) -> bool:
-    """Whether PlainMamba's mixer runs :func:`snake_scan` on ``x`` (its (B, L, C) input);
-    ``d_state`` must be a power of 2 (the kernel's state block); ``params``: the mixer's
-    parameters (none may want a gradient while autograd records)."""
-    if x.dtype == torch.float64 or runtime.exporting() or d_state & (d_state - 1):
-        return False
-    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
-        return False
-    if requested_backend(scan_backend) != 'auto':
-        return False
-    fused = runtime.settings().fused_mixer
-    if fused is False or (not x.is_cuda and not fused):
-        return False
-    if not snake_scan_available(x.device.type):
-        return False
-    return bool(fused) or x.shape[0] * -(-d_inner // snake_config(d_inner)[0]) >= TARGET_PROGRAMS
+    """Whether :func:`snake_scan_misfit` lets PlainMamba's mixer run :func:`snake_scan` on
+    ``x`` (its (B, L, C) input); ``params``: the mixer's parameters (a direct call's facts;
+    a forward's plan asks :func:`snake_scan_misfit` itself)."""
+    grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params))
+    return snake_scan_misfit(x.device.type, x.dtype, grad, runtime.exporting(), x.shape[0],
+                             d_inner, d_state, scan_backend) is None
 
 
 def snake_scan(xc: Tensor, dt: Tensor, x_dbl: Tensor, perm: Tensor, codes: Tensor,

@@ -28,16 +28,17 @@ def _model(**kw):
 
 
 def test_the_forward_decides_once(monkeypatch):
-    """A ToMe forward builds one plan, whatever the number of blocks and steps; a block called
-    directly builds its own."""
+    """A ToMe forward builds one plan, whatever the number of blocks and steps (the
+    reduction session only reads it); a block called directly builds its own."""
     builds = []
-    real = execution.plan_forward
+    real = execution.plan_vim
 
-    def counted(facts):
+    def counted(facts, family='Vim'):
         builds.append(facts)
-        return real(facts)
-    for mod in (vim_embed, block_mod, mixer_mod, session_mod):
-        monkeypatch.setattr(mod, 'plan_forward', counted)
+        return real(facts, family)
+    for mod in (vim_embed, block_mod, mixer_mod):
+        monkeypatch.setattr(mod, 'plan_vim', counted)
+    assert not any(hasattr(session_mod, name) for name in ('plan_vim', 'plan_step', 'call_facts'))
     m = _model(token_reduction=dict(type='ToMe', ratio=0.27))
     x = torch.randn(2, 3, 48, 48)
     with torch.no_grad():
@@ -45,8 +46,8 @@ def test_the_forward_decides_once(monkeypatch):
         assert len(builds) == 1 and len(builds[0].blocks) == len(m.layers)
         assert len(m.last_context.steps) == 2
         h = torch.randn(2, 10, m.embed_dims)
-        m.layers[0](h, None, m.embed(x, False)[1])
-    assert len(builds) == 3        # embed(x, False) made one, the direct block call one
+        m.layers[0](h, None, m.embed(x)[1])
+    assert len(builds) == 3        # embed(x) made one, the direct block call one
 
 
 def test_cpu_inference_plan_and_its_outputs():
@@ -108,26 +109,36 @@ def test_top_blocks_keep_the_inference_route():
         assert whys == ['CPU inference', 'CPU inference with ToP importance'] + \
             ['CPU inference with hidden-state alignment'] * 2
     # the Triton routes of the same blocks (the plan's rule, as a CUDA forward would ask it)
-    routes = [execution._mixer(plan.facts, i, True, True) for i in range(3)]
+    routes = [execution.vim._mixer(plan.facts, i, True, True) for i in range(3)]
     assert routes[0] == ('triton-train', 'grad recorded')
     assert routes[1] == ('torch', 'ToP importance under autograd')
     assert routes[2] == ('torch', 'hidden-state alignment under autograd')
-    assert [execution._mixer(plan.facts, i, True, False) for i in (1, 2)] == \
+    assert [execution.vim._mixer(plan.facts, i, True, False) for i in (1, 2)] == \
         [('triton', 'inference with ToP importance'),
          ('triton', 'inference with hidden-state alignment')]
 
 
 def test_direct_calls_plan_for_themselves():
-    """A mixer called without a plan: ``fused=False`` keeps the compiled CPU route open (the
-    caller's Triton decision only); a ToP context keeps it (autograd: the PyTorch mixer)."""
+    """A mixer called outside a forward plans for itself by the same rules: the compiled CPU
+    route at CPU inference, also for a ToP context, PyTorch under autograd or with the
+    mixer's own ``fused=False``; the Triton routes of such a call (the rule a CUDA call asks)
+    compute ToP's work at inference and leave it to the PyTorch mixer under autograd."""
     m = _model()
     mixer = m.layers[0].mixer
     h = torch.randn(1, 10, m.embed_dims)
-    ctx = m.embed(torch.randn(1, 3, 48, 48), False)[1]
+    ctx = m.embed(torch.randn(1, 3, 48, 48))[1]
+    cpu = 'cpu' if _kernels() else 'torch'
     with torch.no_grad():
-        assert mixer.route(h, ctx, False) == ('cpu' if _kernels() else 'torch')
+        assert mixer.call_route(h, ctx).route == cpu
         assert mixer.use_fused(h, ctx) is False
         ctx.want_importance = True      # ToP's scores: the inference routes compute them
-        assert mixer.route(h, ctx, False) == ('cpu' if _kernels() else 'torch')
-        assert mixer.route(h, ctx, True) == 'triton'
-    assert mixer.route(h, ctx, True) == 'torch'     # under autograd: the PyTorch mixer
+        assert mixer.call_route(h, ctx).route == cpu
+        facts = execution.call_facts(h, mixer.mixer_facts(), execution.BlockFacts(), False,
+                                     ctx=ctx)
+        assert execution.vim._mixer(facts, 0, True, False).route == 'triton'
+    assert mixer.call_route(h, ctx) == ('torch', 'grad recorded')
+    mixer.fused = False
+    with torch.no_grad():
+        assert mixer.call_route(h, ctx) == ('torch', 'fused=False')
+    assert execution.vim._mixer(facts, 0, True, True) == ('torch',
+                                                          'ToP importance under autograd')

@@ -56,7 +56,7 @@ def test_masked_mixer_equals_pruned_inference(typ, with_cls):
         xb, _, red = reduce_tokens(red, x[b:b + 1], None, removed, torch.full_like(removed, -1),
                                    merges=False)
         with torch.no_grad():
-            want = block.mixer(xb, red, block.path_keys, fused=False)
+            want = block.mixer.forward_torch(xb, red, block.path_keys)
         # the kept tokens of the masked forward, in the reduced sequence's layout
         kept_patches = [i for i in range(L) if keep[b, i] == 1 and i != cls_index]
         order = kept_patches

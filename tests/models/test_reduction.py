@@ -407,9 +407,9 @@ def test_importance_is_scored_only_in_the_block_before_a_step(monkeypatch):
     seen = []
     orig = BiMambaMixer.forward
 
-    def spy(self, hidden, ctx, paths, fused=None):
+    def spy(self, hidden, ctx, paths, route=None):
         seen.append(bool(ctx.want_importance))
-        return orig(self, hidden, ctx, paths, fused=fused)
+        return orig(self, hidden, ctx, paths, route=route)
 
     monkeypatch.setattr(BiMambaMixer, 'forward', spy)
     torch.manual_seed(0)

@@ -61,6 +61,8 @@ INTERPRETER_SCRIPT = REFERENCE + textwrap.dedent('''
     from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.layout.scan_orders import normalize_order
     from amvim_mm.ops import fused_mixer as FM
+    from amvim_mm.models.execution import Choice
+    TRITON_ROUTE, TORCH_ROUTE = Choice('triton', 'test'), Choice('torch', 'test')
 
     def rel(a, b):
         return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
@@ -129,12 +131,12 @@ INTERPRETER_SCRIPT = REFERENCE + textwrap.dedent('''
         h = torch.randn(B, L, 8)
         perms = ctx.path_perms(keys)
         with torch.no_grad():
-            ref = mixer(h, ctx, keys, fused=False)
+            ref = mixer(h, ctx, keys, route=TORCH_ROUTE)
             outs = {}
             for T in (0, 8, 11, 128):
                 with runtime.override(scan_chunk=T):
-                    outs[T] = mixer(h, ctx, keys, fused=True)
-            auto = mixer(h, ctx, keys, fused=True)        # automatic: L < 512, sequential
+                    outs[T] = mixer(h, ctx, keys, route=TRITON_ROUTE)
+            auto = mixer(h, ctx, keys, route=TRITON_ROUTE)    # automatic: L < 512, sequential
         model.append(dict(case=[B, L, reduced], perm_shape=list(perms.shape),
                           not_identity=[not torch.equal(perms[p, 0].long(), torch.arange(L))
                                         for p in range(2)],
@@ -416,6 +418,8 @@ def _dense_mixer():
     from amvim_mm.models.vim.mixer import BiMambaMixer
     from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.layout.scan_orders import normalize_order
+    from amvim_mm.models.execution import Choice
+    TRITON_ROUTE = Choice('triton', 'test')
     torch.manual_seed(0)
     mixer = BiMambaMixer(192).cuda().eval()                  # E = 384, N = 16
     keys = tuple(normalize_order(p) for p in (dict(order='raster'),
@@ -436,7 +440,7 @@ def test_gpu_chunked_matches_sequential(dtype):
         for T in (0, 64, 100, 256):
             with torch.no_grad(), runtime.override(scan_chunk=T), torch.autocast(
                     'cuda', dtype=dtype or torch.float32, enabled=dtype is not None):
-                outs[T] = mixer(h, ctx, keys, fused=True)
+                outs[T] = mixer(h, ctx, keys, route=TRITON_ROUTE)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
     for T in (64, 100, 256):

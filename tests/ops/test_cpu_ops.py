@@ -664,9 +664,9 @@ def test_tome_step_kernel_equals_select_and_reduce_tokens_bit_for_bit(B, n_patch
             rem, ds, _ = tome.select(0, k, streams, ctx, layer)
             residual, _, ctx = reduce_tokens(ctx, hidden, residual, rem, ds, fold=True)
         hidden = torch.randn(residual.shape, generator=g)
-    ctx.step_plan = StepPlan(1, 'cpu', 'cpu', True, 'CPU inference')
     with torch.no_grad():
-        sel = tome.step(1, k, Streams(hidden, residual), ctx, layer)
+        sel = tome.step(1, k, Streams(hidden, residual), ctx, layer,
+                        StepPlan(1, 'cpu', 'cpu', True, 'CPU inference'))
         with runtime.override(cpu_kernels=False, reduction_kernels=False):
             streams = Streams(hidden, residual)
             rem, ds, _ = tome.select(1, k, streams, ctx, layer)
@@ -677,8 +677,8 @@ def test_tome_step_kernel_equals_select_and_reduce_tokens_bit_for_bit(B, n_patch
     assert h.shape == (B, ctx.n_patches - k + cls, D) and torch.equal(h, ref_h)
     assert torch.equal(pos, ref.pos) and torch.equal(size, ref.size)
     assert torch.equal(source, ref.source)
-    ctx.step_plan = StepPlan(1, 'torch', 'torch', False, 'training')   # the step only chooses
-    assert tome.step(1, k, Streams(hidden, residual), ctx, layer).reduced is None
+    training = StepPlan(1, 'torch', 'torch', False, 'training')      # the step only chooses
+    assert tome.step(1, k, Streams(hidden, residual), ctx, layer, training).reduced is None
 
 
 def test_fold_merge_kernel_refuses_a_bad_selection():

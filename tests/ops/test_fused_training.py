@@ -5,8 +5,8 @@
   ``RMSNorm`` module under autograd (fp32, fp64 with an explicit formula and ``gradcheck``,
   bf16 autocast);
 - ``FusedPatchEmbed`` (amvim_mm.ops.fused_embed): the fused embedding kernel with a PyTorch
-  backward, against the unfused ``VimFamilyBackbone.embed`` (``fused=False``);
-- the wiring: ``VimBlock.forward(fused=True)`` under autograd (the mixer forced onto its
+  backward, against the unfused ``VimFamilyBackbone.embed`` (a plan made with ``fused=False``);
+- the wiring: ``VimBlock.forward`` on the Triton routes under autograd (the mixer forced onto its
   unfused path, since the fused mixer is not trainable here) against ``fused=False``, and a
   whole Vim-test backbone whose mixers are switched to ``fused=True`` (the forward's plan says
   Triton) against the unfused one.
@@ -173,7 +173,7 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
         for fused in (False, True):
             n0 = len(embed_calls)
             with torch.autocast('cpu', dtype=dt or torch.float32, enabled=dt is not None):
-                tok, ctx = m.embed(x, fused)
+                tok, ctx = m.embed(x, m.execution_plan(x, fused))
             go = torch.randn(tok.shape, generator=torch.Generator().manual_seed(4))
             got[fused] = (tok, torch.autograd.grad(tok, params, go), len(embed_calls) - n0,
                           (ctx.cls_index, tuple(ctx.grid)))
@@ -188,7 +188,7 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
                            **{n: rel(p, q) for n, p, q in zip(names, ga, gb, strict=True)}))
     fe.fused_patch_embed = kernel
 
-    # ---- VimBlock.forward(fused=True) under autograd against fused=False
+    # ---- VimBlock.forward on the Triton routes under autograd against the PyTorch ones
     train_calls, infer_calls = [], []
     train_fn, infer_fn = blockmod.fused_add_rmsnorm_train, blockmod.fused_add_rmsnorm
     def counting_train(*a, **k):
@@ -201,14 +201,24 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
     blockmod.fused_add_rmsnorm = counting_infer
 
     def force_unfused_mixers(model):
-        # the block hands fused=True to its mixer; the mixer itself is not trainable on the
+        # the block hands the Triton route to its mixer; the mixer itself is not trainable on the
         # fused path here, so its unfused forward runs (same math)
         for layer in model.layers:
             inner = type(layer.mixer).forward.__get__(layer.mixer)
             layer.mixer.forward = \\
-                lambda h, ctx, paths, fused=None, inner=inner: inner(h, ctx, paths, fused=False)
+                lambda h, ctx, paths, route=None, mixer=layer.mixer: mixer.forward_torch(
+                    h, ctx, paths)
 
     from amvim_mm.models.reduction.state import init_reduction_state, plan_merge_step
+    from dataclasses import replace
+    from amvim_mm.models.execution import call_facts, plan_vim
+
+    def block_route(blk, h, r, ctx, fused):
+        # the block's routes under the caller's Triton decision (the forward's plan, forced)
+        facts = call_facts(h, blk.mixer.mixer_facts(), blk.block_facts(blk.training),
+                           blk.training, ctx=ctx, residual=r)
+        return plan_vim(replace(facts, forced=fused)).block(0)
+
     torch.manual_seed(0)
     m = MODELS.build(dict(type='Vim', arch='test', img_size=64, drop_path_rate=0.6,
                           out_type='featmap')).train()
@@ -216,7 +226,8 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
     blk = m.layers[-1]
     Bsz = 4
     with torch.no_grad():
-        tok, ctx = m.embed(torch.randn(Bsz, 3, 64, 64), False)
+        x0 = torch.randn(Bsz, 3, 64, 64)
+        tok, ctx = m.embed(x0, m.execution_plan(x0, False))
     seed = next(i for i in range(1000) if 0 < int(torch.empty(Bsz, 1, 1).bernoulli_(
         1 - blk.drop_path.drop_prob, generator=torch.Generator().manual_seed(i)).sum()) < Bsz)
     g = torch.Generator().manual_seed(5)
@@ -242,8 +253,9 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
             r = resid0.clone().requires_grad_() if with_res else None
             n_train, n_infer = len(train_calls), len(infer_calls)
             torch.manual_seed(seed)
-            out_h, out_r = blk(h, r, mctx if merge else ctx, merge=plan if merge else None,
-                               fused=fused)
+            c = mctx if merge else ctx
+            out_h, out_r = blk(h, r, c, merge=plan if merge else None,
+                               route=block_route(blk, h, r, c, fused))
             gh = torch.randn(out_h.shape, generator=torch.Generator().manual_seed(6))
             gr = torch.randn(out_r.shape, generator=torch.Generator().manual_seed(7))
             ins = [h] + ([r] if with_res else []) + [blk.norm.weight, blk.mixer.in_proj.weight,
@@ -263,8 +275,8 @@ INTERPRETER_SCRIPT = textwrap.dedent('''
     with torch.no_grad():   # eval without gradients: the inference kernel, as before
         blk.eval()
         n_train, n_infer = len(train_calls), len(infer_calls)
-        a = blk(hidden0, resid0, ctx, fused=True)
-        b = blk(hidden0, resid0, ctx, fused=False)
+        a = blk(hidden0, resid0, ctx, route=block_route(blk, hidden0, resid0, ctx, True))
+        b = blk(hidden0, resid0, ctx, route=block_route(blk, hidden0, resid0, ctx, False))
         blocks.append(dict(case='no_grad', calls=[len(train_calls) - n_train,
                                                   len(infer_calls) - n_infer],
                            hidden=rel(a[0], b[0]), residual=rel(a[1], b[1])))
@@ -392,7 +404,7 @@ def test_fused_embedding_gradients_match_unfused_embed(interp):
 
 @needs_triton
 def test_block_fused_training_matches_unfused_block(interp):
-    """``VimBlock.forward(fused=True)`` under autograd (the mixer on its unfused path) equals
+    """``VimBlock.forward`` on the Triton routes under autograd (the mixer on its unfused path) equals
     ``fused=False``: outputs and gradients (hidden, residual, norm weight, mixer weights) to
     1e-5, with stochastic depth drawn from the same seed (some samples dropped, some kept),
     block 0 without a residual, and a ToMe merge plan (applied in PyTorch, then the trainable
@@ -530,7 +542,7 @@ def test_gpu_fused_embedding_gradients(exact_fp32, monkeypatch, arch, with_cls):
     pe = m.patch_embed
     x = torch.randn(8, 3, 512, 512, device='cuda', requires_grad=True)
     params = [pe.proj.weight, pe.proj.bias, m.pos_embed, x] + ([m.cls_token] if with_cls else [])
-    ref, _ = m.embed(x, False)
+    ref, _ = m.embed(x, m.execution_plan(x, False))
     assert ref.shape == (8, 1024 + with_cls, m.embed_dims)
     go = torch.randn_like(ref)
     want = torch.autograd.grad(ref, params, go)
@@ -544,8 +556,8 @@ def test_gpu_fused_embedding_gradients(exact_fp32, monkeypatch, arch, with_cls):
     calls, kernel = [], fe.fused_patch_embed
     monkeypatch.setattr(fe, 'fused_patch_embed', lambda *a: calls.append(1) or kernel(*a))
     with torch.autocast('cuda', dtype=torch.bfloat16):
-        ref16, _ = m.embed(x, False)
-        tok16, _ = m.embed(x, True)
+        ref16, _ = m.embed(x, m.execution_plan(x, False))
+        tok16, _ = m.embed(x, m.execution_plan(x, True))
     assert len(calls) == 1 and tok16.dtype == ref16.dtype == torch.float32
     assert _rel(tok16, ref16) < 1e-2
     got = torch.autograd.grad(tok16, params, go)

@@ -108,7 +108,7 @@ def test_cpu_keeps_the_pytorch_route():
     """CPU tensors never take the kernel; the CPU rule (parallel up to PARALLEL_MAX_LEN steps)
     is unchanged."""
     x = make(1, 2, 40, 8)
-    assert not mlstm_mod._kernel_route(x[0], x)
+    assert mlstm_mod.kernel_misfit('cpu', torch.float32, 8, False, False) == 'not CUDA'
     with torch.no_grad():
         assert torch.equal(mlstm(*x), mlstm_parallel(*x))
     assert mlstm_mod.CUDA_PARALLEL_MAX_LEN >= mlstm_mod.PARALLEL_MAX_LEN

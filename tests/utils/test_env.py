@@ -20,13 +20,20 @@ def test_check_env_passes_and_reports():
     assert 'environment OK' in r.stdout
     # --routes (issue 53): the plan of a reduced Vim-T forward, equal blocks merged
     assert 'Vim-T, ToMe 0.27, 224x224, batch 1, cpu inference:' in r.stdout
-    assert '  embed: ' in r.stdout and '  step before block 0: match ' in r.stdout
+    assert '  embed: ' in r.stdout and '  steps before blocks 0, 2, 4, ' in r.stdout
     assert any(ln.startswith('  blocks 0-23: add+norm ') for ln in r.stdout.splitlines())
-    assert 'ViL, AMViL: their ops choose the kernels per call' in r.stdout
+    # every family's plan (issue 53): the other families' blocks and steps, named
+    for head in ('VMamba (tiny)', 'PlainMamba (L1)', 'ViL (tiny)'):
+        assert f'{head}, ToMe 0.27, 224x224, batch 1, cpu inference:' in r.stdout
+    assert any(ln.startswith('  blocks 0-11: ') and 'mixer torch (not CUDA' in ln
+               for ln in r.stdout.splitlines())
 
 
-def test_route_report_merges_equal_blocks():
-    from amvim_mm.bench.routes import _merge_blocks
+def test_route_report_merges_equal_blocks_and_steps():
+    from amvim_mm.bench.routes import _merge_blocks, _merge_steps
+    assert _merge_steps(['step before block 0: a', 'step before block 2: a',
+                         'step before block 4: b']) == ['steps before blocks 0, 2: a',
+                                                        'step before block 4: b']
     lines = ['embed: torch (x)', 'block 0: a', 'block 1: a', 'block 2: b', 'block 3: a',
              'step before block 2: s']
     assert _merge_blocks(lines) == ['embed: torch (x)', 'blocks 0-1: a', 'block 2: b',

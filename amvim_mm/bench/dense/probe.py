@@ -60,9 +60,10 @@ class PathProbe:
         try:
             hidden = args[0] if args else kwargs['hidden']
             ctx = args[1] if len(args) > 1 else kwargs['ctx']
-            plan = kwargs.get('fused', args[3] if len(args) > 3 else None)
+            route = kwargs.get('route', args[3] if len(args) > 3 else None)
             # the route the call takes: the forward's execution plan (or one made for the call)
-            fused = module.route(hidden, ctx, plan) in ('triton', 'triton-train')
+            route = route if route is not None else module.call_route(hidden, ctx)
+            fused = route.route in ('triton', 'triton-train')
             if not fused:
                 from amvim_mm.ops.backends import resolve_scan_backend
                 from amvim_mm.ops.causal_conv1d import resolve_conv_backend

@@ -8,6 +8,7 @@ import math
 import torch
 
 from amvim_mm import runtime
+from amvim_mm.models.execution import Choice
 
 from .. import measure as B
 from .common import attempt, graph_us, log
@@ -170,7 +171,8 @@ def gpu_tune_chunk(args):
                         def call(v=v, mixer=mixer, h=h, ctx=ctx):
                             with torch.no_grad(), torch.autocast(
                                     'cuda', dtype=amp or torch.float32, enabled=amp is not None):
-                                return mixer(h, ctx, keys, fused=v != 'mamba')
+                                return mixer(h, ctx, keys, route=Choice(
+                                    'torch' if v == 'mamba' else 'triton', 'tuning'))
                         with runtime.override(scan_chunk=SC.choice_chunk(v)):
                             r = attempt(_mixer_us, call, mode)
                         row[v] = r if not isinstance(r, dict) else None

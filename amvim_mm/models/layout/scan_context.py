@@ -114,13 +114,7 @@ class ScanContext:
         #: 'cpu-step' (the whole ToMe step in one compiled CPU call),
         #: 'fused-slot' (EViT's fused token appended)
         self.steps: Tuple[str, ...] = ()
-        # per-block scratch of the reduction session, the reducers and the mixers
-        #: the block about to run (set by the reduction session; its routes in the forward's
-        #: execution plan, amvim_mm.models.execution)
-        self.block: Optional[int] = None
-        #: the plan of the reduction step being run (an execution.StepPlan), read by reducers
-        #: with kernels of their own
-        self.step_plan = None
+        # ToP's exchange between a block's mixer and the next step's reducer
         self.want_importance = False
         self.importance: Optional[torch.Tensor] = None
         self.align: Optional[str] = None
@@ -188,7 +182,7 @@ class ScanContext:
         """The four paths' token orders of the present sequence as a
         :class:`~amvim_mm.ops.cross_scan.DirectionIndex` (perm (P, B or 1, L)) for the
         cross-scan kernels (cached)."""
-        keys = tuple(normalize_order(p) for p in paths)
+        keys = tuple(p if isinstance(p, tuple) else normalize_order(p) for p in paths)
         index = self._perms.get(('direction', ) + keys)
         if index is None:
             if self.pos.is_cuda:   # every path in one launch where the kernels exist
@@ -213,7 +207,7 @@ class ScanContext:
         return None
 
     def path_index(self, spec) -> PathIndex:
-        key = normalize_order(spec)
+        key = spec if isinstance(spec, tuple) else normalize_order(spec)
         idx = self._cache.get(key)
         if idx is None:
             if self.full_grid:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..layout.grid_conv import grid_depthwise_conv
 from ..layout.scan_context import ScanContext
-from ..skeleton.block_facts import PlannedBlock
+from ..execution import BlockPlan, PlannedBlock
 from ..skeleton.drop import DropPath
 from .mixer import PlainMamba2D
 
@@ -79,10 +79,11 @@ class PlainMambaLayer(PlannedBlock, nn.Module):
             f += C * 9 * L + bn * C * L
         return f
 
-    def forward(self, x: torch.Tensor, ctx: ScanContext,
-                keep: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``keep``: a learned reducer's (B, L) keep mask (training): the mixer's masked
-        forward; the dw block (L1's layer 0) sees the dropped cells as zero and leaves the
+    def forward(self, x: torch.Tensor, ctx: ScanContext, keep: Optional[torch.Tensor] = None,
+                route: Optional[BlockPlan] = None) -> torch.Tensor:
+        """``route``: this layer's part of the forward's execution plan (None: the ops
+        decide for the call). ``keep``: a learned reducer's (B, L) keep mask (training): the
+        mixer's masked forward; the dw block (L1's layer 0) sees the dropped cells as zero and leaves the
         dropped tokens as they are (inference does not touch a pruned token)."""
         if keep is not None:
             x = x + self.drop_path(self.mamba.forward_masked(self.norm(x), ctx, keep))
@@ -92,7 +93,8 @@ class PlainMambaLayer(PlannedBlock, nn.Module):
                 g = self.dw[1](g.transpose(1, 2).unsqueeze(-1)).squeeze(-1).transpose(1, 2)
                 x = torch.where(kf > 0.5, self.dw[2](g), x)
             return x
-        x = x + self.drop_path(self.mamba(self.norm(x), ctx))
+        y = self.mamba(self.norm(x), ctx, route)
+        x = x + (self.drop_path(y) if self.training else y)
         if hasattr(self, 'dw'):
             B, L, C = x.shape
             # the 3x3 conv on the grid cells (absent cells zero); BN over the present tokens

@@ -46,10 +46,11 @@ from amvim_mm.ops.plain_aligned import (aligned_inputs_torch, aligned_scan, at_s
                                         snake_gap_tables, step_lookup, use_kernels)
 from amvim_mm.ops.plain_scan import snake_scan, use_snake_scan
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
+from ..execution import TRITON, BlockPlan
 from ..layout.grid_conv import grid_depthwise_conv, whole_grid
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import masked_path_permutation
-from .scan import (SNAKE_DIRECTIONS, displacement_codes, snake_cell_tables,
+from .scan import (SNAKE_DIRECTIONS, SNAKE_KEYS, displacement_codes, snake_cell_tables,
                    snake_directions)
 
 #: how the steps of a reduced sequence get their direction codes (see :class:`PlainMamba2D`)
@@ -121,9 +122,13 @@ class PlainMamba2D(nn.Module):
         f += L * E * (R + 2 * N) + L * R * E + L * E * C               # x_proj, dt_proj, out
         return f + self.num_directions * (9 * L * E * N + (L * E if official else 0))
 
-    def forward(self, x: torch.Tensor, ctx: ScanContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ScanContext, route: Optional[BlockPlan] = None
+                ) -> torch.Tensor:
         """(B, L, C) tokens of the grid cells in ``ctx`` (the whole grid, or the survivors of
-        a token reduction) -> (B, L, C)."""
+        a token reduction) -> (B, L, C). ``route``: the layer's routes in the forward's
+        execution plan (:func:`~amvim_mm.models.execution.plan_plain_mamba`: the snake-scan
+        kernel as ``mixer``, ``cross_scan`` and ``aligned_inputs``); None: each op decides
+        for the call."""
         B, L, _ = x.shape
         H, W = ctx.grid
         K, E = self.num_directions, self.d_inner
@@ -134,7 +139,7 @@ class PlainMamba2D(nn.Module):
             index, codes = snake_directions(H, W, x.device)
             index_cells = None
         else:
-            index = ctx.direction_index(SNAKE_DIRECTIONS)
+            index = ctx.direction_index(SNAKE_KEYS)
             pos = ctx.pos if ctx.pos.dim() == 2 else ctx.pos.expand(B, -1)
             cell = torch.where(pos >= 0, pos, torch.full_like(pos, H * W))  # no cell -> H*W
             # (B, K, L): the cell each direction visits at each of its steps
@@ -144,20 +149,24 @@ class PlainMamba2D(nn.Module):
         if aligned and ctx.has_fused:
             raise ConfigError('PlainMamba: hidden-state alignment with a fused token (EViT) '
                               'is not defined')
-        if use_snake_scan(x, E, self.d_state, self.scan_backend, self.parameters()):
+        snake = use_snake_scan(x, E, self.d_state, self.scan_backend, self.parameters()) \
+            if route is None else route.mixer.route == TRITON
+        cross = None if route is None else route.uses('cross_scan')
+        if snake:
             y = self._snake_scan(xc, x_dbl, ctx, index, codes if index_cells is None else None,
                                  index_cells, cell if aligned else None)
         else:
-            xs = cross_scan(xc, H, W, index)            # only u goes into each order (Q1)
+            xs = cross_scan(xc, H, W, index, cross)     # only u goes into each order (Q1)
             ct = torch.float64 if xs.dtype == torch.float64 else torch.float32
             A = -torch.exp(self.A_log.to(ct)).repeat(K, 1)
             bias = self.dt_proj.bias.to(ct).repeat(K)
             if aligned:
-                y = self._aligned_scan(xs, x_dbl, cell, index_cells, ctx, A, bias)
+                y = self._aligned_scan(xs, x_dbl, cell, index_cells, ctx, A, bias,
+                                       None if route is None else route.uses('aligned_inputs'))
             else:
                 y = self._scan(xs, x_dbl, codes if index_cells is None
                                else self._reduced_codes(index_cells, H, W), A, bias)
-            y = cross_merge(y.view(B, K, E, L), H, W, index)                # (B, L, E) sum
+            y = cross_merge(y.view(B, K, E, L), H, W, index, cross)         # (B, L, E) sum
         if ctx.want_importance:
             # ToP importance: the clipped channel sum of the summed 4-direction output
             ctx.importance = y.float().clamp_min(0).sum(-1).detach()
@@ -271,7 +280,7 @@ class PlainMamba2D(nn.Module):
 
     def _aligned_scan(self, xs: torch.Tensor, x_dbl: torch.Tensor, cell: torch.Tensor,
                       index_cells: torch.Tensor, ctx: ScanContext, A: torch.Tensor,
-                      bias: torch.Tensor) -> torch.Tensor:
+                      bias: torch.Tensor, kernel: Optional[bool] = None) -> torch.Tensor:
         """ToP's hidden-state alignment: each direction scans the survivors as the full-length
         official scan with zero input at the absent cells would, read at the survivors.
 
@@ -301,7 +310,7 @@ class PlainMamba2D(nn.Module):
               + self.direction_Bs.to(ct)[codes].transpose(-1, -2))          # (B, K, N, L)
         Ck = at_steps(Cm.to(ct), idx, here, 0.0)
         D = self.D.to(ct).repeat(K)
-        if use_kernels(xs, dt):
+        if use_kernels(xs, dt) if kernel is None else kernel:
             return aligned_scan(xs, dt, bias, steps, pos, H * W, A, Bk, Ck, D, ctx.align,
                                 backend=self.scan_backend)
         delta, gap = aligned_inputs_torch(dt, bias, steps, pos, idx, here, ctx.align, H * W)

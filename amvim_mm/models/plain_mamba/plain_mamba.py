@@ -30,6 +30,7 @@ from amvim_mm.errors import ConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
+from ..execution import ExecutionPlan, plan_plain_mamba
 from ..layout.scan_context import ScanContext
 from ..reduction import restore_grid
 from ..skeleton.arch import resolve_arch
@@ -299,6 +300,16 @@ class PlainMamba(MambaBackbone):
 
     def reduction_domain_note(self, tokens: int, blocks: int) -> str:
         return f'{tokens} tokens, {blocks} layers'
+
+    def reduction_grid(self, H: int, W: int) -> Tuple[int, int]:
+        """The token grid of an H x W image: the stride-2 stem, then the projection's stride
+        (inputs padded up to it)."""
+        k = self.patch_embed.projection.stride[0]
+        h, w = -(-H // 2), -(-W // 2)
+        return -(-h // k), -(-w // k)
+
+    def execution_plan(self, x: torch.Tensor, fused: Optional[bool] = None) -> ExecutionPlan:
+        return plan_plain_mamba(self, x, fused)
 
     # ----------------------------------------------------------------- forward
     def embed(self, x: torch.Tensor, plan) -> Tuple[torch.Tensor, ScanContext]:

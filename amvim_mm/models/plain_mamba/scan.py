@@ -10,11 +10,13 @@ import torch
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.cross_scan import DirectionIndex
 from ..layout.constants import constant_cache
-from ..layout.scan_orders import scan_rank
+from ..layout.scan_orders import normalize_order, scan_rank
 
 #: the four directions: row snake, its reverse, column snake, its reverse (official order)
 SNAKE_DIRECTIONS = (dict(order='snake', axis='row'), dict(order='snake', axis='row', reverse=True),
                     dict(order='snake', axis='col'), dict(order='snake', axis='col', reverse=True))
+#: the same, normalised once (the scan context's cache keys)
+SNAKE_KEYS = tuple(normalize_order(d) for d in SNAKE_DIRECTIONS)
 
 #: direction codes (index of ``direction_Bs``): 0 start, 1 right, 2 left, 3 up, 4 down
 MOVE_CODES = {(0, 1): 1, (0, -1): 2, (-1, 0): 3, (1, 0): 4}

@@ -235,8 +235,9 @@ class LTMPReducer(LearnedReducer):
                     flops_ratio=r.detach())
 
     # ------------------------------------------------------------------ inference
-    def step(self, block, k, stream, ctx, layer) -> Optional[Selection]:
-        """One image's merges and prunes before ``block`` (hard thresholds, as in training)."""
+    def step(self, block, k, stream, ctx, layer, route=None) -> Optional[Selection]:
+        """One image's merges and prunes before ``block`` (hard thresholds, as in training;
+        PyTorch ops on every route)."""
         j = self._blocks_for(self.depth).index(block)
         total = stream.total()
         if total.shape[0] != 1:

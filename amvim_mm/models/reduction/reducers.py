@@ -23,6 +23,7 @@ from amvim_mm.ops import cpu_ops
 from amvim_mm.ops import token_merge as tm
 from . import margins
 from .schedule import ReductionSchedule
+from ..execution.plan import StepPlan
 from .settings import check_number
 from .state import Streams
 from ..layout.constants import constant_cache
@@ -160,12 +161,14 @@ class TokenReducer:
         """
         raise NotImplementedError
 
-    def step(self, block: int, k: int, stream: Streams, ctx, layer) -> Selection:
+    def step(self, block: int, k: int, stream: Streams, ctx, layer, route: StepPlan
+             ) -> Selection:
         """The selection of one reduction step, as the :class:`~.session.ReductionSession`
-        asks for it. The default is :meth:`select` (PyTorch ops); a reducer with kernels of
-        its own (:attr:`step_kernels`) overrides this and follows the step's plan
-        (``ctx.step_plan``), and may hand over a merge plan made in the same launch
-        (:attr:`Selection.plan`) or the step already applied (:attr:`Selection.reduced`)."""
+        asks for it, on ``route`` (the forward's :class:`~amvim_mm.models.execution.StepPlan`
+        for this step). The default is :meth:`select` (PyTorch ops); a reducer with kernels of
+        its own (:attr:`step_kernels`) overrides this and follows the route, and may hand over
+        a merge plan made in the same launch (:attr:`Selection.plan`) or the step already
+        applied (:attr:`Selection.reduced`)."""
         return Selection(*self.select(block, k, stream, ctx, layer))
 
     #: the step routes this reducer has kernels for besides :meth:`select`
@@ -252,41 +255,48 @@ class ToMe(TokenReducer):
     def block_metric(self) -> bool:
         return self.metric == 'norm_input'
 
-    def step(self, block, k, stream, ctx, layer) -> Selection:
-        """On the step plan's routes (``ctx.step_plan``, :class:`~amvim_mm.models.execution.
-        StepPlan`): ``match='triton'``: ToMe's matching kernel (:func:`~amvim_mm.ops.
-        token_merge.tome_match`), which also plans the merge (in the same launch while the
-        patch tokens fit its tile, ``MAX_MATCH_ROWS``; in blocks beyond); ``'cpu'``: the whole
-        step in one compiled call (:func:`~amvim_mm.ops.cpu_ops.tome_step`, bit for bit
-        :meth:`select` and the folded merge); else :meth:`select`."""
-        n, plan = ctx.n_patches, ctx.step_plan
-        route = 'torch' if plan is None or not 0 < k <= self.max_merge(n) \
-            or margins.active() else plan.match
-        w = layer.norm.weight if self.metric == 'norm_input' and route != 'torch' else None
-        if route == 'cpu':
+    def step(self, block, k, stream, ctx, layer, route: StepPlan) -> Selection:
+        """On the step's ``route``: ``match='triton'``: ToMe's matching kernel
+        (:func:`~amvim_mm.ops.token_merge.tome_match`), which also plans the merge (in the same
+        launch while the patch tokens fit its tile, ``MAX_MATCH_ROWS``; in blocks beyond);
+        ``'cpu'``: the whole step in one compiled call (:func:`~amvim_mm.ops.cpu_ops.tome_step`,
+        bit for bit :meth:`select` and the folded merge); else :meth:`select`, its choice of
+        edges compiled where ``route.edges`` says so. A count the step cannot merge goes to
+        :meth:`select`, which names the problem."""
+        n = ctx.n_patches
+        match = route.match if 0 < k <= self.max_merge(n) else 'torch'
+        w = layer.norm.weight if self.metric == 'norm_input' and match != 'torch' else None
+        if match == 'cpu':
             a_idx, b_idx = _bipartite_sets(n, ctx.cls_index)
             hidden, pos, size, source, removed, dst = cpu_ops.tome_step(
                 stream.hidden, stream.residual, w, ctx.size, ctx.pos, ctx.source, a_idx, b_idx,
                 k, n, ctx.cls_index)
             return Selection(removed, dst, reduced=(hidden, pos, size, source))
-        if route == 'triton':
+        if match == 'triton':
             # fp32-accurate dot products whatever the autocast dtype (see select)
             removed, dst, plan = tm.tome_match(
                 stream.hidden, stream.residual, w, n, ctx.cls_index, k,
                 plan_state=(ctx.pos, ctx.size, ctx.source))
             return Selection(removed, dst, None, plan)
-        return super().step(block, k, stream, ctx, layer)
+        if type(self).select is ToMe.select:
+            return Selection(*self._select(block, k, stream, ctx, layer, route))
+        return super().step(block, k, stream, ctx, layer, route)
 
     def select(self, block, k, stream, ctx, layer):
+        """:meth:`_select` on PyTorch ops only (the reference of the step's other routes)."""
+        return self._select(block, k, stream, ctx, layer, None)
+
+    def _select(self, block, k, stream, ctx, layer, route: Optional[StepPlan]):
         """The matching in fp32 whatever the autocast dtype: the gap between the last merged
         and the first kept edge is often below bf16's resolution, so a 16-bit similarity
         changes which tokens merge. Ties go to the lower index (A token for the edge ranking,
-        B token for an A token's partner), as in the matching kernel. At CPU inference (one
-        layout for every sample, float32) the compiled :func:`~amvim_mm.ops.cpu_ops.tome_edges`
-        takes the choice of edges from the scores (``AMVIM_CPU_KERNELS=0`` or
-        ``AMVIM_FUSED_REDUCTION_KERNELS=0`` keep these PyTorch ops, its reference). The scores
-        stay PyTorch's: a compiled similarity in another summation order flipped near-ties on
-        the demo's data (3 of its segmentation cells by 0.01-0.07 mIoU)."""
+        B token for an A token's partner), as in the matching kernel. ``route``: the step's
+        (None: PyTorch, recording when a recorder is on); its ``edges='cpu'`` (CPU
+        inference): where every sample has one layout, the compiled
+        :func:`~amvim_mm.ops.cpu_ops.tome_edges` takes the choice of edges from the scores
+        (the same decisions). The scores stay PyTorch's: a compiled similarity in another
+        summation order flipped near-ties on the demo's data (segmentation cells by
+        0.01-0.07 mIoU)."""
         if isinstance(stream, torch.Tensor):
             stream = Streams(stream, None)
         idx = _patch_indices(ctx)
@@ -311,10 +321,10 @@ class ToMe(TokenReducer):
                 ma = torch.gather(m, 1, a_idx.unsqueeze(-1).expand(-1, -1, d))
                 mb = torch.gather(m, 1, b_idx.unsqueeze(-1).expand(-1, -1, d))
             scores = ma @ mb.transpose(1, 2)
-        record = margins.active()
+        record = margins.active() if route is None or route.record else None
         if record is not None:
             record.note(margins.matching_margin(scores, k))
-        elif shared and tm.extra_kernels_enabled() and cpu_ops.tome_edges_misfit(scores) is None:
+        elif shared and route is not None and route.edges == 'cpu':
             # CPU inference: max, argsort and gathers in one compiled call (same decisions)
             removed, dst = cpu_ops.tome_edges(scores, a_idx[0], b_idx[0], k)
             return removed, dst, None

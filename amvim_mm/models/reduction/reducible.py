@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from amvim_mm.errors import ConfigError
+from . import margins
 from .reducers import TokenReducer, build_reducer
 
 
@@ -25,6 +26,12 @@ class ReducibleBackbone:
     def reduction_domain(self) -> Tuple[int, int]:
         """(tokens, blocks) a reducer's schedule acts on at the backbone's ``img_size``."""
         raise NotImplementedError
+
+    @staticmethod
+    def near_tie_recording() -> bool:
+        """Whether a near-tie recorder is on (:func:`.margins.recording`): the execution plan
+        then routes the steps' selections through PyTorch, which records."""
+        return margins.active() is not None
 
     def reduction_width(self) -> int:
         """The token width where a schedule acts (a learned reducer's input width)."""

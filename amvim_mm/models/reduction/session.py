@@ -11,18 +11,14 @@ it hands everything through unchanged.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import FrozenSet, Optional, Tuple
 
 import torch
 
-from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.token_merge import MergePlan
-from ..execution import (CPU, TRITON, ExecutionPlan, ForwardFacts, StepPlan, plan_forward,
-                         reducer_facts)
+from ..execution import CPU, TRITON, ExecutionPlan, StepPlan, reducer_facts
 from ..layout.scan_context import ScanContext
-from ..skeleton.block_facts import PlannedBlock
 from .reducers import TokenReducer
 from .state import (Streams, append_fused_slot, folded_successor, init_reduction_state,
                     plan_merge_step, reduce_tokens)
@@ -71,43 +67,26 @@ class ReductionSession:
         return None if self.facts is None else self.facts.removals
 
     def before_block(self, i: int, layer, hidden: torch.Tensor,
-                     residual: Optional[torch.Tensor], fused=None
+                     residual: Optional[torch.Tensor], plan: ExecutionPlan
                      ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[MergePlan]]:
-        """Run the reduction step scheduled before block ``i`` (if any), on the routes of the
-        forward's :class:`~amvim_mm.models.execution.ExecutionPlan` ``fused`` (True / False /
-        None: a plan made for the step, with that Triton decision). Returns the streams for
-        the block and, where the plan merges inside the next Triton add + RMSNorm, the merge
-        plan the block applies (the streams are then unchanged)."""
-        self.ctx.block = i
+        """Run the reduction step scheduled before block ``i`` (if any) on the route the
+        forward's :class:`~amvim_mm.models.execution.ExecutionPlan` gives it
+        (``plan.step(i)``). Returns the streams for the block and, where the plan merges
+        inside the next Triton add + RMSNorm, the merge plan the block applies (the streams
+        are then unchanged)."""
         if self.facts is None:
             return hidden, residual, None
         ctx, merge = self.ctx, None
         if i in self.facts.steps:
-            step = self._step_plan(i, layer, hidden, residual, fused)
+            step = plan.step_at.get(i)
+            if step is None:
+                raise ConfigError(f'the execution plan has no route for the reduction step '
+                                  f'before block {i} (a plan made for another input?)')
             hidden, residual, ctx, merge = self._run_step(i, step, layer, hidden, residual)
         # only the block right before a step scores the tokens (the others keep their route)
         ctx.want_importance = i in self.facts.importance
-        ctx.block = i
         self.ctx = ctx
         return hidden, residual, merge
-
-    def _step_plan(self, i: int, layer, hidden: torch.Tensor, residual: Optional[torch.Tensor],
-                   fused) -> StepPlan:
-        """The forward's plan of the step before block ``i``, or one made for it."""
-        if isinstance(fused, ExecutionPlan) and fused.step(i) is not None:
-            return fused.step(i)
-        if not isinstance(layer, PlannedBlock):
-            raise ConfigError(f'{type(layer).__name__} is a block of a reducible backbone but no '
-                              'PlannedBlock (amvim_mm.models.skeleton.block_facts): it must '
-                              'report its facts to the reduction session')
-        mixer = getattr(layer, 'mixer', None)
-        facts = ForwardFacts.for_call(hidden, None if mixer is None else mixer.mixer_facts(),
-                                      layer.block_facts(self.training), self.training,
-                                      forced=None if fused is None else bool(fused),
-                                      residual=residual)
-        red = replace(self.facts, steps=frozenset({0}), importance=frozenset(),
-                      align_from=None)
-        return replace(plan_forward(replace(facts, reducer=red)).steps[0], block=i)
 
     def _run_step(self, i: int, step: StepPlan, layer, hidden: torch.Tensor,
                   residual: Optional[torch.Tensor]):
@@ -115,10 +94,9 @@ class ReductionSession:
         reducer, ctx, merge = self.reducer, self.ctx, None
         if reducer.freeze_sources:
             hidden, residual, ctx = append_fused_slot(ctx, hidden, residual)
-        ctx.step_plan = step
-        streams = Streams(hidden, residual)
+        streams = Streams(hidden, residual, [])     # the sum formed once, for select and merge
         # k: the schedule's count (0 for a dynamic reducer, whose step decides it)
-        sel = reducer.step(i, self.facts.removals[i], streams, ctx, layer)
+        sel = reducer.step(i, self.facts.removals[i], streams, ctx, layer, step)
         if sel is None or not sel.removed.shape[1]:
             return hidden, residual, ctx, None
         if sel.reduced is not None:
@@ -127,7 +105,7 @@ class ReductionSession:
             ctx = folded_successor(ctx, sel.removed.shape[1], *sel.reduced[1:],
                                    step='cpu-step')
         else:
-            self._check(reducer, sel)
+            self._check(reducer, sel, step)
             if step.merge == TRITON:
                 frozen = reducer.drops_patches and self.keep_frozen
                 merge, ctx = plan_merge_step(ctx, sel.removed, sel.dst, sel.plan,
@@ -138,17 +116,17 @@ class ReductionSession:
                 hidden, residual, ctx = reduce_tokens(
                     ctx, hidden, residual, sel.removed, sel.dst, sel.weight,
                     reducer.freeze_sources, reducer.merges, fold=step.fold,
-                    stream=streams.total(), prunes=reducer.prunes, kernel=step.merge == CPU)
+                    stream=streams, prunes=reducer.prunes, kernel=step.merge == CPU)
         ctx.align = reducer.align
         return hidden, residual, ctx, merge
 
     @staticmethod
-    def _check(reducer: TokenReducer, sel) -> None:
+    def _check(reducer: TokenReducer, sel, step: StepPlan) -> None:
         """A merging reducer that did not declare ``prunes`` must not prune: the dense restore
         would have no feature for those patches. Checked where it costs no device sync (CPU),
         not in an export (a data-dependent branch has no place in the graph)."""
         if reducer.merges and not reducer.freeze_sources and not reducer.prunes \
-                and not sel.dst.is_cuda and not runtime.exporting() \
+                and not sel.dst.is_cuda and not step.exporting \
                 and bool((sel.dst < 0).any()):
             raise ConfigError(f'{type(reducer).__name__} merges tokens (merges=True) but pruned '
                               'some (dst = -1); set prunes = True on the reducer class')

@@ -16,7 +16,7 @@ Per sample the state tracks (``M`` patches on the grid, ``L`` present tokens):
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -45,28 +45,32 @@ def init_reduction_state(ctx: ScanContext, batch: int, device) -> ScanContext:
                          frozen=None, step=None)
 
 
-class Streams:
-    """The two streams at the start of a Vim block: ``hidden`` (the previous mixer's output)
-    and the fp32 ``residual`` (None before block 0). Their sum, the stream a reducer looks at,
-    is formed on the first :meth:`total` call only (the fused path's kernels read both)."""
+class Streams(NamedTuple):
+    """The two streams at the start of a block: ``hidden`` (the previous mixer's output) and
+    the fp32 ``residual`` (None before block 0, and in families with one stream). Their sum,
+    the stream a reducer looks at, is formed on the first :meth:`total` call only (the fused
+    path's kernels read both) and kept in ``kept`` when given (the reduction session passes an
+    empty list, so the step's selection and merge share one sum)."""
 
-    __slots__ = ('hidden', 'residual', '_total')
-
-    def __init__(self, hidden: torch.Tensor, residual: Optional[torch.Tensor]) -> None:
-        self.hidden, self.residual, self._total = hidden, residual, None
+    hidden: torch.Tensor
+    residual: Optional[torch.Tensor]
+    kept: Optional[list] = None
 
     def total(self) -> torch.Tensor:
-        if self._total is None:
-            self._total = (self.hidden if self.residual is None
-                           else self.residual + self.hidden)
-        return self._total
+        if self.kept:
+            return self.kept[0]
+        t = self.hidden if self.residual is None else self.residual + self.hidden
+        if self.kept is not None:
+            self.kept.append(t)
+        return t
 
 
 def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[torch.Tensor],
                   removed: torch.Tensor, dst: torch.Tensor,
                   weight: Optional[torch.Tensor] = None, freeze_sources: bool = False,
                   merges: bool = True, fold: bool = False, prunes: Optional[bool] = None,
-                  stream: Optional[torch.Tensor] = None, kernel: Optional[bool] = None
+                  stream: Union[torch.Tensor, Streams, None] = None,
+                  kernel: Optional[bool] = None
                   ) -> Tuple[torch.Tensor, Optional[torch.Tensor], ScanContext]:
     """Remove patch tokens from both streams.
 
@@ -89,13 +93,12 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
             with ``residual=None`` (the averaging is linear, so this equals merging both
             streams, in fp32). Only valid when the next block's drop-path is the identity
             (inference); the backbone passes ``fold=not self.training``.
-        stream: ``residual + hidden`` when the caller has it already.
-        kernel: a folded plain merge on the compiled CPU kernel (:func:`~amvim_mm.ops.
-            cpu_ops.fold_merge`, same bits): the execution plan's choice; None: where
-            :func:`~amvim_mm.ops.cpu_ops.fold_merge_misfit` finds nothing.
+        stream: ``residual + hidden`` (or the :class:`Streams` that keep it), if at hand.
+        kernel: a folded plain merge on :func:`~amvim_mm.ops.cpu_ops.fold_merge` (same
+            bits), the plan's choice; None: where ``fold_merge_misfit`` finds nothing.
 
-    No value is read back from the device (no host sync): the step can be captured in a CUDA
-    graph. The Triton inference route plans ToMe steps with :func:`plan_merge_step` instead.
+    No value is read back from the device (no host sync: a CUDA graph can capture the step);
+    the Triton inference route plans the steps with :func:`plan_merge_step` instead.
 
     Returns:
         The reduced (hidden, residual, ctx). Survivors keep their original order and grid
@@ -104,8 +107,8 @@ def reduce_tokens(ctx: ScanContext, hidden: torch.Tensor, residual: Optional[tor
     r = removed.shape[1]
     if r == 0:
         return hidden, residual, ctx
-    if stream is None:
-        stream = hidden if residual is None else residual + hidden
+    if not isinstance(stream, torch.Tensor):      # None, or the Streams that keep the sum
+        stream = (Streams(hidden, residual) if stream is None else stream).total()
     if fold and merges and not freeze_sources and not prunes and weight is None \
             and not ctx.has_fused \
             and (cpu_ops.fold_merge_misfit(stream) is None if kernel is None else kernel):

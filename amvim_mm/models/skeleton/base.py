@@ -31,6 +31,7 @@ from mmengine.model import BaseModule
 
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
+from ..execution import NO_KERNEL, BlockPlan, ExecutionPlan, image_size, plan_family
 from ..layout.scan_context import ScanContext
 from ..reduction import ReducibleBackbone, ReductionSession
 from .checkpoint_guard import CheckpointGuard
@@ -139,10 +140,21 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
         return self.last_record.final_stream
 
     # ----------------------------------------------------------------- hooks
-    def execution_plan(self, x: torch.Tensor):
-        """Which code runs in this forward, decided once (opaque to the skeleton; passed to
-        :meth:`embed`, the reduction session and every block). Default: the unfused path."""
-        return False
+    def execution_plan(self, x: torch.Tensor, fused: Optional[bool] = None) -> ExecutionPlan:
+        """Which code runs in a forward on images ``x``, decided once (the family's rules in
+        :mod:`amvim_mm.models.execution`): the embedding gets the plan, block ``i``
+        ``plan.block(i)``, the reduction step before block ``i`` ``plan.step(i)``.
+        ``fused``: a caller's decision for (True) or against (False) the Triton kernels;
+        None: automatic. Default: a family without kernels of its own (PyTorch everywhere,
+        the reduction steps on the shared rule), on :meth:`reduction_grid`'s grid."""
+        return plan_family(self, x, fused, self.reduction_grid(*image_size(x)),
+                           lambda f, i, grad: BlockPlan(NO_KERNEL, NO_KERNEL))
+
+    def reduction_grid(self, H: int, W: int) -> Tuple[int, int]:
+        """The token grid a reducer acts on for an H x W image (the planner reads the
+        reducer's schedule on it)."""
+        raise NotImplementedError(f'{type(self).__name__} must implement reduction_grid(H, W) '
+                                  '(the token grid of the reducing stage)')
 
     def embed(self, x: torch.Tensor, plan) -> Tuple[torch.Tensor, Optional[ScanContext]]:
         """Images -> the first stage's input and its context."""
@@ -168,10 +180,10 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
         return hidden
 
     def call_block(self, block: nn.Module, hidden: torch.Tensor,
-                   residual: Optional[torch.Tensor], ctx: ScanContext, merge, plan
-                   ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """One block of the (reduced) forward -> (hidden, residual)."""
-        return block(hidden, ctx), None
+                   residual: Optional[torch.Tensor], ctx: ScanContext, merge,
+                   route: BlockPlan) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One block of the (reduced) forward on its routes -> (hidden, residual)."""
+        return block(hidden, ctx, route=route), None
 
     def call_block_masked(self, block: nn.Module, hidden: torch.Tensor,
                           residual: Optional[torch.Tensor], ctx: ScanContext,
@@ -263,7 +275,8 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
     def run_stages(self, x: torch.Tensor, masked: bool
                    ) -> Tuple[list, ForwardRecord, torch.Tensor]:
         """Embed and run every stage -> (outputs, record, the last stage's output)."""
-        plan = False if masked else self.execution_plan(x)
+        # the masked training forward runs no Triton kernel (PyTorch's autograd throughout)
+        plan = self.execution_plan(x, fused=False if masked else None)
         state, ctx = self.embed(x, plan)
         outs: list = []
         counts: List[int] = []
@@ -285,8 +298,8 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
                                                                             at)
                 stage_counts = [hidden.shape[1]] * len(blocks)
             else:
-                hidden, residual, ctx, stage_counts = self.run_blocks(blocks, hidden, ctx,
-                                                                      reducer, plan, at)
+                hidden, residual, ctx, stage_counts = self.run_blocks(
+                    blocks, hidden, ctx, reducer, plan, at, start)
                 if reducer is not None and reducer.dynamic and not self.training:
                     reducer.observe(stage_counts)     # per-image counts (FLOPs are means)
             counts.extend(stage_counts)
@@ -299,16 +312,18 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
         return outs, record, state
 
     def run_blocks(self, blocks: Sequence[nn.Module], hidden: torch.Tensor, ctx: ScanContext,
-                   reducer, plan, emit: Emit):
+                   reducer, plan: ExecutionPlan, emit: Emit, start: int = 0):
         """The block loop of one stage with its :class:`ReductionSession` -> (hidden,
-        residual, the context after the last step, the tokens each block saw)."""
+        residual, the context after the last step, the tokens each block saw); ``start``:
+        the stage's first block among all blocks (block ``i`` runs ``plan.block(start + i)``)."""
         session = ReductionSession(reducer, ctx, hidden, len(blocks), self.training,
                                    keep_frozen=self.restores_grid())
         residual, counts = None, []
         for i, layer in enumerate(blocks):
             hidden, residual, merge = session.before_block(i, layer, hidden, residual, plan)
             counts.append(hidden.shape[1] if merge is None else merge.rows.shape[1])
-            hidden, residual = self.call_block(layer, hidden, residual, session.ctx, merge, plan)
+            hidden, residual = self.call_block(layer, hidden, residual, session.ctx, merge,
+                                               plan.blocks[start + i])
             emit(i, hidden, residual, session.ctx, None)
         return hidden, residual, session.ctx, counts
 

@@ -48,7 +48,8 @@ import torch.nn.functional as F
 from amvim_mm.ops.mlstm import mlstm
 from ..layout.grid_conv import grid_depthwise_conv
 from ..layout.scan_context import ScanContext
-from ..skeleton.block_facts import PlannedBlock
+from ..execution import TRITON, BlockPlan, PlannedBlock
+from ..layout.scan_orders import normalize_order
 from ..skeleton.drop import DropPath
 
 __all__ = ['ResidualLayerNorm', 'MultiHeadLayerNorm', 'HeadwiseLinear', 'MatrixLSTMCell',
@@ -133,9 +134,11 @@ class MatrixLSTMCell(nn.Module):
         self.fgate = nn.Linear(3 * dim, num_heads)
         self.outnorm = MultiHeadLayerNorm(dim, num_heads, bias=norm_bias)
 
-    def forward(self, qkv: torch.Tensor, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, qkv: torch.Tensor, keep: Optional[torch.Tensor] = None,
+                kernel: Optional[bool] = None) -> torch.Tensor:
         """(B, S, 3E) ``[q, k, v]`` in the traversal's order -> (B, S, E) normed cell output;
-        ``keep`` (B, S) bool: tokens the cell sees (the others are skipped exactly)."""
+        ``keep`` (B, S) bool: tokens the cell sees (the others are skipped exactly);
+        ``kernel``: the plan's route (the fused kernel or PyTorch; None: the op decides)."""
         B, S, _ = qkv.shape
         ig = self.igate(qkv).transpose(1, 2).unsqueeze(-1)         # (B, NH, S, 1)
         fg = self.fgate(qkv).transpose(1, 2).unsqueeze(-1)
@@ -144,7 +147,7 @@ class MatrixLSTMCell(nn.Module):
             ig = torch.where(k4, ig, ig.new_tensor(MASKED_IGATE))
             fg = torch.where(k4, fg, fg.new_tensor(MASKED_FGATE))
         heads = qkv.view(B, S, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        h = mlstm(heads[0], heads[1], heads[2], ig, fg)             # (B, NH, S, DH)
+        h = mlstm(heads[0], heads[1], heads[2], ig, fg, kernel=kernel)   # (B, NH, S, DH)
         return self.outnorm(h.transpose(1, 2).reshape(B, S, self.dim))
 
     def reset_parameters(self) -> None:
@@ -205,12 +208,14 @@ class ViLLayer(nn.Module):
                                          kernel_size=conv.kernel_size)
         return grid_depthwise_conv(u, ctx, conv)
 
-    def forward(self, x: torch.Tensor, ctx: ScanContext, path: dict, rotate: bool = False,
-                keep: Optional[torch.Tensor] = None, importance: bool = False
-                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(self, x: torch.Tensor, ctx: ScanContext, path, rotate: bool = False,
+                keep: Optional[torch.Tensor] = None, importance: bool = False,
+                kernel: Optional[bool] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(B, L, D) normed tokens in token order -> (output (B, L, D), the (B, L) importance
-        when asked for); ``path``: the traversal's scan order; ``rotate``: the conv2d's kernel
-        rotated (the flipped sub-block); ``keep``: the masked training forward's (B, L) mask."""
+        when asked for); ``path``: the traversal's scan order (a dict or its normalised key);
+        ``rotate``: the conv2d's kernel rotated (the flipped sub-block); ``keep``: the masked
+        training forward's (B, L) mask; ``kernel``: the mLSTM's route in the plan (None: the
+        op decides)."""
         idx = ctx.path_index(path)
         seq = self.conv_kind != '2d'       # v1: the whole layer in the path's order
         keep_p = None if keep is None else idx.to_path(keep.unsqueeze(-1)).squeeze(-1).bool()
@@ -222,7 +227,7 @@ class ViLLayer(nn.Module):
             uc = u * (keep_p if seq else keep.bool()).unsqueeze(-1).to(u.dtype)
         c = F.silu(self.conv1d(uc) if seq else self._grid_conv(uc, ctx, rotate))
         qkv = torch.cat([self.q_proj(c), self.k_proj(c), self.v_proj(u)], dim=-1)
-        h = self.mlstm_cell(qkv if seq else idx.to_path(qkv), keep_p)
+        h = self.mlstm_cell(qkv if seq else idx.to_path(qkv), keep_p, kernel)
         if not seq:
             h = idx.to_tokens(h)
         imp = h.float().clamp_min(0).sum(-1).detach() if importance else None
@@ -242,6 +247,11 @@ class ViLLayer(nn.Module):
         return f + 2 * L * L * E + L * E * D
 
 
+def _kernel(route: Optional[BlockPlan]) -> Optional[bool]:
+    """The mLSTM's route in a block's plan (None without a plan: the op decides)."""
+    return None if route is None else route.mixer.route == TRITON
+
+
 class ViLBlock(PlannedBlock, nn.Module):
     """``x + drop_path(layer(norm(x)))`` with the traversal ``path`` (a scan-order dict) and
     v2's kernel rotation (``rotate_kernel``: the sub-block at the flipped position)."""
@@ -250,6 +260,7 @@ class ViLBlock(PlannedBlock, nn.Module):
                  norm_bias: bool, **layer_kwargs) -> None:
         super().__init__()
         self.path, self.rotate_kernel = dict(path), rotate_kernel
+        self.path_key = normalize_order(self.path)     # validated once
         self.norm = ResidualLayerNorm(dim, bias=norm_bias)
         self.layer = ViLLayer(dim, norm_bias=norm_bias, **layer_kwargs)
         self.drop_path = DropPath(drop_path)
@@ -259,16 +270,21 @@ class ViLBlock(PlannedBlock, nn.Module):
         return self.norm(x)
 
     def mix(self, x: torch.Tensor, ctx: ScanContext, keep: Optional[torch.Tensor] = None,
-            importance: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """-> (the block's output, the importance when asked for)."""
-        y, imp = self.layer(self.norm(x), ctx, self.path, self.rotate_kernel, keep, importance)
+            importance: bool = False, kernel: Optional[bool] = None
+            ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """-> (the block's output, the importance when asked for); ``kernel``: the mLSTM's
+        route in the forward's plan (None: the op decides)."""
+        y, imp = self.layer(self.norm(x), ctx, self.path_key, self.rotate_kernel, keep,
+                            importance, kernel)
         if keep is None:
-            return x + self.drop_path(y), imp
+            return x + (self.drop_path(y) if self.training else y), imp
         return torch.where(keep.bool().unsqueeze(-1), x + self.drop_path(y), x), imp
 
-    def forward(self, x: torch.Tensor, ctx: ScanContext,
-                keep: Optional[torch.Tensor] = None) -> torch.Tensor:
-        x, imp = self.mix(x, ctx, keep, ctx.want_importance)
+    def forward(self, x: torch.Tensor, ctx: ScanContext, keep: Optional[torch.Tensor] = None,
+                route: Optional[BlockPlan] = None) -> torch.Tensor:
+        """``route``: this block's part of the forward's execution plan (None: the ops
+        decide for the call)."""
+        x, imp = self.mix(x, ctx, keep, ctx.want_importance, _kernel(route))
         if imp is not None:
             ctx.importance = imp
         return x
@@ -294,11 +310,13 @@ class ViLBlockPair(PlannedBlock, nn.Module):
     def merge_metric(self, x: torch.Tensor) -> torch.Tensor:
         return self.rowwise_from_top_left.merge_metric(x)
 
-    def forward(self, x: torch.Tensor, ctx: ScanContext,
-                keep: Optional[torch.Tensor] = None) -> torch.Tensor:
-        want = ctx.want_importance
-        x, imp0 = self.rowwise_from_top_left.mix(x, ctx, keep, want)
-        x, imp1 = self.rowwise_from_bot_right.mix(x, ctx, keep, want)
+    def forward(self, x: torch.Tensor, ctx: ScanContext, keep: Optional[torch.Tensor] = None,
+                route: Optional[BlockPlan] = None) -> torch.Tensor:
+        """``route``: the pair's part of the forward's execution plan (both traversals take
+        it; None: the ops decide for the call)."""
+        want, kernel = ctx.want_importance, _kernel(route)
+        x, imp0 = self.rowwise_from_top_left.mix(x, ctx, keep, want, kernel)
+        x, imp1 = self.rowwise_from_bot_right.mix(x, ctx, keep, want, kernel)
         if want:
             ctx.importance = imp0 + imp1
         return x

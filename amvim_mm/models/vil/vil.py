@@ -34,6 +34,7 @@ from mmengine.logging import MMLogger
 from amvim_mm.errors import ConfigError
 from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
+from ..execution import BlockPlan, ExecutionPlan, plan_vil
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import normalize_order
 from ..reduction import restore_grid
@@ -352,7 +353,8 @@ class ViL(MambaBackbone):
         return block if self.version == 1 else block.rowwise_from_bot_right
 
     def _run_tapped(self, block: nn.Module, hidden: torch.Tensor, ctx: ScanContext,
-                    keep: Optional[torch.Tensor]) -> torch.Tensor:
+                    keep: Optional[torch.Tensor], route: Optional[BlockPlan] = None
+                    ) -> torch.Tensor:
         """``block``'s own forward, keeping its branch (``tap='mixer'``): the last
         traversal's layer output, caught by a forward hook that lives for this one call (so
         the block's code and numbers are those of ``tap='stream'``; nothing stays registered
@@ -361,16 +363,17 @@ class ViL(MambaBackbone):
         handle = self._last_traversal(block).layer.register_forward_hook(
             lambda module, args, out: caught.append(out[0]))
         try:
-            out = block(hidden, ctx) if keep is None else block(hidden, ctx, keep=keep)
+            out = block(hidden, ctx, route=route) if keep is None else \
+                block(hidden, ctx, keep=keep)
         finally:
             handle.remove()
         self._branch = caught[-1]
         return out
 
-    def call_block(self, block, hidden, residual, ctx, merge, plan):
+    def call_block(self, block, hidden, residual, ctx, merge, route):
         if self.tap == 'stream':
-            return block(hidden, ctx), None
-        return self._run_tapped(block, hidden, ctx, None), None
+            return block(hidden, ctx, route=route), None
+        return self._run_tapped(block, hidden, ctx, None, route), None
 
     def call_block_masked(self, block, hidden, residual, ctx, keep):
         if self.tap == 'stream':
@@ -385,6 +388,19 @@ class ViL(MambaBackbone):
 
     def reduction_domain(self) -> Tuple[int, int]:
         return self.patch_resolution[0] * self.patch_resolution[1], self.num_layers
+
+    def reduction_grid(self, H: int, W: int) -> Tuple[int, int]:
+        """The token grid of an H x W image (inputs padded up to the patch size)."""
+        P = self.patch_embed.proj.stride[0]
+        return -(-H // P), -(-W // P)
+
+    def cell_head_dim(self) -> int:
+        """The mLSTM cell's head dims (q / k and v alike)."""
+        cell = self.traversals()[0].layer.mlstm_cell
+        return cell.dim // cell.num_heads
+
+    def execution_plan(self, x: torch.Tensor, fused: Optional[bool] = None) -> ExecutionPlan:
+        return plan_vil(self, x, fused)
 
     def embed(self, x: torch.Tensor, plan) -> Tuple[torch.Tensor, ScanContext]:
         x, grid = self.patch_embed(x)

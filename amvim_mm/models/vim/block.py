@@ -11,12 +11,11 @@ from amvim_mm.errors import ConfigError
 from amvim_mm.ops import cpu_ops
 from amvim_mm.ops.fused_add_rmsnorm import fused_add_rmsnorm_train
 from amvim_mm.ops.fused_mixer import fused_add_rmsnorm
-from amvim_mm.ops.token_merge import apply_merge_plan
-from ..execution import (CPU, TRITON, TRITON_TRAIN, BlockFacts, ExecutionPlan, ForwardFacts,
-                         as_plan, plan_forward)
+from amvim_mm.ops.token_merge import MergePlan, apply_merge_plan
+from ..execution import (CPU, TRITON, TRITON_TRAIN, BlockFacts, BlockPlan, PlannedBlock,
+                         call_facts, plan_vim)
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import normalize_order
-from ..skeleton.block_facts import PlannedBlock
 from ..skeleton.drop import DropPath
 from .norm import RMSNorm
 
@@ -50,47 +49,48 @@ class VimBlock(PlannedBlock, nn.Module):
             params_grad=grad and any(p.requires_grad for p in self.parameters()),
             own_metric=hasattr(self, 'merge_metric'))
 
-    def plan_call(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
-                  ctx: ScanContext, fused: Optional[bool] = None) -> ExecutionPlan:
-        """The plan of one call without a forward's plan (``fused``: the caller's Triton
-        decision; None: the automatic one)."""
-        return plan_forward(ForwardFacts.for_call(
-            hidden, self.mixer.mixer_facts(), self.block_facts(self.training), self.training,
-            forced=fused, ctx=ctx, residual=residual))
+    def call_route(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
+                   ctx: ScanContext) -> BlockPlan:
+        """This block's routes for a call outside a forward (tests, tools): the same rules
+        as a forward's plan (:func:`~amvim_mm.models.execution.plan_vim`) on the call's facts
+        and the mixer's own ``fused`` argument."""
+        return plan_vim(call_facts(hidden, self.mixer.mixer_facts(),
+                                   self.block_facts(self.training), self.training, ctx=ctx,
+                                   residual=residual)).block(0)
 
     def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor],
-                ctx: ScanContext, merge=None, fused=None,
-                keep: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                ctx: ScanContext, merge: Optional[MergePlan] = None,
+                route: Optional[BlockPlan] = None, keep: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
         """``merge``: a ToMe step planned for this block
         (:func:`~amvim_mm.models.reduction.state.plan_merge_step`): the streams come in at the
         old length and the merge happens in the Triton add + RMSNorm (the other routes apply
-        it in PyTorch first). ``fused``: the forward's
-        :class:`~amvim_mm.models.execution.ExecutionPlan` (this block's routes are
-        ``plan.block(ctx.block)``), or for a direct call True / False (the caller's Triton
-        decision) or None (automatic). ``keep``: a learned reducer's (B, L) keep mask
-        (training): the mixer's masked forward (``forward_masked``) on the full sequence."""
+        it in PyTorch first). ``route``: this block's part of the forward's
+        :class:`~amvim_mm.models.execution.ExecutionPlan` (None: :meth:`call_route`).
+        ``keep``: a learned reducer's (B, L) keep mask (training): the mixer's masked forward
+        (``forward_masked``) on the full sequence."""
         if keep is not None:
             residual = hidden if residual is None else residual + self.drop_path(hidden)
             normed = self.norm(residual.to(self.norm.weight.dtype))
             return self.mixer.forward_masked(normed, ctx, self.path_keys, keep), \
                 residual.float()
-        plan = as_plan(fused, lambda f: self.plan_call(hidden, residual, ctx, f))
-        route = plan.block(ctx.block).add_norm.route
-        if route == TRITON:       # the merge, if any, inside the kernel's pass
+        route = route if route is not None else self.call_route(hidden, residual, ctx)
+        add_norm = route.add_norm.route
+        if add_norm == TRITON:       # the merge, if any, inside the kernel's pass
             normed, residual = fused_add_rmsnorm(hidden, residual, self.norm.weight,
                                                  self.norm.eps, merge=merge)
-            return self.mixer(normed, ctx, self.path_keys, fused=plan), residual
+            return self.mixer(normed, ctx, self.path_keys, route=route.mixer), residual
         if merge is not None:     # no stochastic depth on a merged stream
             hidden, residual = apply_merge_plan(hidden, residual, merge), None
-        if route == TRITON_TRAIN:     # Triton forward and backward, stochastic depth a factor
+        if add_norm == TRITON_TRAIN:     # Triton forward and backward, stochastic depth a factor
             scale = None if residual is None else self.drop_path.scale(hidden)
             normed, residual = fused_add_rmsnorm_train(hidden, residual, self.norm.weight,
                                                        self.norm.eps, scale=scale)
-        elif route == CPU:
+        elif add_norm == CPU:
             normed, residual = cpu_ops.add_rmsnorm(hidden, residual, self.norm.weight,
                                                    self.norm.eps)
         else:
             residual = hidden if residual is None else residual + self.drop_path(hidden)
             normed = self.norm(residual.to(self.norm.weight.dtype))
             residual = residual.float()
-        return self.mixer(normed, ctx, self.path_keys, fused=plan), residual
+        return self.mixer(normed, ctx, self.path_keys, route=route.mixer), residual

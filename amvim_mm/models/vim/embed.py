@@ -8,13 +8,11 @@ from typing import Optional, Tuple
 import torch
 
 from amvim_mm.errors import ConfigError
-from amvim_mm.ops import cpu_ops
 from amvim_mm.ops.fused_embed import fused_patch_embed, fused_patch_embed_train
 from amvim_mm.ops.fused_mixer import autocast_dtype
-from amvim_mm.ops.token_merge import extra_kernels_enabled
 from amvim_mm.token_layout import NO_CLS, cls_index_for, cls_slot
-from ..execution import (TRITON, TRITON_TRAIN, ExecutionPlan, ForwardFacts, as_plan,
-                         plan_forward, reducer_facts)
+from ..execution import (TRITON, TRITON_TRAIN, ExecutionPlan, forward_facts, plan_vim,
+                         reducer_facts)
 from ..layout.scan_context import ScanContext
 from ..skeleton.embed import resize_pos_embed
 
@@ -55,7 +53,8 @@ class VimEmbedding:
         """The dtype of images outside autocast: the stem's first weight's."""
         return self.patch_embed.proj.weight.dtype
 
-    def embed(self, x: torch.Tensor, plan=None) -> Tuple[torch.Tensor, ScanContext]:
+    def embed(self, x: torch.Tensor, plan: Optional[ExecutionPlan] = None
+              ) -> Tuple[torch.Tensor, ScanContext]:
         """Patch embed, middle class token and position embedding -> (tokens, context).
 
         On the plan's ``'triton'`` route (:mod:`amvim_mm.models.execution`: CUDA under 16-bit
@@ -66,11 +65,10 @@ class VimEmbedding:
 
         The images are checked first (:meth:`check_images`: shape, channels, dtype, NaN/inf;
         a bad batch raises :class:`~amvim_mm.errors.ConfigError`). ``plan``: the forward's
-        :class:`~amvim_mm.models.execution.ExecutionPlan`; True / False / None: the plan made
-        here with that Triton decision (None: automatic).
+        :class:`~amvim_mm.models.execution.ExecutionPlan` (None: made here).
         """
         self.check_images(x)
-        plan = as_plan(plan, lambda f: self.execution_plan(x, f))
+        plan = plan if plan is not None else self.execution_plan(x)
         if plan.embed.route in (TRITON, TRITON_TRAIN):
             return self._embed_triton(x, plan.embed.route == TRITON_TRAIN)
         tokens, grid = self.patch_embed(x)
@@ -110,7 +108,7 @@ class VimEmbedding:
 
     def execution_plan(self, x: torch.Tensor, fused: Optional[bool] = None) -> ExecutionPlan:
         """Which code runs in a forward on images ``x``, decided once
-        (:func:`~amvim_mm.models.execution.plan_forward`; passed to :meth:`embed`, the
+        (:func:`~amvim_mm.models.execution.plan_vim`; passed to :meth:`embed`, the
         reduction session and every block). ``fused``: a caller's Triton decision (None: the
         automatic one). A malformed input is planned without Triton and left to
         :meth:`check_images`, which names the problem."""
@@ -121,20 +119,15 @@ class VimEmbedding:
         grid = pe.grid_size(*x.shape[-2:]) if ok else (0, 0)
         M = int(grid[0] * grid[1])    # a plain int also under a trace (shapes as tensors)
         grad = torch.is_grad_enabled()
-        device = x.device.type if isinstance(x, torch.Tensor) else 'cpu'
-        facts = ForwardFacts(
-            device=device, dtype=pe.proj.weight.dtype, autocast=autocast_dtype(device),
-            grad_mode=grad, input_grad=grad and isinstance(x, torch.Tensor) and x.requires_grad,
-            training=self.training, batch=x.shape[0] if ok else 0,
-            tokens=M + int(self.with_cls_token), tracing=cpu_ops.tracing(),
-            reduction_kernels=extra_kernels_enabled(), mixer=self.layers[0].mixer.mixer_facts(),
-            blocks=tuple(layer.block_facts(self.training) for layer in self.layers),
-            reducer=self._reducer_facts(M) if ok else None,
+        facts = forward_facts(
+            x, pe.proj.weight.dtype, self.training, M + int(self.with_cls_token),
+            tuple(layer.block_facts(self.training) for layer in self.layers),
+            self._reducer_facts(M) if ok else None, mixer=self.layers[0].mixer.mixer_facts(),
             embed_grad=grad and any(t.requires_grad for t in (
                 pe.proj.weight, pe.proj.bias, self.pos_embed, self.cls_token)),
             embed_kernel=pe.stride == p and p >= 4 and not p & (p - 1),
-            forced=fused if ok else False)
-        return plan_forward(facts)
+            forced=fused if ok else False, recording=self.near_tie_recording())
+        return plan_vim(facts, type(self).__name__)
 
     def _reducer_facts(self, num_patches: int):
         """The token reducer's facts for this grid (None: no reducer, or a schedule that does

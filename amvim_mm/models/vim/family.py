@@ -409,8 +409,8 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
     #: :meth:`VimEmbedding.embed` checks the images (after the execution plan is taken)
     embed_checks_images = True
 
-    def call_block(self, block, hidden, residual, ctx, merge, plan):
-        return block(hidden, residual, ctx, merge=merge, fused=plan)
+    def call_block(self, block, hidden, residual, ctx, merge, route):
+        return block(hidden, residual, ctx, merge=merge, route=route)
 
     def call_block_masked(self, block, hidden, residual, ctx, keep):
         return block(hidden, residual, ctx, keep=keep)

@@ -15,8 +15,8 @@ from amvim_mm.ops.fused_mixer import (autocast_dtype, fused_mixer_forward, pack_
                                       stack_mixer_params)
 from amvim_mm.ops.fused_mixer_autograd import fused_mixer_train
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
-from ..execution import (CPU, TORCH, TRITON, TRITON_TRAIN, BlockFacts, ExecutionPlan,
-                         ForwardFacts, MixerFacts, as_plan, plan_forward)
+from ..execution import (CPU, TORCH, TRITON, TRITON_TRAIN, BlockFacts, Choice, MixerFacts,
+                         call_facts, plan_vim)
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import is_reverse, masked_path_permutation, scan_rank_on
 
@@ -221,31 +221,22 @@ class BiMambaMixer(nn.Module):
         return MixerFacts(self.fused, self.supports_fused, self.scan_backend, self.d_state,
                           self.d_inner, self.num_paths)
 
-    def plan_call(self, hidden: torch.Tensor, ctx: Optional[ScanContext],
-                  fused: Optional[bool] = None, seq_len: Optional[int] = None
-                  ) -> ExecutionPlan:
-        """The plan of one call without a forward's plan (``fused``: the caller's Triton
-        decision; None: the automatic one, told ``seq_len`` tokens when given)."""
+    def call_route(self, hidden: torch.Tensor, ctx: Optional[ScanContext],
+                   seq_len: Optional[int] = None) -> Choice:
+        """This mixer's route for a call outside a forward (tests, tools): the same rules as
+        a forward's plan (:func:`~amvim_mm.models.execution.plan_vim`) on the call's facts
+        and the mixer's own ``fused`` argument; ``seq_len``: the length the automatic choice
+        is told (default ``hidden.shape[1]``)."""
         grad = torch.is_grad_enabled() and self.in_proj.weight.requires_grad
-        return plan_forward(ForwardFacts.for_call(
+        return plan_vim(call_facts(
             hidden, self.mixer_facts(), BlockFacts(in_proj_grad=grad, params_grad=grad),
-            self.training, forced=fused, ctx=ctx, tokens=seq_len))
-
-    def route(self, hidden: torch.Tensor, ctx: ScanContext, fused=None) -> str:
-        """This call's route ('triton', 'triton-train', 'cpu' or 'torch'): the forward's
-        plan's (``fused`` an :class:`~amvim_mm.models.execution.ExecutionPlan`), else a plan
-        made for the call (``fused`` True / False: the caller's Triton decision)."""
-        plan = as_plan(fused, lambda f: self.plan_call(hidden, ctx, f))
-        return plan.block(ctx.block).mixer.route
+            self.training, ctx=ctx, tokens=seq_len)).block(0).mixer
 
     def use_fused(self, hidden: torch.Tensor, ctx: Optional[ScanContext],
                   seq_len: Optional[int] = None) -> bool:
-        """Whether a call on ``hidden`` takes the Triton mixer (a reader of the plan made for
-        the call; ``ctx=None``: the forward's decision, without the scan context's ToP
-        conditions). ``seq_len``: the length the automatic choice is told (default
-        ``hidden.shape[1]``)."""
-        plan = self.plan_call(hidden, ctx, seq_len=seq_len)
-        return plan.block(0).mixer.route in (TRITON, TRITON_TRAIN)
+        """Whether a call on ``hidden`` takes the Triton mixer (``ctx=None``: the forward's
+        decision, without the scan context's ToP conditions)."""
+        return self.call_route(hidden, ctx, seq_len).route in (TRITON, TRITON_TRAIN)
 
     def flops(self, L: int, convention: str = 'mamba') -> int:
         """FLOPs of the mixer on ``L`` tokens: in/out projections and per path the conv,
@@ -310,14 +301,13 @@ class BiMambaMixer(nn.Module):
                 if p is not None]
 
     def forward(self, hidden: torch.Tensor, ctx: ScanContext, paths: Sequence,
-                fused=None) -> torch.Tensor:
-        """``fused``: the forward's :class:`~amvim_mm.models.execution.ExecutionPlan`, or for a
-        direct call True / False (the caller's Triton decision) or None (automatic); the
-        route is :meth:`route`'s."""
+                route: Optional[Choice] = None) -> torch.Tensor:
+        """``route``: the mixer's route in the forward's
+        :class:`~amvim_mm.models.execution.ExecutionPlan` (None: :meth:`call_route`)."""
         if len(paths) != self.num_paths:
             raise ConfigError(f'{type(self).__name__} has {self.num_paths} paths, '
                               f'got {len(paths)} scan orders')
-        route = self.route(hidden, ctx, fused)
+        route = (route if route is not None else self.call_route(hidden, ctx)).route
         if route == TRITON_TRAIN:
             in_w, stacked, out_cat = stack_mixer_params(
                 [self.path_params(k) for k in range(self.num_paths)], self.in_proj.weight,

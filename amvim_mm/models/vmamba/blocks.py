@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from amvim_mm.errors import ConfigError
 from ..layout.scan_context import ScanContext
-from ..skeleton.block_facts import PlannedBlock
+from ..execution import BlockPlan, PlannedBlock
 from ..skeleton.drop import DropPath
 from .ss2d import SS2D
 
@@ -111,12 +111,13 @@ class VSSBlock(PlannedBlock, nn.Module):
             f += ln * L * d + 2 * L * d * self.mlp.fc1.out_features
         return f
 
-    def forward(self, x: torch.Tensor, ctx: ScanContext,
-                keep: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``keep``: a learned reducer's (B, L) keep mask (training): SS2D's masked
-        forward, and the MLP leaves the dropped tokens as they are (inference does not touch
-        a pruned token)."""
-        x = x + self.drop_path(self.op(self.norm(x), ctx, keep=keep))
+    def forward(self, x: torch.Tensor, ctx: ScanContext, keep: Optional[torch.Tensor] = None,
+                route: Optional[BlockPlan] = None) -> torch.Tensor:
+        """``route``: this block's part of the forward's execution plan (None: the ops
+        decide for the call). ``keep``: a learned reducer's (B, L) keep mask (training):
+        SS2D's masked forward, and the MLP leaves the dropped tokens as they are (inference
+        does not touch a pruned token)."""
+        x = x + self.drop_path(self.op(self.norm(x), ctx, keep=keep, route=route))
         if self.mlp_branch:
             h = self.mlp(self.norm2(x))
             if keep is not None:

@@ -46,6 +46,7 @@ from amvim_mm.errors import ConfigError
 from amvim_mm.ops.cross_scan import DirectionIndex, cross_merge, cross_scan
 from amvim_mm.ops.fused_mixer import autocast_dtype
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
+from ..execution import BlockPlan
 from ..layout.grid_conv import grid_depthwise_conv, whole_grid
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import is_reverse, masked_path_permutation, scan_rank_on
@@ -172,7 +173,7 @@ class SS2D(nn.Module):
         return ctx.direction_index(paths)
 
     def directions(self, x: torch.Tensor, ctx: ScanContext, paths: Sequence = SS2D_DIRECTIONS,
-                   index: Optional[DirectionIndex] = None
+                   index: Optional[DirectionIndex] = None, kernels: Optional[bool] = None
                    ) -> Tuple[torch.Tensor, Optional[DirectionIndex]]:
         """Cross-scan, per-direction projections and one grouped selective scan of the
         (B, L, E) conv output -> the outputs in path order (B, K, E, L) and the directions'
@@ -188,7 +189,7 @@ class SS2D(nn.Module):
         H, W = ctx.grid
         if index is None:     # else: the masked training forward's per-sample orders
             index = self.direction_index(ctx, paths)
-        xs = cross_scan(x, H, W, index)                                     # (B, K, E, L)
+        xs = cross_scan(x, H, W, index, kernels)                            # (B, K, E, L)
         u, delta, Bs, Cs = self.project(xs)
         ct = torch.float64 if x.dtype == torch.float64 else torch.float32
         A, D, bias = self.ssm_params(ct)
@@ -210,9 +211,12 @@ class SS2D(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor, ctx: ScanContext,
-                paths: Sequence = SS2D_DIRECTIONS, keep: Optional[torch.Tensor] = None
-                ) -> torch.Tensor:
+                paths: Sequence = SS2D_DIRECTIONS, keep: Optional[torch.Tensor] = None,
+                route: Optional[BlockPlan] = None) -> torch.Tensor:
         """(B, L, d) tokens of the grid cells in ``ctx`` -> (B, L, d).
+
+        ``route``: the block's routes in the forward's execution plan (its ``cross_scan``:
+        the Triton cross-scan / cross-merge or PyTorch); None: the op decides for the call.
 
         ``keep``: a learned reducer's (B, L) keep mask on the whole grid (its training):
         the conv sees the dropped cells as zero (what the reduced grid's conv gives them),
@@ -240,13 +244,14 @@ class SS2D(nn.Module):
                 for p in paths]))
         else:
             x = self.grid_conv(x, ctx)
-        ys, index = self.directions(x, ctx, paths, index)                   # (B, K, E, L)
+        kernels = None if route is None else route.uses('cross_scan')
+        ys, index = self.directions(x, ctx, paths, index, kernels)          # (B, K, E, L)
         if ctx.want_importance:
             # ToP importance: sum over directions and channels of max(0, y), per token (the
             # directions' channel sums merged back to token order by the PyTorch ops)
             r = ys.float().clamp_min(0).sum(2, keepdim=True)                # (B, K, 1, L)
             ctx.importance = cross_merge(r, *ctx.grid, index, kernels=False)[..., 0].detach()
-        y = cross_merge(ys, *ctx.grid, index)                               # (B, L, E) sum
+        y = cross_merge(ys, *ctx.grid, index, kernels)                      # (B, L, E) sum
         if autocast_dtype(y.device.type) is None:  # fp32 scan output, a 16-bit model's norm
             y = y.to(self.out_norm.weight.dtype)
         y = self.out_norm(y)

@@ -29,6 +29,7 @@ from amvim_mm.errors import ConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
+from ..execution import ExecutionPlan, plan_vmamba
 from ..layout.scan_context import ScanContext
 from ..reduction import restore_grid
 from ..skeleton.arch import resolve_arch
@@ -398,6 +399,9 @@ class VMamba(MambaBackbone):
         the depth of stage ``reduction_stage``."""
         h, w = self.stage_grid(self.reduction_stage)
         return h * w, self.depths[self.reduction_stage]
+
+    def execution_plan(self, x: torch.Tensor, fused: Optional[bool] = None) -> ExecutionPlan:
+        return plan_vmamba(self, x, fused)
 
     def reduction_domain_note(self, tokens: int, blocks: int) -> str:
         return f'stage {self.reduction_stage} has {tokens} tokens, {blocks} blocks'

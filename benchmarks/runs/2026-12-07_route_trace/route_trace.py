@@ -36,7 +36,7 @@ def main(family: str = 'Vim', step_block: int = 2) -> None:
     x = torch.randn(1, 3, *((32, 32) if family == 'Vim' else (64, 64)))
     with torch.no_grad():
         model(x)                      # warm caches (kernels probed, orders built)
-    route, state = [], {'on': False, 'done': False}
+    route, state = [], {'on': False, 'done': False, 'calls': 0}
 
     def tracer(frame, event, arg):
         if state['done']:
@@ -55,7 +55,10 @@ def main(family: str = 'Vim', step_block: int = 2) -> None:
         if here.startswith(ROOT):
             name = here[len(ROOT) + 1:]
             if not route or route[-1] != name:
+                state['calls'] += bool(route) and event == 'call'
                 route.append(name)
+                if event == 'call' and len(route) > 1:
+                    state.setdefault('named', []).append(f'{name}:{frame.f_code.co_name}')
         return tracer
 
     sys.settrace(tracer)
@@ -64,9 +67,12 @@ def main(family: str = 'Vim', step_block: int = 2) -> None:
             model(x)
     finally:
         sys.settrace(None)
-    print(f'{len(route) - 1} changes of file, {len(set(route))} distinct files:')
+    print(f'{len(route) - 1} changes of file ({state["calls"]} of them calls into another '
+          f'file), {len(set(route))} distinct files:')
     print(' -> '.join(route))
+    if '--calls' in sys.argv:
+        print('calls:', ', '.join(state.get('named', [])))
 
 
 if __name__ == '__main__':
-    main(*(sys.argv[1:2] or ['Vim']))
+    main(*([a for a in sys.argv[1:2] if not a.startswith('--')] or ['Vim']))
