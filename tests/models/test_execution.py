@@ -142,3 +142,18 @@ def test_direct_calls_plan_for_themselves():
         assert mixer.call_route(h, ctx) == ('torch', 'fused=False')
     assert execution.vim._mixer(facts, 0, True, True) == ('torch',
                                                           'ToP importance under autograd')
+
+
+def test_cuda_rules_on_cpu_facts():
+    """The CUDA side of the Vim rules, asked on a CPU machine with CUDA facts: the embedding
+    takes the Triton kernel under 16-bit autocast and cuBLAS in float32; a grad-recording
+    forward its trainable form."""
+    m = _model()
+    x = torch.randn(1, 3, 48, 48)
+    with torch.no_grad():
+        f = m.execution_plan(x).facts
+    cuda = dataclasses.replace(f, device='cuda', autocast=torch.bfloat16, embed_kernel=True)
+    assert execution.vim._embed(cuda, True) == ('triton', 'inference')
+    assert execution.vim._embed(dataclasses.replace(cuda, autocast=None), True).route == 'torch'
+    assert execution.vim._embed(dataclasses.replace(cuda, grad_mode=True, embed_grad=True),
+                                True) == ('triton-train', 'grad recorded')

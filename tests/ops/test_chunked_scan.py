@@ -19,10 +19,14 @@ import torch
 
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
+from amvim_mm.models.execution import Choice
 from amvim_mm.ops import fused_mixer as FM
 from amvim_mm.ops import scan_choice as SC
 from amvim_mm.testing.triton_interpreter import PREAMBLE as FAST_INTERPRETER
 from tests.ops.triton_support import HAS_TRITON, needs_triton  # noqa: F401
+
+#: the fused mixer's route, given to a direct mixer call
+TRITON_ROUTE = Choice('triton', 'test')
 
 
 # the reference: the scan of every path as a float64 loop over the steps, the state before
@@ -418,8 +422,6 @@ def _dense_mixer():
     from amvim_mm.models.vim.mixer import BiMambaMixer
     from amvim_mm.models.layout.scan_context import ScanContext
     from amvim_mm.models.layout.scan_orders import normalize_order
-    from amvim_mm.models.execution import Choice
-    TRITON_ROUTE = Choice('triton', 'test')
     torch.manual_seed(0)
     mixer = BiMambaMixer(192).cuda().eval()                  # E = 384, N = 16
     keys = tuple(normalize_order(p) for p in (dict(order='raster'),

@@ -46,6 +46,8 @@ from .plan import CPU, TORCH, TRITON, TRITON_TRAIN, BlockPlan, Choice, Execution
 
 __all__ = ['plan_vim', 'call_facts']
 
+_HALF = (torch.float16, torch.bfloat16)
+
 
 def call_facts(hidden: torch.Tensor, mixer: Optional[MixerFacts], block: BlockFacts,
                training: bool, ctx=None, residual: Optional[torch.Tensor] = None,
