@@ -37,7 +37,7 @@ import torch
 from amvim_mm.errors import BackendUnavailableError
 from amvim_mm.ops import cpu_ops
 from amvim_mm.ops.backends import log_choice_once, mamba_selective_scan, requested_backend
-from amvim_mm.ops.fused_mixer import autocast_dtype, fused_mixer_available, fused_requested
+from amvim_mm.ops.fused_mixer import fused_mixer_available, fused_requested
 from amvim_mm.ops.fused_mixer_autograd import auto_prefers_fused_training
 from amvim_mm.ops.scan_choice import auto_prefers_fused
 from .facts import (BlockFacts, ForwardFacts, MixerFacts, ReducerFacts, cpu_fp32, forward_facts,

@@ -15,7 +15,7 @@ from amvim_mm.ops.fused_mixer import (autocast_dtype, fused_mixer_forward, pack_
                                       stack_mixer_params)
 from amvim_mm.ops.fused_mixer_autograd import fused_mixer_train
 from amvim_mm.ops.selective_scan import aligned_selective_scan, selective_scan_fn
-from ..execution import (CPU, TORCH, TRITON, TRITON_TRAIN, BlockFacts, Choice, MixerFacts,
+from ..execution import (CPU, TRITON, TRITON_TRAIN, BlockFacts, Choice, MixerFacts,
                          call_facts, plan_vim)
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import is_reverse, masked_path_permutation, scan_rank_on
