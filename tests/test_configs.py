@@ -144,7 +144,15 @@ def shrink(cfg, arch=TINY_ARCH):
     bb.arch = arch
     bb.init_cfg = None
     bb.out_indices = tuple(range(4 - n_out, 4))          # 4 -> (0, 1, 2, 3), 1 -> (3, )
-    if scope == 'mmseg':
+    if scope == 'mmseg' and model.get('neck') is None:     # a head on the kept tokens
+        bb.img_size = SEG_SIZE
+        model.data_preprocessor.size = (SEG_SIZE, SEG_SIZE)
+        head = model.decode_head
+        head.update(in_channels=TINY_DIMS, channels=TINY_DIMS)
+        if 'embed_dims' in head:
+            head.update(embed_dims=16, num_heads=2)
+        model.test_cfg = dict(mode='whole')
+    elif scope == 'mmseg':
         bb.img_size = SEG_SIZE
         model.data_preprocessor.size = (SEG_SIZE, SEG_SIZE)
         model.neck.in_channels = TINY_DIMS
@@ -364,7 +372,7 @@ def test_config_file_name_convention(path):
         assert m['backbone'].endswith('-demo')
         # the segmentation, detection and classification demos
         assert (m['neck'], m['head']) in (('pyramid', 'upernet'), ('sfp', 'retinanet'),
-                                          (None, 'linear'))
+                                          (None, 'linear'), (None, 'segmenter-mask'))
     else:
         assert backbone == folder, f'{name} is in configs/{folder}/'
     hierarchical = _family(backbone) == HIERARCHICAL_BACKBONES
@@ -375,8 +383,9 @@ def test_config_file_name_convention(path):
             allowed = {(None, 'upernet')}
         elif _family(backbone) == PLAIN_MAMBA_BACKBONES:
             allowed = {(None, 'upernet'), ('pyramid', 'upernet')}
-        else:
-            allowed = {('pyramid', 'upernet')}
+        else:     # or Segmenter's heads on the kept tokens (issue 54)
+            allowed = {('pyramid', 'upernet'), (None, 'segmenter-mask'),
+                       (None, 'segmenter-linear')}
         assert (m['neck'], m['head']) in allowed, (m['neck'], m['head'])
     elif m['dataset'] == 'coco':
         assert m['neck'] == ('fpn' if hierarchical else 'sfp')

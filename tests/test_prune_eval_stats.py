@@ -357,8 +357,11 @@ def test_speed_flops_convention_and_precision_rows_side_by_side(toy, tmp_path):
     assert len(rows) == 2
     for r in rows:
         assert r['img_per_s'] > 0 and r['speed_batch'] == 8 and r['speed_device'] == 'cpu'
+        assert r['img_per_s_model'] > 0 and r['speed_mode'] == 'eager'
         assert r['gflops_convention'] == 'mmengine' and r['precision'] == 'fp32'
-    assert '| img/s | speed-up |' in p.stdout and "FlopAnalyzer" in p.stdout
+    # issue 54: every speed-up three ways (backbone alone, whole model, ceiling)
+    assert '| backbone img/s | backbone x | model img/s | model x | ceiling x |' in p.stdout
+    assert "FlopAnalyzer" in p.stdout
     # a bf16 sweep into the same out-dir adds its rows next to the fp32 ones
     p = _tool('prune_eval.py', [*base, '--measure-speed', '--flops-convention', 'mmengine',
                                 '--precision', 'bf16'], tmp_path)

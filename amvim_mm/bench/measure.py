@@ -125,6 +125,21 @@ def _timer(fn: Callable, iters: int, device: str) -> float:
 
 
 @torch.no_grad()
+def measure_call(fn: Callable, images: int, device: str, warmup: int = 2, iters: int = 5,
+                 repeats: int = 5) -> Dict[str, object]:
+    """Images/s of ``fn`` (a call that processes ``images`` images: a library's test step),
+    the median of ``repeats`` timings of ``iters`` calls each, and their spread."""
+    for _ in range(warmup):
+        fn()
+    if device == 'cuda':
+        torch.cuda.synchronize()
+    times = [_timer(fn, iters, device) for _ in range(repeats)]
+    med = statistics.median(times)
+    return dict(images=images, img_per_s=round(images / med, 1),
+                spread_pct=round(100 * (max(times) - min(times)) / med, 1))
+
+
+@torch.no_grad()
 def measure(model: nn.Module, batch: int, res: int, dtype: str = 'fp32', mode: str = 'eager',
             warmup: int = 5, iters: int = 20, repeats: int = 5) -> Dict[str, object]:
     """Images/s (median of ``repeats``), latency and peak memory of one forward pass."""

@@ -195,7 +195,7 @@ class ModelCells:
             row.fine_tuned = getattr(self.learned, 'fine_tuned', None) or True
         if self.measure_speed:
             bb = self.backbone
-            speed = _speed(bb, bb.img_size, self.precision,
+            speed = _speed(self.runner, bb, bb.img_size, self.precision,
                            self.learned if method == LEARNED else red)
             row = dataclasses.replace(row, **speed)
         elif torch.cuda.is_available():
@@ -252,24 +252,39 @@ class ModelCells:
         return zero
 
 
-def _speed(backbone, size, precision: str, red: Optional[dict]) -> dict:
-    """Backbone throughput on the present device (eager, median of 5 repeats), with the
-    cell's reducer on; batch 8 on a CPU, 64 on a GPU."""
+def _speed(runner, backbone, size, precision: str, red: Optional[dict]) -> dict:
+    """Throughput on the present device with the cell's reducer on, eager, median of 5
+    repeats, at the batch of the config's test loader: the backbone alone (random images at
+    ``size``) and the whole model through the library's test step (``model.test_step`` on the
+    loader's first batch: data preprocessor, backbone, neck, head and the library's
+    post-processing, as its test loop runs them; ``img_per_s_model``). The report's ceiling
+    comes from these two at ratio 0 (:func:`~.report.ceiling_speedup`)."""
     import torch
 
-    from amvim_mm.bench.measure import measure
+    from amvim_mm.bench.measure import measure, measure_call
+    from amvim_mm.engine.loops import precision_autocast
     if size[0] != size[1]:
         raise ConfigError(f'--measure-speed needs a square img_size, got {size}')
     cuda = next(backbone.parameters()).is_cuda
-    batch = 64 if cuda else 8
+    model = runner.model
+    data = next(iter(runner.test_dataloader))
+    batch = len(data['inputs'])
     backbone.set_token_reduction(red)
-    was = backbone.training
+    was = model.training
     try:
-        backbone.eval()
+        model.eval()
         r = measure(backbone, batch, size[0], precision, 'eager', warmup=2,
                     iters=10 if cuda else 3, repeats=5)
+
+        def step():
+            with torch.no_grad(), precision_autocast(model, precision):
+                return model.test_step(data)
+        whole = measure_call(step, batch, 'cuda' if cuda else 'cpu', warmup=2,
+                             iters=5 if cuda else 2, repeats=5)
     finally:
         backbone.set_token_reduction(None)
-        backbone.train(was)
+        model.train(was)
     return dict(img_per_s=r['img_per_s'], speed_batch=batch, speed_spread_pct=r['spread_pct'],
+                img_per_s_model=whole['img_per_s'], speed_spread_model_pct=whole['spread_pct'],
+                speed_mode='eager',
                 speed_device=torch.cuda.get_device_name(0) if cuda else 'cpu')

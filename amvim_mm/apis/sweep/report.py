@@ -4,7 +4,7 @@ intervals (:func:`markdown_table`), the architectures (:func:`group_table`), the
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from amvim_mm.apis.sweep.rows import zero_of
 
@@ -45,6 +45,30 @@ def _yerr(items: Sequence[dict]) -> List[List[float]]:
              for r in items]]
 
 
+def ceiling_speedup(row: dict, zero: dict) -> Optional[float]:
+    """The whole model's speed-up if its backbone ran exactly at the cell's FLOPs ratio: the
+    unreduced model's time per image with the backbone's share (timed alone, same batch)
+    scaled by ``gflops / gflops at ratio 0``, the rest (data preprocessor, neck, head,
+    post-processing, resizes) unchanged. None without both timings at ratio 0."""
+    if not (zero.get('img_per_s') and zero.get('img_per_s_model') and row.get('gflops')
+            and zero.get('gflops')):
+        return None
+    t_model, t_bb = 1 / zero['img_per_s_model'], 1 / zero['img_per_s']
+    t = t_model - t_bb + t_bb * row['gflops'] / zero['gflops']
+    return t_model / t if t > 0 else None
+
+
+def _speed_cells(r: dict, z: Optional[dict]) -> List[str]:
+    """backbone img/s and speed-up, model img/s and speed-up, ceiling speed-up."""
+    def ratio(key):
+        return (f'{r[key] / z[key]:.2f}x' if r.get(key) and z is not None and z.get(key)
+                else '')
+    ceil = None if z is None else ceiling_speedup(r, z)
+    return ['' if r.get('img_per_s') is None else f"{r['img_per_s']:.1f}", ratio('img_per_s'),
+            '' if r.get('img_per_s_model') is None else f"{r['img_per_s_model']:.1f}",
+            ratio('img_per_s_model'), '' if ceil is None else f'{ceil:.2f}x']
+
+
 def markdown_table(data: Dict[str, object]) -> str:
     rows = data['results']
     speed = any(r.get('img_per_s') for r in rows)
@@ -53,8 +77,8 @@ def markdown_table(data: Dict[str, object]) -> str:
             '95% CI', 'drop 95% CI', 'precision']
     if seeded:
         head.append('seed std')
-    if speed:
-        head += ['img/s', 'speed-up']
+    if speed:     # the backbone alone, the whole model (library's test step), the ceiling
+        head += ['backbone img/s', 'backbone x', 'model img/s', 'model x', 'ceiling x']
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for r in rows:
         dg = _digits(r['metric_name'])
@@ -71,11 +95,7 @@ def markdown_table(data: Dict[str, object]) -> str:
         if seeded:
             cells.append('' if r.get('seed_std') is None else f"{r['seed_std']:.{dg}f}")
         if speed:
-            z = zero_of(rows, r)
-            sp = (r['img_per_s'] / z['img_per_s'] if r.get('img_per_s') and z is not None
-                  and z.get('img_per_s') else None)
-            cells += ['' if r.get('img_per_s') is None else f"{r['img_per_s']:.1f}",
-                      '' if sp is None else f'{sp:.2f}x']
+            cells += _speed_cells(r, zero_of(rows, r))
         lines.append('| ' + ' | '.join(str(c) for c in cells) + ' |')
     lines += _differences_table(
         data.get('paired_differences') or [], 'model_a', 'model_b',

@@ -30,9 +30,10 @@ class SweepRow:
 
     Fields left :data:`ABSENT` are not written. The first group is what every evaluation
     writes; ``seeds`` .. ``seed_std`` come with several pruning seeds, ``fine_tuned`` with the
-    learned reducer, ``img_per_s`` .. ``speed_device`` with ``--measure-speed`` (else
-    ``img_per_s_test_loop`` on a GPU); ``drop`` is set by the merge and the intervals by the
-    final pass. Keys a row read from the file has beyond these stay in ``extra``, and
+    learned reducer, ``img_per_s`` .. ``speed_device`` with ``--measure-speed`` (the backbone
+    alone and the whole model through the library's test step, at the test loader's batch;
+    else ``img_per_s_test_loop`` on a GPU); ``drop`` is set by the merge and the intervals by
+    the final pass. Keys a row read from the file has beyond these stay in ``extra``, and
     :meth:`to_dict` writes a row read by :meth:`from_dict` with the keys in its file order.
     """
 
@@ -67,6 +68,9 @@ class SweepRow:
     img_per_s: object = ABSENT
     speed_batch: object = ABSENT
     speed_spread_pct: object = ABSENT
+    img_per_s_model: object = ABSENT
+    speed_spread_model_pct: object = ABSENT
+    speed_mode: object = ABSENT
     speed_device: object = ABSENT
     img_per_s_test_loop: object = ABSENT
     drop: object = ABSENT

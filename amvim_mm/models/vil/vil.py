@@ -35,6 +35,7 @@ from amvim_mm.errors import ConfigError
 from amvim_mm.registry import MODELS
 from amvim_mm.token_layout import NO_CLS
 from ..execution import BlockPlan, ExecutionPlan, plan_vil
+from ..heads.token_grid import token_grid
 from ..layout.scan_context import ScanContext
 from ..layout.scan_orders import normalize_order
 from ..reduction import restore_grid
@@ -66,7 +67,7 @@ ARCH_DEFAULTS = dict(version=2, patch_size=16, expansion=2, qkv_block_size=4,
 #: per version: conv kind and default kernel, biases of the projections and block norms
 VERSIONS = {2: dict(conv_kind='2d', kernel=3, bias=True),
             1: dict(conv_kind='causal1d', kernel=4, bias=False)}
-OUT_TYPES = ('featmap', 'pooled', 'avg_featmap')
+OUT_TYPES = ('featmap', 'pooled', 'avg_featmap', 'tokens')
 #: what block ``i``'s 'featmap' output is made of (see ``tap`` in :class:`ViL`)
 TAPS = ('stream', 'mixer')
 FLOPS_CONVENTIONS = {
@@ -149,6 +150,8 @@ class ViL(MambaBackbone):
         out_type: ``'featmap'`` (B, D, H/16, W/16) the raw block outputs; ``'pooled'`` the
             official classifier input (v2 (B, 2D), v1 (B, D)); ``'avg_featmap'`` (B, D) the
             mean over tokens between the same norms. The last two with ``out_indices=-1``.
+            ``'tokens'``: the ``'featmap'`` output as the kept tokens and their restore map
+            (:class:`~amvim_mm.models.heads.TokenGrid`, for the per-token heads).
         tap: which tensor of block ``i`` is its ``'featmap'`` output. ``'stream'`` (default):
             the block's output, the residual stream after it (what the official segmentation
             code's ``block_extractor`` hooks on ``blocks[i]`` take). ``'mixer'``: the block's
@@ -439,6 +442,8 @@ class ViL(MambaBackbone):
         if self.out_type == 'avg_featmap':
             w = keep if keep is not None else (ctx.size if ctx.reduced else None)
             return self._pool(x, w)
+        if self.out_type == 'tokens':     # the carriers and their restore map (heads/)
+            return token_grid(ctx, x)
         if ctx.reduced:
             x = restore_grid(ctx, x)
         if self.out_type == 'pooled':

@@ -24,6 +24,7 @@ from mmengine.logging import MMLogger
 from amvim_mm.errors import ConfigError
 from amvim_mm.ops.backends import check_backend_usable
 from amvim_mm.token_layout import cls_row, drop_cls
+from ..heads.token_grid import token_grid
 from ..layout.scan_context import ScanContext
 from ..reduction import ReductionSchedule, restore_grid
 from ..skeleton.arch import resolve_arch
@@ -38,7 +39,7 @@ from .mixer import BiMambaMixer
 from .embed import VimEmbedding
 from .norm import RMSNorm
 
-OUT_TYPES = ('cls_token', 'featmap', 'raw')
+OUT_TYPES = ('cls_token', 'featmap', 'raw', 'tokens')
 #: what block ``i``'s output is made of (see ``tap`` in :class:`VimFamilyBackbone`)
 TAPS = ('stream', 'mixer')
 
@@ -88,7 +89,9 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
         in_channels: image channels.
         out_indices: blocks whose output is returned; negatives count from the end.
         out_type: ``'cls_token'`` (B, D), ``'featmap'`` (B, D, H/s, W/s) without the class token,
-            or ``'raw'`` (B, L, D) with it. The output of block ``i`` is the tensor ``tap``
+            ``'raw'`` (B, L, D) with it, or ``'tokens'``: a
+            :class:`~amvim_mm.models.heads.TokenGrid` (the kept tokens and their restore map,
+            for the per-token heads of :mod:`amvim_mm.models.heads`). The output of block ``i`` is the tensor ``tap``
             names; after the last block it goes through ``norm_f`` when ``final_norm`` (so the
             last ``cls_token`` is the official classifier input).
         tap: which tensor of block ``i`` is its output. ``'stream'`` (default): the residual
@@ -317,8 +320,9 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
         return f'{tokens} patch tokens, {self.num_layers} blocks'
 
     def restores_grid(self) -> bool:
-        """Only ``featmap`` outputs restore the grid (``cls_token`` and ``raw`` are tokens)."""
-        return self.out_type == 'featmap'
+        """``featmap`` outputs restore the grid, ``tokens`` carry its restore map (pruned cells
+        keep their features); ``cls_token`` and ``raw`` are tokens of the sequence."""
+        return self.out_type in ('featmap', 'tokens')
 
     def format_output(self, stream: torch.Tensor, ctx: ScanContext, last: bool) -> torch.Tensor:
         """Turn the residual stream after a block into the requested output (for ``out_type=
@@ -337,6 +341,9 @@ class VimFamilyBackbone(VimEmbedding, MambaBackbone):
             if last and self.final_norm:
                 stream = self.norm_f(stream)
             return stream[:, 0]
+        if self.out_type == 'tokens':       # the carriers and their restore map
+            grid = token_grid(ctx, stream)
+            return grid.map(self.norm_f) if last and self.final_norm else grid
         return self.norm_f(stream) if last and self.final_norm else stream
 
     def block_output(self, i: int, hidden: torch.Tensor, residual: torch.Tensor,
