@@ -313,6 +313,24 @@ def test_ratios_within_one_mode_and_the_backbone_share():
     assert 'backbone_share' not in bb_auto and bb_auto['fused_over_unfused'] == 1.5
 
 
+def test_reduced_whole_rows_report_backbone_whole_and_ceiling():
+    """Issue 54: a reduced ade-whole row's speed-up three ways: the backbone alone (same
+    reduction, ade-backbone rows), the whole model, and the ceiling (the unreduced model with
+    its backbone's time scaled by the FLOPs ratio)."""
+    def row(workload, reduction, ms, **kw):
+        return dict(workload=workload, model='vim-t', impl='unfused', reduction=reduction,
+                    res=512, batch=8, mode='infer-eager', ms_per_iter=ms, img_per_s=8000 / ms,
+                    **kw)
+    rows = [row('ade-whole', 'none', 40.0), row('ade-backbone', 'none', 20.0),
+            row('ade-whole', 'tome-0.46', 32.0, flops_ratio=0.5),
+            row('ade-backbone', 'tome-0.46', 12.5, flops_ratio=0.5)]
+    DB.add_ratios(rows)
+    whole = rows[2]
+    assert whole['backbone_speedup'] == 1.6 and whole['speedup_vs_unreduced'] == 1.25
+    assert whole['ceiling_speedup'] == round(40 / (40 - 20 * 0.5), 3)     # 1.333
+    assert 'ceiling_speedup' not in rows[3] and 'backbone_speedup' not in rows[0]
+
+
 def test_impls_option_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="unknown dense impl 'bogus'"):
         DB.run_dense(out_dir=str(tmp_path), root='.', command='x', smoke=True,

@@ -12,6 +12,19 @@ def _ratio(a, b) -> Optional[float]:
     return round(a / b, 3) if a and b else None
 
 
+def _three_ways(r: dict, whole0: Optional[dict], bb: Optional[dict],
+                bb0: Optional[dict]) -> None:
+    """A reduced whole-model row's speed-up three ways: ``backbone_speedup`` (the same
+    reduction on the backbone alone, same size, batch, path and mode), the whole model's
+    (``speedup_vs_unreduced``) and ``ceiling_speedup``: the unreduced whole model's time with
+    its backbone's time scaled by the FLOPs ratio, the rest unchanged."""
+    if bb is not None and bb0 is not None:
+        r['backbone_speedup'] = _ratio(bb['img_per_s'], bb0['img_per_s'])
+    if whole0 is not None and bb0 is not None and r.get('flops_ratio'):
+        t = whole0['ms_per_iter'] - bb0['ms_per_iter'] * (1 - r['flops_ratio'])
+        r['ceiling_speedup'] = round(whole0['ms_per_iter'] / t, 3) if t > 0 else None
+
+
 def add_ratios(rows: List[dict]) -> None:
     """Add ``fused_over_unfused``, ``ours_over_peer``, ``mem_over_peer`` and
     ``speedup_vs_unreduced`` (images/s quotients, 3 decimals) to the rows that have the row
@@ -56,11 +69,15 @@ def add_ratios(rows: List[dict]) -> None:
         if r['reduction'] != 'none':
             base = index.get(key(r, reduction='none'))
             r['speedup_vs_unreduced'] = _ratio(r['img_per_s'], base and base['img_per_s'])
+            if r['workload'] in ('ade-whole', 'ade-slide'):
+                _three_ways(r, base, index.get(key(r, workload='ade-backbone')),
+                            index.get(key(r, workload='ade-backbone', reduction='none')))
 
 
 COLUMNS = ['model', 'impl', 'reduction', 'mode', 'path_ran', 'fused_calls', 'res', 'batch',
            'dtype', 'img_per_s', 'ms_per_iter', 'spread_pct', 'peak_mib', 'fused_over_unfused',
-           'ours_over_peer', 'mem_over_peer', 'speedup_vs_unreduced', 'error']
+           'ours_over_peer', 'mem_over_peer', 'backbone_speedup', 'speedup_vs_unreduced',
+           'ceiling_speedup', 'error']
 
 
 def markdown(result: dict) -> str:

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from amvim_mm.analysis.flops import backbone_flops
 from amvim_mm.bench.measure import _timer
 from amvim_mm.errors import ConfigError
 from amvim_mm.models.reduction.reducers import build_reducer
@@ -43,6 +44,17 @@ def _counted(stats: Optional[collections.Counter], fn: Callable[[], object]):
     out = fn()
     return out, (collections.Counter(stats) - before) if before is not None \
         else collections.Counter()
+
+
+def _flops_ratio(backbone: nn.Module, res: int, red) -> Optional[float]:
+    """The backbone's GFLOPs with ``red`` over those without (our convention), for the
+    ceiling of the whole model's speed-up (:func:`~.report.add_ratios`)."""
+    try:
+        reduced = backbone_flops(backbone, res, 'model')['gflops']
+        dense = backbone_flops(backbone, res, None)['gflops']
+    except (ConfigError, NotImplementedError, AttributeError):   # a backbone without flops
+        return None
+    return round(reduced / dense, 4) if dense else None
 
 
 def _kind(workload: str) -> str:
@@ -303,6 +315,7 @@ class DenseSuite:
         row.update(fields)
         if red is not None:
             row['token_counts'] = list(getattr(net.backbone, 'token_counts', []))
+            row['flops_ratio'] = _flops_ratio(net.backbone, case.res, red)
         return case, row, call, red, graphs, []
 
     def run_group(self, cases: Sequence[Case]) -> List[dict]:
