@@ -124,17 +124,24 @@ def _timer(fn: Callable, iters: int, device: str) -> float:
     return (time.perf_counter() - t) / iters
 
 
-@torch.no_grad()
-def measure_call(fn: Callable, images: int, device: str, warmup: int = 2, iters: int = 5,
-                 repeats: int = 5) -> Dict[str, object]:
-    """Images/s of ``fn`` (a call that processes ``images`` images: a library's test step),
-    the median of ``repeats`` timings of ``iters`` calls each, and their spread."""
+def _timings(fn: Callable, device: str, warmup: int, iters: int, repeats: int
+             ) -> Tuple[float, List[float]]:
+    """``warmup`` untimed calls, then ``repeats`` timings of ``iters`` calls each: (the median
+    seconds per call, the timings)."""
     for _ in range(warmup):
         fn()
     if device == 'cuda':
         torch.cuda.synchronize()
     times = [_timer(fn, iters, device) for _ in range(repeats)]
-    med = statistics.median(times)
+    return statistics.median(times), times
+
+
+@torch.no_grad()
+def measure_call(fn: Callable, images: int, device: str, warmup: int = 2, iters: int = 5,
+                 repeats: int = 5) -> Dict[str, object]:
+    """Images/s of ``fn`` (a call that processes ``images`` images: a library's test step),
+    the median of ``repeats`` timings of ``iters`` calls each, and their spread."""
+    med, times = _timings(fn, device, warmup, iters, repeats)
     return dict(images=images, img_per_s=round(images / med, 1),
                 spread_pct=round(100 * (max(times) - min(times)) / med, 1))
 
@@ -164,12 +171,7 @@ def measure(model: nn.Module, batch: int, res: int, dtype: str = 'fp32', mode: s
         fn = graph.replay
     elif mode != 'eager':
         raise ConfigError(f'mode must be eager or graph, got {mode!r}')
-    for _ in range(warmup):
-        fn()
-    if device == 'cuda':
-        torch.cuda.synchronize()
-    times = [_timer(fn, iters, device) for _ in range(repeats)]
-    med = statistics.median(times)
+    med, times = _timings(fn, device, warmup, iters, repeats)
     out = dict(batch=batch, res=res, dtype=dtype, mode=mode, img_per_s=round(batch / med, 1),
                latency_ms=round(med * 1000, 3),
                spread_pct=round(100 * (max(times) - min(times)) / med, 2))
