@@ -1,5 +1,6 @@
 """Reduced segmentors export (issue 52, defect 5): the demo UperNet configs of every family
-(VMamba: the Vim demo's UperNet on its four stages) with every training-free reducer export with the TorchScript exporter at the demo size
+(VMamba: the Vim demo's UperNet on its four stages; and the Vim demo with Segmenter's mask
+transformer on the kept tokens, issue 54) with every training-free reducer export with the TorchScript exporter at the demo size
 (64 x 64, dynamic batch) and ONNX Runtime equals PyTorch to 1e-4 relative on fresh images at
 batch 2. They used to stop in the exporter ("adaptive_avg_pool2d, input size not accessible":
 after a reduced backbone its shape inference loses the maps' sizes, which UperNet's pooling
@@ -30,6 +31,10 @@ QUICK = [('vim', 'tome'), ('plainmamba', 'evit'), ('vil', 'top'), ('amvim', 'ran
          ('vmamba', 'tome')]
 CASES = [pytest.param(f, m, id=f'{f}-{m}', marks=() if (f, m) in QUICK else FULL)
          for f in FAMILIES for m in METHODS]
+# issue 54: Segmenter's mask transformer on the kept tokens (the demo's Vim); EViT prunes, so
+# its pruned cells join the head as carriers of their own
+CASES += [pytest.param('segmenter', m, id=f'segmenter-{m}',
+                       marks=() if m == 'evit' else FULL) for m in METHODS]
 pytestmark = pytest.mark.filterwarnings('ignore::torch.jit.TracerWarning')
 
 
@@ -37,9 +42,10 @@ def _segmentor(family, method):
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
-    demo = 'vim' if family == 'vmamba' else family
+    demo = 'vim' if family in ('vmamba', 'segmenter') else family
+    name = 'segmenter-mask' if family == 'segmenter' else 'pyramid_upernet'
     cfg = Config.fromfile(osp.join(
-        ROOT, f'configs/demo/{demo}-demo_pyramid_upernet_1xb8-2k_toyshapes-64x64.py'))
+        ROOT, f'configs/demo/{demo}-demo_{name}_1xb8-2k_toyshapes-64x64.py'))
     if family == 'vmamba':   # no demo config: the Vim demo's UperNet on VMamba's four stages
         cfg.model.backbone = dict(type='VMamba', arch='test', img_size=64,
                                   out_indices=(0, 1, 2, 3))

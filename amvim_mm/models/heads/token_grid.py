@@ -65,16 +65,20 @@ def token_grid(ctx: ScanContext, stream: torch.Tensor) -> TokenGrid:
     source = ctx.source
     if ctx.frozen is None:
         return TokenGrid(stream, size, source, (H, W))
-    # pruned cells: each its own carrier, after the sequence (padded to the batch's largest
-    # count with size-0 carriers; the count is read once, a host sync)
+    # pruned cells: each its own carrier, after the sequence in raster order (padded to the
+    # batch's largest count with size-0 carriers; the count is read once, a host sync, and is
+    # fixed in an exported graph: every sample of a pruning schedule prunes as many)
     pruned = source < 0
+    rank = pruned.long().cumsum(1) - 1                                   # (B, M)
     P = int(pruned.sum(1).max())
-    order = torch.argsort((~pruned).to(torch.int8), dim=1, stable=True)[:, :P]   # (B, P)
+    at = torch.where(pruned, rank, torch.full_like(rank, P))             # P: dropped below
+    cells = torch.arange(source.shape[1], device=source.device).expand(B, -1)
+    order = torch.zeros(B, P + 1, dtype=torch.long, device=source.device).scatter_(
+        1, at, cells)[:, :P]
+    real = torch.zeros(B, P + 1, dtype=torch.bool, device=source.device).scatter_(
+        1, at, pruned)[:, :P]
     frozen = torch.gather(ctx.frozen.to(stream.dtype), 1,
                           order.unsqueeze(-1).expand(-1, -1, D))
-    real = torch.gather(pruned, 1, order)
-    slot = torch.full_like(source, -1).scatter_(
-        1, order, torch.arange(L, L + P, device=source.device).expand(B, -1))
-    index = torch.where(pruned, slot, source)
+    index = torch.where(pruned, rank + L, source)
     return TokenGrid(torch.cat([stream, frozen], 1),
                      torch.cat([size, real.to(stream.dtype)], 1), index, (H, W))
