@@ -95,7 +95,7 @@ def test_arch_errors():
     with pytest.raises(ValueError, match='num_layers must be a positive int'):
         build(arch=dict(embed_dims=64, num_layers=0))
     with pytest.raises(ValueError, match='out_type must be one of'):
-        build(out_type='tokens')
+        build(out_type='patches')
     with pytest.raises(ValueError, match='out_indices 4 is out of range for 4 layers'):
         build(out_indices=4)
     with pytest.raises(ValueError, match='needs with_cls_token=True'):
