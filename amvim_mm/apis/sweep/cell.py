@@ -254,7 +254,7 @@ class ModelCells:
 
 def _speed(runner, backbone, size, precision: str, red: Optional[dict]) -> dict:
     """Throughput on the present device with the cell's reducer on, eager, median of 5
-    repeats, at the batch of the config's test loader: the backbone alone (random images at
+    repeats (the whole model on a CPU: of 3), at the batch of the config's test loader: the backbone alone (random images at
     ``size``) and the whole model through the library's test step (``model.test_step`` on the
     loader's first batch: data preprocessor, backbone, neck, head and the library's
     post-processing, as its test loop runs them; ``img_per_s_model``). The report's ceiling
@@ -279,8 +279,8 @@ def _speed(runner, backbone, size, precision: str, red: Optional[dict]) -> dict:
         def step():
             with torch.no_grad(), precision_autocast(model, precision):
                 return model.test_step(data)
-        whole = measure_call(step, batch, 'cuda' if cuda else 'cpu', warmup=2,
-                             iters=5 if cuda else 2, repeats=5)
+        whole = measure_call(step, batch, 'cuda' if cuda else 'cpu', warmup=2 if cuda else 1,
+                             iters=5 if cuda else 1, repeats=5 if cuda else 3)
     finally:
         backbone.set_token_reduction(None)
         model.train(was)
