@@ -124,6 +124,14 @@ def _timer(fn: Callable, iters: int, device: str) -> float:
     return (time.perf_counter() - t) / iters
 
 
+def speedup_ceiling(t_whole: float, t_backbone: float, flops_ratio: float) -> Optional[float]:
+    """The whole model's speed-up if its backbone's time (``t_backbone`` of the unreduced
+    model's ``t_whole``, any unit) fell exactly with its FLOPs (``flops_ratio``: reduced /
+    unreduced), the rest unchanged; None where that leaves no time."""
+    t = t_whole - t_backbone * (1 - flops_ratio)
+    return t_whole / t if t > 0 else None
+
+
 def _timings(fn: Callable, device: str, warmup: int, iters: int, repeats: int
              ) -> Tuple[float, List[float]]:
     """``warmup`` untimed calls, then ``repeats`` timings of ``iters`` calls each: (the median

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import amvim_mm  # noqa: F401  (registers the models)
-from amvim_mm.models.heads import TokenGrid, proportional_attention_mask
+from amvim_mm.models.heads import TokenGrid, proportional_attention_bias
 from amvim_mm.registry import MODELS
 
 REDUCERS = {'none': None, 'tome': dict(type='ToMe', ratio=0.3),
@@ -93,7 +93,7 @@ def test_proportional_attention_equals_duplicated_tokens():
     extra = torch.randn(1, 2, 8, generator=g)
     h = torch.cat([x, extra], 1)
     with torch.no_grad():
-        got = attn(h, h, h, attn_mask=proportional_attention_mask(size, 2, 2))[0]
+        got = attn(h, h, h, key_padding_mask=proportional_attention_bias(size, 2))[0]
         dup = torch.cat([x[:, [0, 0, 0, 1, 3, 3]], extra], 1)
         want = attn(dup, dup, dup)[0]
     torch.testing.assert_close(got[:, [0, 1, 3, 4, 5]], want[:, [0, 3, 4, 6, 7]],

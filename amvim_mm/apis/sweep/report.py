@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from amvim_mm.apis.sweep.rows import zero_of
+from amvim_mm.bench.measure import speedup_ceiling
 
 
 def _digits(metric_name: str) -> int:
@@ -53,9 +54,8 @@ def ceiling_speedup(row: dict, zero: dict) -> Optional[float]:
     if not (zero.get('img_per_s') and zero.get('img_per_s_model') and row.get('gflops')
             and zero.get('gflops')):
         return None
-    t_model, t_bb = 1 / zero['img_per_s_model'], 1 / zero['img_per_s']
-    t = t_model - t_bb + t_bb * row['gflops'] / zero['gflops']
-    return t_model / t if t > 0 else None
+    return speedup_ceiling(1 / zero['img_per_s_model'], 1 / zero['img_per_s'],
+                           row['gflops'] / zero['gflops'])
 
 
 def _speed_cells(r: dict, z: Optional[dict]) -> List[str]:

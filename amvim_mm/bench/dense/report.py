@@ -5,6 +5,7 @@ import importlib
 import json
 from typing import Dict, List, Optional
 
+from amvim_mm.bench.measure import speedup_ceiling
 from .config import GRAPH_IMPLS
 
 
@@ -21,8 +22,8 @@ def _three_ways(r: dict, whole0: Optional[dict], bb: Optional[dict],
     if bb is not None and bb0 is not None:
         r['backbone_speedup'] = _ratio(bb['img_per_s'], bb0['img_per_s'])
     if whole0 is not None and bb0 is not None and r.get('flops_ratio'):
-        t = whole0['ms_per_iter'] - bb0['ms_per_iter'] * (1 - r['flops_ratio'])
-        r['ceiling_speedup'] = round(whole0['ms_per_iter'] / t, 3) if t > 0 else None
+        c = speedup_ceiling(whole0['ms_per_iter'], bb0['ms_per_iter'], r['flops_ratio'])
+        r['ceiling_speedup'] = None if c is None else round(c, 3)
 
 
 def add_ratios(rows: List[dict]) -> None:

@@ -22,20 +22,19 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from amvim_mm.errors import ConfigError
 from amvim_mm.registry import MODELS
 from .token_grid import TokenGrid
 
-__all__ = ['token_fcn_head_class', 'token_mask_head_class', 'proportional_attention_mask']
+__all__ = ['token_fcn_head_class', 'token_mask_head_class', 'proportional_attention_bias']
 
 
-def proportional_attention_mask(size: torch.Tensor, extra: int, num_heads: int) -> torch.Tensor:
-    """(B * heads, N + extra, N + extra) additive attention mask: ``log size`` on the carriers'
-    columns (-inf where a carrier stands for no cell), 0 on the ``extra`` columns after them
-    (the class embeddings)."""
-    B, N = size.shape
-    bias = torch.cat([size.float().log(), size.new_zeros(B, extra, dtype=torch.float32)], 1)
-    T = N + extra
-    return bias[:, None, None, :].expand(B, num_heads, T, T).reshape(B * num_heads, T, T)
+def proportional_attention_bias(size: torch.Tensor, extra: int) -> torch.Tensor:
+    """(B, N + extra) float key bias (attention's ``key_padding_mask``, added to the logits of
+    every query on that key): ``log size`` on the carriers (-inf where a carrier stands for no
+    cell), 0 on the ``extra`` keys after them (the class embeddings)."""
+    B, _ = size.shape
+    return torch.cat([size.float().log(), size.new_zeros(B, extra, dtype=torch.float32)], 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,7 +48,6 @@ def token_fcn_head_class():
             kwargs.setdefault('concat_input', False)
             super().__init__(**kwargs)
             if self.num_convs != 0 or self.concat_input:
-                from amvim_mm.errors import ConfigError
                 raise ConfigError('TokenFCNHead is the linear head (num_convs=0, '
                                   'concat_input=False): convs would mix neighbouring cells')
 
@@ -78,10 +76,9 @@ def token_mask_head_class():
             h = self.dec_proj(x.tokens)
             C = self.num_classes
             h = torch.cat((h, self.cls_emb.expand(h.size(0), -1, -1)), 1)
-            heads = self.layers[0].attn.attn.num_heads if len(self.layers) else 1
-            mask = proportional_attention_mask(x.size, C, heads).to(h.dtype)
-            for layer in self.layers:    # mmseg's TransformerEncoderLayer, with the mask
-                h = layer.attn(layer.norm1(h), identity=h, attn_mask=mask)
+            bias = proportional_attention_bias(x.size, C).to(h.dtype)
+            for layer in self.layers:    # mmseg's TransformerEncoderLayer, with the key bias
+                h = layer.attn(layer.norm1(h), identity=h, key_padding_mask=bias)
                 h = layer.ffn(layer.norm2(h), identity=h)
             h = self.decoder_norm(h)
             patches = F.normalize(self.patch_proj(h[:, :-C]), dim=2, p=2)
