@@ -147,3 +147,31 @@ def test_a_segmentor_with_the_token_head_runs_and_trains():
     sum(v for k, v in losses.items() if 'loss' in k).backward()
     assert reduced.backbone.layers[0].mixer.in_proj.weight.grad.abs().sum() > 0
     assert reduced.decode_head.cls_emb.grad.abs().sum() > 0
+
+
+def test_a_dense_neck_given_tokens_names_the_fix():
+    """``out_type='tokens'`` into UperNet's pyramid neck: one line naming the heads it feeds,
+    not a type error deep in a torch op."""
+    pytest.importorskip('mmseg')
+    from amvim_mm.errors import ConfigError
+    tok, _ = _backbones(None)
+    with torch.no_grad():
+        grid = tok(torch.randn(1, 3, 64, 64))[-1]
+    with pytest.raises(ConfigError, match="out_type='tokens' feeds TokenFCNHead"):
+        torch.nn.functional.interpolate(grid, scale_factor=2)
+
+
+def test_token_outputs_in_cuda_graphs():
+    """A captured forward's outputs are cloned field by field (a TokenGrid too); after a
+    pruning step the token output (a host sync) keeps the forward eager, after ToMe not."""
+    from amvim_mm.models.skeleton.graphs import InferenceGraphs, _clone
+    tok, _ = _backbones(REDUCERS['evit'])
+    with torch.no_grad():
+        grid = tok(torch.randn(1, 3, 64, 64))[-1]
+    copy = _clone((grid, ))[0]
+    assert isinstance(copy, TokenGrid) and copy.grid == grid.grid
+    assert torch.equal(copy.tokens, grid.tokens) and copy.tokens is not grid.tokens
+    x = torch.randn(1, 3, 64, 64)
+    assert 'pruned count' in InferenceGraphs.why_eager(tok, x)
+    tome, _ = _backbones(REDUCERS['tome'])
+    assert 'pruned count' not in (InferenceGraphs.why_eager(tome, x) or '')

@@ -17,6 +17,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+from amvim_mm.errors import ConfigError
 from amvim_mm.token_layout import drop_cls
 from ..layout.scan_context import ScanContext
 
@@ -31,6 +32,14 @@ class TokenGrid(NamedTuple):
     size: torch.Tensor
     index: Optional[torch.Tensor]
     grid: Tuple[int, int]
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """A torch op given the whole TokenGrid (a neck or head that expects a feature map):
+        one line naming the fix instead of a type error deep in the op."""
+        raise ConfigError(f"{getattr(func, '__name__', func)} got a TokenGrid: out_type='tokens' "
+                          "feeds TokenFCNHead / TokenMaskTransformerHead only; use "
+                          "out_type='featmap' for other necks and heads")
 
     def restore(self, scores: torch.Tensor) -> torch.Tensor:
         """(B, N, C) per-carrier scores -> (B, C, H, W) on the grid."""

@@ -115,6 +115,8 @@ def _survey(module: nn.Module) -> Tuple[Optional[str], tuple, tuple]:
 def _clone(out):
     if isinstance(out, torch.Tensor):
         return out.clone()
+    if hasattr(out, '_fields'):        # a named tuple (a TokenGrid): its fields one by one
+        return type(out)(*(_clone(o) for o in out))
     if isinstance(out, (tuple, list)):
         return type(out)(_clone(o) for o in out)
     return out
