@@ -177,11 +177,12 @@ def kernel_misfit(device: str, dtype: torch.dtype, grad: bool, exporting: bool
 
 
 def use_kernels(u: Tensor, dt: Tensor) -> bool:
-    """:func:`kernel_misfit` on the tensors of a direct call."""
+    """:func:`kernel_misfit` on the tensors of a direct call (the kernel reads a float32
+    ``dt``)."""
+    if dt.dtype != torch.float32:
+        return False
     grad = torch.is_grad_enabled() and (u.requires_grad or dt.requires_grad)
-    dtype = torch.float64 if u.dtype == torch.float64 or dt.dtype != torch.float32 \
-        else torch.float32
-    return kernel_misfit(u.device.type, dtype, grad, exporting()) is None
+    return kernel_misfit(u.device.type, u.dtype, grad, exporting()) is None
 
 
 def _slot_table(pos: Tensor, M: int) -> Tensor:
