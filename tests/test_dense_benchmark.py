@@ -387,3 +387,47 @@ def test_rows_differing_in_reduction_are_timed_in_interleaved_rounds(tmp_path, m
         if r['reduction'] != 'none':
             assert r['token_counts'][-1] < r['token_counts'][0], r
             assert r['speedup_vs_unreduced'] > 0
+
+
+def test_segmenter_rows_with_every_method_and_three_speedups(tmp_path):
+    """Issue 54: ``models=['vim-segmenter']`` runs Segmenter's mask head on the kept tokens in
+    the ADE20K inference workloads only (none of the training rows), reduced by each of
+    ``methods`` at ``ratios`` (prune_eval's ratio -> reducer mapping: the importance methods'
+    realised ratio near the asked one); its reduced whole and slide rows carry the backbone's
+    speed-up, the whole model's and the ceiling."""
+    sizes = DB.SMOKE
+    cases = DB.plan_cases(sizes, list(DB.WORKLOADS), DB.ours_depth(sizes),
+                          models=['vim-segmenter'],
+                          reductions=[('tome', 0.46), ('evit', 0.3), ('top', 0.3)])
+    assert {c.workload for c in cases} == {'ade-slide', 'ade-whole', 'ade-backbone'}
+    assert {c.reduction_name for c in cases} == {'none', 'ToMe 0.46', 'EViT 0.3', 'ToP 0.3'}
+    top = next(c for c in cases if c.reduction_name == 'ToP 0.3')
+    assert top.reduction['type'] == 'ToP' and 0 < top.reduction['keep_rate'] < 1
+    res = DB.run_dense(out_dir=str(tmp_path), root=str(ROOT), command='x', smoke=True,
+                       workloads=['ade-backbone', 'ade-whole'], impls=['auto'],
+                       models=['vim-segmenter'], methods=['tome', 'evit'],
+                       ratios=['0.3'], whole_sizes='64:2', log=lambda msg: None)
+    rows = res['rows']
+    assert {r['model'] for r in rows} == {'vim-test segmenter-mask (tokens)'}
+    assert len(rows) == 2 * 3 * 2 - 3    # backbone at 64:1 and 64:2, whole at 64:2; 3 rows each
+    for r in rows:
+        assert 'error' not in r, r
+    for r in (r for r in rows if r['workload'] == 'ade-whole' and r['reduction'] != 'none'):
+        assert r['token_counts'][-1] < r['token_counts'][0], r
+        for k in ('backbone_speedup', 'speedup_vs_unreduced', 'ceiling_speedup'):
+            assert r[k] > 0, (k, r)
+    md = (tmp_path / 'benchmark_dense.md').read_text()
+    assert 'segmenter-mask (tokens)' in md and 'ceiling_speedup' in md
+
+
+@pytest.mark.parametrize('kw, message', [
+    (dict(models=['vim', 'segformer']), "unknown dense model 'segformer'"),
+    (dict(methods=['tome', 'dart']), "unknown reduction method 'dart'"),
+    (dict(ratios=['0.5', '1.5']), '--ratios expects numbers between 0 and 1'),
+    (dict(ratios=['half']), '--ratios expects a number'),
+])
+def test_model_and_method_options_are_checked(kw, message, tmp_path):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        DB.run_dense(out_dir=str(tmp_path), root='.', command='x', smoke=True,
+                     workloads=['ade-backbone'], **kw)
+    assert not list(tmp_path.iterdir())

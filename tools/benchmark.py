@@ -150,6 +150,15 @@ def _dense_flags(p: argparse.ArgumentParser) -> None:
     dense.add_argument('--infer-modes', nargs='+', metavar='MODE',
                        help=f'inference rows in these modes: {", ".join(DB.INFER_MODES)} '
                             '(graph: replays of one CUDA graph); default eager')
+    dense.add_argument('--models', nargs='+', metavar='M',
+                       help=f'a subset of {", ".join(DB.MODELS)} (default: vim amvim peer; '
+                            'vim-segmenter: Segmenter\'s mask head on the kept tokens, ADE20K '
+                            'inference only)')
+    dense.add_argument('--methods', nargs='+', metavar='METHOD',
+                       help='reductions of the inference rows, prune_eval\'s names: '
+                            f'{", ".join(DB.METHODS)} (default tome)')
+    dense.add_argument('--ratios', nargs='+', metavar='R',
+                       help='their ratios (share of tokens removed; default 0.17 0.46)')
 
 
 def build_parser() -> argparse.ArgumentParser:

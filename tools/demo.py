@@ -60,7 +60,11 @@ TASKS = {
                          ('amvim-demo', 'configs/demo/amvim-demo_pyramid_upernet_1xb8-2k_'
                                         'toyshapes-64x64.py'),
                          ('plainmamba-demo', 'configs/demo/plainmamba-demo_pyramid_upernet_'
-                                             '1xb8-2k_toyshapes-64x64.py')]),
+                                             '1xb8-2k_toyshapes-64x64.py'),
+                         # Segmenter's mask transformer on Vim's kept tokens (no restore
+                         # before the head): its drop next to the UperNets'
+                         ('vim-demo-segmenter', 'configs/demo/vim-demo_segmenter-mask_1xb8-2k_'
+                                                'toyshapes-64x64.py')]),
     'detection': ('data/toy_shapes_coco', 'make_toy_shapes_coco',
                   dict(num_train=400, num_val=100), 'box AP', [
                       ('vim-demo-det', 'configs/demo/vim-demo_sfp_retinanet_1xb8-2k_'

@@ -24,7 +24,8 @@ from .markdown import results_markdown
 
 #: the options of the dense suite only (``args`` attributes)
 DENSE_OPTIONS = ('workloads', 'whole_sizes', 'budget_s', 'repeats', 'warmup', 'train_iters',
-                 'infer_iters', 'infer_modes', 'impls', 'dense_dtype')
+                 'infer_iters', 'infer_modes', 'impls', 'dense_dtype', 'models', 'methods',
+                 'ratios')
 
 
 def cpu_suite(args: Namespace) -> dict:

@@ -44,17 +44,29 @@ Workloads (``--workloads``):
   whole rows then carry ``backbone_share`` (backbone ms / whole ms, same model, path, size and
   mode) and the fused rows ``ratio_cap``: the unfused whole row's ms over its time outside the
   backbone (neck, heads, resize, argmax: the same work on both paths), the fused / unfused
-  ratio a backbone that took no time would give;
+  ratio a backbone that took no time would give. A reduced whole or slide row reports its
+  speed-up three ways: ``backbone_speedup`` (the ade-backbone rows of the same reduction and
+  size), ``speedup_vs_unreduced`` (the whole model) and ``ceiling_speedup`` (the unreduced whole
+  time with its backbone's share scaled by the FLOPs ratio:
+  :func:`amvim_mm.bench.measure.speedup_ceiling`);
 * ``coco``: the Vim-T Mask R-CNN config's backbone and simple feature pyramid only (no mmdet),
   1024 x 1024, batch 2, forward + backward of the sum of the level means (no optimizer step);
 * ``in1k``: the AMVim-T ImageNet fine-tuning recipe (backbone + linear head, label smoothing
   0.1, AdamW lr 4e-5 wd 0.05 through the layer-decay constructor), 224, batch 128; Vim-T is run
   with the same recipe (only the backbone type differs).
 
+Models (``--models``): ``vim``, ``amvim`` (the UperNets above), ``peer``, and
+``vim-segmenter``: ``configs/vim/vim-t_segmenter-mask_8xb1-160k_ade20k-512x512.py``, Vim-T
+handing its kept tokens (``out_type='tokens'``) to Segmenter's mask transformer, whose per-token
+class scores are restored to the grid (issue 54; ADE20K inference workloads only). Its
+ade-backbone rows time the backbone up to its token output.
+
 Precision: every row under bf16 autocast by default; ``--dense-dtype fp32`` runs them without
 autocast, as mmseg's / mmdet's test tools run our configs (they set no AMP).
 
-Token reduction: ToMe at ratios 0.17 and 0.46 for the inference rows, ToP (ToP-ViM's Tiny
+Token reduction: ToMe at ratios 0.17 and 0.46 for the inference rows by default
+(``--methods`` / ``--ratios``: any of prune_eval's training-free methods at any ratios, mapped to
+reducers as prune_eval does), ToP (ToP-ViM's Tiny
 protocol: keep 0.8 after blocks 9 and 19, scaled to the depth) for the training rows; the
 unreduced rows of every workload run first, so a short budget drops reduction rows first.
 
@@ -84,10 +96,10 @@ import torch
 
 from amvim_mm.errors import ConfigError
 
-from .config import (ADE_CONFIGS, COCO_BACKBONE, COCO_NECK, FULL, GRAPH_IMPLS, IMPLS,
+from .config import (ADE_CONFIGS, ADE_INFER_ONLY, METHODS, MODELS, COCO_BACKBONE, COCO_NECK, FULL, GRAPH_IMPLS, IMPLS,
                      IN1K_BACKBONE, IN1K_HEAD, IN1K_OPTIM, INFER_MODES, PEER_NOTE, SMOKE,
                      TOME_RATIOS, TOP_KEEP_RATE, TRAINING, WORKLOADS, DenseSizes,
-                     parse_whole_sizes, resolve_options)
+                     parse_whole_sizes, resolve_models, resolve_options)
 from .models import (BackboneNeck, ClsTokenClassifier, ade_config, build_ade, build_coco,
                      build_in1k, ours_depth, ours_width, quarter_indices)
 from .plan import Case, model_name, plan_cases
@@ -97,10 +109,10 @@ from .suite import DenseSuite
 from .timing import prepare_step, summarize, tensor_bytes
 
 __all__ = [
-    'ADE_CONFIGS', 'COCO_BACKBONE', 'COCO_NECK', 'FULL', 'GRAPH_IMPLS', 'IMPLS', 'IN1K_BACKBONE',
+    'ADE_CONFIGS', 'ADE_INFER_ONLY', 'METHODS', 'MODELS', 'COCO_BACKBONE', 'COCO_NECK', 'FULL', 'GRAPH_IMPLS', 'IMPLS', 'IN1K_BACKBONE',
     'IN1K_HEAD', 'IN1K_OPTIM', 'INFER_MODES', 'PEER_NOTE', 'SMOKE', 'TOME_RATIOS',
     'TOP_KEEP_RATE', 'TRAINING', 'WORKLOADS', 'DenseSizes', 'parse_whole_sizes',
-    'resolve_options', 'BackboneNeck', 'ClsTokenClassifier', 'ade_config', 'build_ade',
+    'resolve_options', 'resolve_models', 'BackboneNeck', 'ClsTokenClassifier', 'ade_config', 'build_ade',
     'build_coco', 'build_in1k', 'ours_depth', 'ours_width', 'quarter_indices', 'Case',
     'model_name', 'plan_cases', 'PathProbe', 'set_fused_mixer', 'COLUMNS', 'add_ratios',
     'markdown', 'stack_versions', 'DenseSuite', 'tensor_bytes', 'prepare_step', 'summarize',
@@ -113,11 +125,14 @@ def run_dense(*, out_dir: str, root: str, command: str, smoke: bool,
               warmup: Optional[str] = None, train_iters: Optional[str] = None,
               infer_iters: Optional[str] = None, infer_modes: Optional[Sequence[str]] = None,
               impls: Optional[Sequence[str]] = None, dense_dtype: Optional[str] = None,
+              models: Optional[Sequence[str]] = None, methods: Optional[Sequence[str]] = None,
+              ratios: Optional[Sequence[str]] = None,
               log: Callable[[str], None] = print) -> dict:
     """Check the options, plan and run the suite; write ``benchmark_dense.json`` and
     ``benchmark_dense.md`` to ``out_dir``; return the result. ``impls``: only these rows'
     implementations (``peer`` for mmseg's ViT; default: every one); ``dense_dtype``: 'bf16'
-    (autocast, default) or 'fp32' (none: mmseg's test tool on our configs)."""
+    (autocast, default) or 'fp32' (none: mmseg's test tool on our configs); ``models``,
+    ``methods``, ``ratios``: :func:`~.config.resolve_models`."""
     if dense_dtype not in (None, 'bf16', 'fp32'):
         raise ConfigError(f"dense dtype must be 'bf16' or 'fp32', got {dense_dtype!r}")
     cuda = torch.cuda.is_available()
@@ -125,8 +140,10 @@ def run_dense(*, out_dir: str, root: str, command: str, smoke: bool,
         smoke=smoke, workloads=workloads, whole_sizes=whole_sizes, budget_s=budget_s,
         repeats=repeats, warmup=warmup, train_iters=train_iters, infer_iters=infer_iters,
         infer_modes=infer_modes, cuda=cuda)
+    chosen_models, reductions = resolve_models(models, methods, ratios)
     device = 'cpu' if smoke else 'cuda'
-    cases = plan_cases(sizes, chosen, ours_depth(sizes), infer_modes=modes)
+    cases = plan_cases(sizes, chosen, ours_depth(sizes), infer_modes=modes,
+                       models=chosen_models, reductions=reductions)
     if impls is not None:
         known = set(IMPLS) | set(GRAPH_IMPLS) | {'peer'}
         bad = [i for i in impls if i not in known]

@@ -27,7 +27,17 @@ GRAPH_IMPLS = {'auto-graphs': 'unfused-graphs', 'unfused-graphs': None}
 ADE_CONFIGS = {
     'vim': 'configs/vim/vim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_paper-text.py',
     'amvim': 'configs/amvim/amvim-t_pyramid_upernet_8xb2-160k_ade20k-512x512_paper-text.py',
+    'vim-segmenter': 'configs/vim/vim-t_segmenter-mask_8xb1-160k_ade20k-512x512.py',
 }
+#: the suite's models (``--models``): our UperNets, mmseg's ViT with the same neck and heads,
+#: and Vim-T with Segmenter's mask transformer on the kept tokens (``out_type='tokens'``; ADE20K
+#: inference workloads only: it has no training, COCO or ImageNet row)
+MODELS = ('vim', 'amvim', 'peer', 'vim-segmenter')
+#: models that only run the ADE20K inference workloads
+ADE_INFER_ONLY = ('vim-segmenter', )
+#: the reduction methods of the inference rows (``--methods``; prune_eval's names and its
+#: mapping of a ratio to a reducer: :func:`amvim_mm.apis.sweep.methods.reduction_config`)
+METHODS = ('tome', 'evit', 'top', 'random')
 #: the Vim-T / AMVim-T Mask R-CNN configs' ``model.backbone`` (without ``init_cfg``; the type is
 #: set per model) and ``model.neck``. Pinned here because those configs' ``mmdet::`` bases need
 #: mmdet, which the GPU job does not install; tests/test_dense_benchmark.py checks them against
@@ -161,3 +171,28 @@ def resolve_options(*, smoke: bool, workloads: Optional[Sequence[str]] = None,
             raise ConfigError(f'unknown inference mode {m!r}; choose from '
                               f'{", ".join(INFER_MODES)}')
     return dataclasses.replace(sizes, **changes), chosen, budget, modes
+
+
+def resolve_models(models: Optional[Sequence[str]], methods: Optional[Sequence[str]],
+                   ratios: Optional[Sequence[str]]
+                   ) -> Tuple[Tuple[str, ...], Tuple[Tuple[str, float], ...]]:
+    """Check ``--models``, ``--methods`` and ``--ratios``; return (models, the inference rows'
+    (method, ratio) pairs). Defaults: our UperNets and the peer; ToMe at
+    :data:`TOME_RATIOS`."""
+    chosen = tuple(dict.fromkeys(models or MODELS[:3]))
+    for m in chosen:
+        if m not in MODELS:
+            raise ConfigError(f'unknown dense model {m!r}; choose from {", ".join(MODELS)}')
+    names = tuple(dict.fromkeys(methods or ('tome', )))
+    for m in names:
+        if m not in METHODS:
+            raise ConfigError(f'unknown reduction method {m!r}; choose from '
+                              f'{", ".join(METHODS)}')
+    values = []
+    for text in ratios or [str(r) for r in TOME_RATIOS]:
+        value = _positive('--ratios', text, float, 0)
+        if not 0 < value < 1:
+            raise ConfigError(f'--ratios expects numbers between 0 and 1 (the share of '
+                              f'tokens removed), got {text!r}')
+        values.append(value)
+    return chosen, tuple((m, r) for m in names for r in dict.fromkeys(values))

@@ -79,10 +79,11 @@ def _seg_registry():
 
 
 def ade_config(model: str, sizes: DenseSizes, root: str):
-    """The ADE20K UperNet config of ``model`` ('vim', 'amvim' or 'peer': the Vim config with
-    the peer backbone), without pretrained weights; tiny widths for the smoke sizes."""
+    """The ADE20K config of ``model`` ('vim', 'amvim', 'vim-segmenter', or 'peer': the Vim
+    UperNet with the peer backbone), without pretrained weights; tiny widths for the smoke
+    sizes."""
     from mmengine.config import Config
-    cfg = Config.fromfile(osp.join(root, ADE_CONFIGS['amvim' if model == 'amvim' else 'vim']))
+    cfg = Config.fromfile(osp.join(root, ADE_CONFIGS['vim' if model == 'peer' else model]))
     m = cfg.model
     m.pretrained = None
     m.pop('data_preprocessor', None)   # inputs are made normalised; no data work is timed
@@ -94,9 +95,16 @@ def ade_config(model: str, sizes: DenseSizes, root: str):
     else:
         m.backbone.update(img_size=crop, init_cfg=None)
         if sizes.arch != 'tiny':
-            m.backbone.update(arch=sizes.arch, out_indices=quarter_indices(ours_depth(sizes)))
+            m.backbone.update(arch=sizes.arch)
+            if model != 'vim-segmenter':
+                m.backbone.update(out_indices=quarter_indices(ours_depth(sizes)))
         width = ours_width(sizes)
-    # the same neck and heads for every model (192 wide on the GPU, as the configs say)
+    if model == 'vim-segmenter':      # the mask transformer on the last block's tokens
+        if sizes.arch != 'tiny':
+            m.decode_head.update(in_channels=width, channels=width, embed_dims=width,
+                                 num_heads=2)
+        return cfg
+    # the same neck and heads for every UperNet (192 wide on the GPU, as the configs say)
     m.neck.in_channels = width
     m.decode_head.in_channels = [width] * 4
     m.auxiliary_head.in_channels = width

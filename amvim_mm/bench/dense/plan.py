@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
-from .config import GRAPH_IMPLS, TOME_RATIOS, TOP_KEEP_RATE, TRAINING, DenseSizes
+from .config import (ADE_INFER_ONLY, GRAPH_IMPLS, MODELS, TOME_RATIOS, TOP_KEEP_RATE,
+                     TRAINING, DenseSizes)
+
+#: our backbones' patch size at every arch of the suite (the token grid of a row's image)
+PATCH = 16
 
 
 @dataclasses.dataclass
@@ -12,7 +16,7 @@ class Case:
     """One row: a workload at one size, one model, one implementation, one reduction."""
 
     workload: str
-    model: str            # 'vim', 'amvim' or 'peer'
+    model: str            # one of config.MODELS
     impl: str             # 'auto', 'unfused', 'forced' or 'peer'
     res: int
     batch: int
@@ -24,13 +28,34 @@ class Case:
 def model_name(model: str, sizes: DenseSizes) -> str:
     if model == 'peer':
         return 'deit-t (mmseg ViT)' if sizes.arch == 'tiny' else 'vit-test (mmseg ViT)'
-    return f'{model}-t' if sizes.arch == 'tiny' else f'{model}-{sizes.arch}'
+    arch = 't' if sizes.arch == 'tiny' else sizes.arch
+    if model == 'vim-segmenter':
+        return f'vim-{arch} segmenter-mask (tokens)'
+    return f'{model}-{arch}'
+
+
+def inference_reductions(pairs: Sequence[Tuple[str, float]], res: int, depth: int
+                         ) -> List[Tuple[dict, str]]:
+    """(reducer config, row name) of each (method, ratio) at a ``res`` image: prune_eval's
+    mapping of a ratio to a reducer (importance methods prune after its default blocks at the
+    keep rate that removes ``ratio`` of the tokens)."""
+    from amvim_mm.apis.sweep.methods import METHODS, reduction_config
+    out = []
+    for method, ratio in pairs:
+        cfg = reduction_config(method, ratio, (res // PATCH) ** 2, depth)
+        out.append((cfg, f'{METHODS[method]} {ratio:g}'))
+    return out
 
 
 def plan_cases(sizes: DenseSizes, workloads: Sequence[str], depth: int,
-               forced: bool = True, infer_modes: Sequence[str] = ('eager', )) -> List[Case]:
+               forced: bool = True, infer_modes: Sequence[str] = ('eager', ),
+               models: Sequence[str] = MODELS[:3],
+               reductions: Sequence[Tuple[str, float]] = tuple(
+                   ('tome', r) for r in TOME_RATIOS)) -> List[Case]:
     """Every row, unreduced rows of all workloads first, then the reduction rows; every
-    inference row once per mode of ``infer_modes``."""
+    inference row once per mode of ``infer_modes``; the inference rows reduced by every
+    (method, ratio) of ``reductions``, the training rows by ToP-ViM's protocol. Models of
+    :data:`~.config.ADE_INFER_ONLY` get the ADE20K inference rows only."""
     from amvim_mm.models.reduction import ReductionSchedule
     top = dict(type='ToP', keep_rate=TOP_KEEP_RATE,
                locations=tuple(ReductionSchedule.importance_locations(depth)))
@@ -48,15 +73,17 @@ def plan_cases(sizes: DenseSizes, workloads: Sequence[str], depth: int,
     for w in workloads:
         train = w in TRAINING
         impls = ['auto', 'unfused'] + ([] if train or not forced else ['forced'])
-        reductions = [(top, top_name)] if train else [
-            (dict(type='ToMe', ratio=r), f'ToMe {r}') for r in TOME_RATIOS]
         for mode in (['eager'] if train else infer_modes):
             graphs = [] if train or mode != 'eager' else list(GRAPH_IMPLS)
             for res, batch in settings[w]:
-                for model in ('vim', 'amvim', 'peer'):
+                reds = [(top, top_name)] if train else inference_reductions(
+                    reductions, res, depth)
+                for model in models:
+                    if model in ADE_INFER_ONLY and (train or not w.startswith('ade')):
+                        continue
                     for impl in (['peer'] if model == 'peer' else impls + graphs):
                         unreduced.append(Case(w, model, impl, res, batch, mode=mode))
                         if model != 'peer':
                             reduced += [Case(w, model, impl, res, batch, red, name, mode)
-                                        for red, name in reductions]
+                                        for red, name in reds]
     return unreduced + reduced

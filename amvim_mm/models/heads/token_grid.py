@@ -74,12 +74,13 @@ def token_grid(ctx: ScanContext, stream: torch.Tensor) -> TokenGrid:
     source = ctx.source
     if ctx.frozen is None:
         return TokenGrid(stream, size, source, (H, W))
-    # pruned cells: each its own carrier, after the sequence in raster order (padded to the
-    # batch's largest count with size-0 carriers; the count is read once, a host sync, and is
-    # fixed in an exported graph: every sample of a pruning schedule prunes as many)
+    # pruned cells: each its own carrier, after the sequence in raster order, padded with
+    # size-0 carriers to P = M - n_patches, a bound known without reading the device (every
+    # patch token carries at least its own cell, so at most M - n_patches cells are pruned;
+    # exact when nothing was merged): a CUDA graph captures it and an export fixes it
     pruned = source < 0
     rank = pruned.long().cumsum(1) - 1                                   # (B, M)
-    P = int(pruned.sum(1).max())
+    P = H * W - ctx.n_patches
     at = torch.where(pruned, rank, torch.full_like(rank, P))             # P: dropped below
     cells = torch.arange(source.shape[1], device=source.device).expand(B, -1)
     order = torch.zeros(B, P + 1, dtype=torch.long, device=source.device).scatter_(

@@ -209,12 +209,8 @@ class MambaBackbone(ImageInputCheck, CheckpointGuard, ReducibleBackbone, BaseMod
 
     def graph_misfit(self) -> Optional[str]:
         """Why this backbone's forward cannot be captured in a CUDA graph, or None
-        (:meth:`InferenceGraphs.why_eager` asks). ``out_type='tokens'`` after a step that
-        prunes reads the pruned cells' count (a host sync, which a capture refuses)."""
-        red = getattr(self, 'token_reducer', None)
-        if getattr(self, 'out_type', None) == 'tokens' and red is not None \
-                and red.drops_patches:
-            return "out_type='tokens' reads the pruned count (a host sync)"
+        (:meth:`InferenceGraphs.why_eager` asks). Every forward of the shared skeleton can;
+        a family overrides this to say why not."""
         return None
 
     # ----------------------------------------------------------------- training helpers
