@@ -150,7 +150,7 @@ def _dense_flags(p: argparse.ArgumentParser) -> None:
     dense.add_argument('--infer-modes', nargs='+', metavar='MODE',
                        help=f'inference rows in these modes: {", ".join(DB.INFER_MODES)} '
                             '(graph: replays of one CUDA graph); default eager')
-    dense.add_argument('--models', nargs='+', metavar='M',
+    dense.add_argument('--dense-models', nargs='+', metavar='M',
                        help=f'a subset of {", ".join(DB.MODELS)} (default: vim amvim peer; '
                             'vim-segmenter: Segmenter\'s mask head on the kept tokens, ADE20K '
                             'inference only)')

@@ -24,7 +24,7 @@ from .markdown import results_markdown
 
 #: the options of the dense suite only (``args`` attributes)
 DENSE_OPTIONS = ('workloads', 'whole_sizes', 'budget_s', 'repeats', 'warmup', 'train_iters',
-                 'infer_iters', 'infer_modes', 'impls', 'dense_dtype', 'models', 'methods',
+                 'infer_iters', 'infer_modes', 'impls', 'dense_dtype', 'dense_models', 'methods',
                  'ratios')
 
 
@@ -74,6 +74,7 @@ def run_benchmark(args: Namespace, command: str, root: str) -> int:
     Writes the results to ``args.out_dir`` and prints the markdown; the exit status."""
     dense_opts = _dense_options(args)
     if args.suite == 'dense':
+        dense_opts['models'] = dense_opts.pop('dense_models')
         result = DB.run_dense(out_dir=args.out_dir, root=root, command=command,
                               smoke=args.smoke, log=log, **dense_opts)
         print(DB.markdown(result))

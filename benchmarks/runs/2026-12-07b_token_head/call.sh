@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 for dt in ${DTYPES:-fp32 bf16}; do
   python3 tools/benchmark.py --suite dense --out-dir "$OUT/$dt" \
     --workloads ade-backbone ade-slide ade-whole --whole-sizes 512:8 --impls auto-graphs \
-    --models vim vim-segmenter --methods tome evit top --ratios 0.46 --dense-dtype "$dt" \
+    --dense-models vim vim-segmenter --methods tome evit top --ratios 0.46 --dense-dtype "$dt" \
     --repeats 7 --budget-s "${BUDGET_S:-240}" 2>&1 | grep -v -i "warn\|_bootstrap\|pkg_resources" \
     | tee "$OUT/$dt.log"
 done
