@@ -525,31 +525,32 @@ def test_cls_test_official_file_with_wrong_arch_is_refused(cls_setup, tmp_path):
 
 # ---------------------------------------------------------------------------------- demo
 def test_demo_quick(tmp_path):
-    """The main job end to end, shortened: three tasks, Vim and AMVim (and PlainMamba for
-    segmentation) in one table per task, one seed each."""
+    """The main job end to end, shortened: three tasks, Vim and AMVim (and PlainMamba and the
+    Segmenter head on Vim's kept tokens for segmentation) in one table per task, one seed
+    each."""
     out_dir = tmp_path / 'demo'
     _, out = run_tool(['demo.py', '--quick', '--jobs', '2', '--out-dir', out_dir], cwd=tmp_path,
                       timeout=1200)
     assert '1/4 environment check' in out and '4/4 training-free token reduction' in out
     metrics = {'segmentation': 'mIoU', 'detection': 'coco/bbox_mAP',
                'classification': 'accuracy/top1'}
-    suffix = {'segmentation': '', 'detection': '-det', 'classification': '-cls'}
-    archs = {'segmentation': ('vim', 'amvim', 'plainmamba'), 'detection': ('vim', 'amvim'),
-             'classification': ('vim', 'amvim')}
+    models = {'segmentation': ('vim-demo', 'amvim-demo', 'plainmamba-demo',
+                               'vim-demo-segmenter'),
+              'detection': ('vim-demo-det', 'amvim-demo-det'),
+              'classification': ('vim-demo-cls', 'amvim-demo-cls')}
     for task, metric in metrics.items():
         data = json.loads((out_dir / task / 'results.json').read_text())
-        names = {f'{m}-demo{suffix[task]}-s0' for m in archs[task]}
+        names = {f'{m}-s0' for m in models[task]}
         assert {(r['model'], r['method'], r['ratio']) for r in data['results']} == {
             (n, 'tome', r) for n in names for r in (0.0, 0.46)}
         assert all(r['metric_name'] == metric for r in data['results'])
         assert all(r['ci_low'] is not None for r in data['results'])
         groups = {(g['group'], g['ratio']) for g in data['group_results']}
-        assert groups == {(f'{m}-demo{suffix[task]}', r) for m in archs[task]
-                          for r in (0.0, 0.46)}
+        assert groups == {(m, r) for m in models[task] for r in (0.0, 0.46)}
         for png in ('prune_eval.png', 'prune_eval_groups.png'):
             assert (out_dir / task / png).read_bytes()[:4] == b'\x89PNG'
-        for m in archs[task]:
-            assert (out_dir / f'{m}-demo{suffix[task]}-seed0_quick.pth').is_file()
+        for m in models[task]:
+            assert (out_dir / f'{m}-seed0_quick.pth').is_file()
     summary = (out_dir / 'summary.md').read_text()
     for task in metrics:
         assert f'## {task}' in summary
@@ -557,6 +558,7 @@ def test_demo_quick(tmp_path):
     # one table per task; segmentation has each architecture's column and drop difference
     assert '| plainmamba-demo mIoU [95% CI] |' in summary
     assert 'plainmamba-demo - vim-demo drop [CI] verdict' in summary
+    assert 'vim-demo-segmenter - vim-demo drop [CI] verdict' in summary
     # each task says what its verdicts rest on (one Holm family, or none with one seed)
     assert summary.count('Verdicts: ') == 3
     assert 'demo finished' in out

@@ -2,11 +2,12 @@
 
 Three tasks on the built-in toy shapes (segmentation: mIoU, detection: COCO box AP,
 classification: top-1), each with a Vim and an AMVim demo model (and, for segmentation, a
-PlainMamba one) trained with several seeds (SEEDS); no downloads.
+PlainMamba one and a Vim with Segmenter's mask head on its kept tokens) trained with several
+seeds (SEEDS); no downloads.
 Steps (each shown as it runs):
   1. check the environment;
   2. generate the three versions of the toy-shapes data (cached in data/);
-  3. take the 27 demo checkpoints that the project's own demo training produced
+  3. take the 32 demo checkpoints that the project's own demo training produced
      (checkpoints/demo, checked against checkpoints/demo/SHA256SUMS), or train the missing ones
      with tools/train.py (an interrupted training resumes; --train retrains all; about 6-9 min
      each on one core);
@@ -280,7 +281,7 @@ def main(argv=None) -> int:
     step('2/4 built-in toy-shapes data (segmentation, detection, classification)')
     opts = make_data(args.quick, args.out_dir)
 
-    step('3/4 demo checkpoints (Vim, AMVim and PlainMamba, seeds ' +
+    step('3/4 demo checkpoints (Vim, AMVim, PlainMamba, Vim + Segmenter head; seeds ' +
          ('0' if args.quick else '; '.join(f'{t} {", ".join(map(str, s))}'
                                            for t, s in SEEDS.items())) + ')')
     seeds_of = {t: (0, ) if args.quick else SEEDS[t] for t in TASKS}
