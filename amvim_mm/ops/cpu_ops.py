@@ -23,8 +23,10 @@ by itself where it applies, :func:`fold_merge_misfit`), and ToMe's edge choice i
 (:func:`tome_edges`, taken by ``ToMe.select`` where :func:`tome_edges_misfit` allows);
 :func:`tome_step` chains the summed stream, the similarity, both of them in one call (taken by
 ``ToMe.step`` at CPU inference). The
-last is a block's residual add + RMSNorm at inference (:func:`add_rmsnorm`, taken by
-``VimBlock`` where :func:`add_rmsnorm_misfit` allows).
+next is a block's residual add + RMSNorm at inference (:func:`add_rmsnorm`, taken by
+``VimBlock`` where :func:`add_rmsnorm_misfit` allows), the last ViL's mLSTM cell in its
+parallel stabilised form (:func:`mlstm`, taken by :func:`amvim_mm.ops.mlstm.mlstm` where
+:func:`mlstm_misfit` allows).
 """
 from __future__ import annotations
 
@@ -48,10 +50,10 @@ from amvim_mm import runtime
 logger = logging.getLogger('amvim_mm')
 
 #: the sources of the one library: the mixer's kernels, ToMe's merge step, edge choice and the
-#: whole step, a block's add + RMSNorm
+#: whole step, a block's add + RMSNorm, ViL's mLSTM cell
 SOURCES = tuple(osp.join(osp.dirname(osp.abspath(__file__)), 'csrc', f)
                 for f in ('cpu_mixer.cpp', 'cpu_token_merge.cpp', 'cpu_add_rmsnorm.cpp',
-                          'cpu_tome_edges.cpp', 'cpu_tome_step.cpp'))
+                          'cpu_tome_edges.cpp', 'cpu_tome_step.cpp', 'cpu_mlstm.cpp'))
 #: the headers they include (part of the build key)
 HEADERS = tuple(osp.join(osp.dirname(osp.abspath(__file__)), 'csrc', f) for f in ('cpu_tome.h', ))
 LIBRARY = 'amvim_cpu_mixer.so'
@@ -337,3 +339,31 @@ def tome_step(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tenso
         None if weight is None else weight.contiguous(), size.float().contiguous(),
         pos.long().contiguous(), source.long().contiguous(), a_idx, b_idx, int(k),
         int(n_patches), int(cls_index))
+
+
+def mlstm_misfit(q: Tensor, k: Tensor, v: Tensor, igate: Tensor, fgate: Tensor
+                 ) -> Optional[str]:
+    """Why the mLSTM cell cannot take :func:`mlstm` (``None`` if it can): float32 CPU
+    inference outside autograd and recordings (an export records the PyTorch forms)."""
+    if q.device.type != 'cpu':
+        return 'not a CPU tensor'
+    if any(t.dtype != torch.float32 for t in (q, k, v)):
+        return 'it computes in float32'
+    if runtime.exporting():
+        return 'an export records'
+    return inference_misfit(q, k, v, igate, fgate)
+
+
+def mlstm(q: Tensor, k: Tensor, v: Tensor, igate: Tensor, fgate: Tensor, eps: float) -> Tensor:
+    """ViL's mLSTM cell on the compiled kernel: q, k (B, NH, S, DH), v (B, NH, S, DHV) (any
+    strides with a unit last one: the heads of a packed projection are read in place), gate
+    pre-activations (B, NH, S, 1) -> h (B, NH, S, DHV) float32, equal to rounding to
+    :func:`~amvim_mm.ops.mlstm.mlstm_parallel` (the reference; its row maximum taken as a
+    running maximum, as the Triton kernel does). ``h`` is a view of a (B, S, NH * DHV) buffer,
+    so that ``h.transpose(1, 2).reshape(B, S, -1)`` (the heads side by side) copies nothing."""
+    rows = lambda t: t if t.stride(-1) == 1 else t.contiguous()  # noqa: E731
+    B, NH, S, _ = q.shape
+    h = torch.ops.amvim_cpu.mlstm(
+        rows(q), rows(k), rows(v), igate.to(torch.float32).reshape(B, NH, S).contiguous(),
+        fgate.to(torch.float32).reshape(B, NH, S).contiguous(), float(eps))
+    return h.view(B, S, NH, -1).transpose(1, 2)

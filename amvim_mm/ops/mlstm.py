@@ -21,6 +21,9 @@ row maximum ``m_t`` subtracted before ``exp`` so that no exponent is positive.
   nothing S x S in memory; inference only (no backward). It runs on CUDA tensors, and on CPU
   tensors in Triton's interpreter when ``TRITON_INTERPRET=1`` is set before Python starts
   (tests); :func:`mlstm_parallel` is its reference.
+* the compiled CPU cell (:func:`amvim_mm.ops.cpu_ops.mlstm`, ``csrc/cpu_mlstm.cpp``): the
+  parallel form in row blocks, the gate weights, mask and row sums in one loop between two
+  matrix products; float32 CPU inference; :func:`mlstm_parallel` is its reference.
 * :func:`mlstm`: picks one of them (see its docstring).
 
 All accumulate in fp32 (fp64 stays fp64) and return the dtype of ``q``. Gate pre-activations
@@ -38,10 +41,12 @@ from torch import Tensor
 
 from amvim_mm import runtime
 from amvim_mm.errors import ConfigError
+from . import cpu_ops
 from .triton_loader import jit_kernels
 
 __all__ = ['mlstm', 'mlstm_parallel', 'mlstm_chunkwise', 'mlstm_triton', 'PARALLEL_MAX_LEN',
-           'CUDA_PARALLEL_MAX_LEN', 'DEFAULT_CHUNK', 'KERNEL_MAX_DH', 'kernel_misfit']
+           'CUDA_PARALLEL_MAX_LEN', 'DEFAULT_CHUNK', 'KERNEL_MAX_DH', 'kernel_misfit',
+           'cpu_kernel_misfit']
 
 # Automatic choice of :func:`mlstm` without the kernel: the quadratic form up to two chunks'
 # worth of steps, beyond it the chunkwise form with DEFAULT_CHUNK steps per chunk. On CPU (fp32,
@@ -267,9 +272,27 @@ def kernel_misfit(device: str, dtype: torch.dtype, head_dim: int, grad: bool,
     return None if _triton_ok() else 'no Triton'
 
 
+def cpu_kernel_misfit(device: str, dtype: torch.dtype, grad: bool, exporting: bool
+                      ) -> Optional[str]:
+    """Why :func:`mlstm` cannot take the compiled CPU cell (None: it takes it): a CPU
+    tensor, float32, no autograd graph recorded, no export / trace / compile recording
+    (``exporting``, or :func:`amvim_mm.ops.cpu_ops.tracing`), the library built
+    (:func:`amvim_mm.ops.cpu_ops.status`). The planner asks this for ViL's blocks."""
+    if device != 'cpu':
+        return 'not CPU'
+    if dtype != torch.float32:
+        return f'{dtype} is not float32'
+    if exporting or cpu_ops.tracing():
+        return 'an export, trace or compile records'
+    if grad:
+        return 'grad recorded (no backward)'
+    ok, why = cpu_ops.status()
+    return None if ok else why
+
+
 def mlstm(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_preact: Tensor,
-          eps: float = 1e-6, chunk: Optional[int] = None, kernel: Optional[bool] = None
-          ) -> Tensor:
+          eps: float = 1e-6, chunk: Optional[int] = None, kernel: Optional[bool] = None,
+          cpu: Optional[bool] = None) -> Tensor:
     """The mLSTM cell, fused, parallel or chunkwise (same result to rounding).
 
     ``chunk=None`` (automatic): :func:`mlstm_triton` for CUDA tensors of a kernel dtype
@@ -277,19 +300,24 @@ def mlstm(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_preact: T
     (inference) when Triton imports, any S; otherwise :func:`mlstm_parallel` for S <=
     ``PARALLEL_MAX_LEN`` steps (``CUDA_PARALLEL_MAX_LEN`` on CUDA), else :func:`mlstm_chunkwise`
     with ``DEFAULT_CHUNK`` (64) steps per chunk. An int ``chunk``: always the chunkwise form
-    with that chunk length. ``kernel``: the planner's route (True: the fused kernel, False:
-    the PyTorch forms; None: :func:`kernel_misfit` asked here).
+    with that chunk length. Float32 CPU inference takes the compiled CPU cell
+    (:func:`cpu_kernel_misfit`) before the PyTorch forms. ``kernel`` / ``cpu``: the planner's
+    route (True: the fused kernel / the compiled CPU cell; False: not; None: asked here).
     """
     if chunk is None:
         tensors = (q, k, v, igate_preact, fgate_preact)
         _check(*tensors)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         if kernel is None:
-            kernel = kernel_misfit(
-                q.device.type, q.dtype, max(q.shape[-1], v.shape[-1]),
-                torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
-                runtime.exporting()) is None
+            kernel = kernel_misfit(q.device.type, q.dtype, max(q.shape[-1], v.shape[-1]), grad,
+                                   runtime.exporting()) is None
         if kernel:
             return mlstm_triton(*tensors, eps)
+        if cpu is None:
+            cpu = cpu_kernel_misfit(q.device.type, q.dtype, grad, runtime.exporting()) is None \
+                and cpu_ops.mlstm_misfit(*tensors) is None
+        if cpu:
+            return cpu_ops.mlstm(*tensors, eps)
         limit = CUDA_PARALLEL_MAX_LEN if q.is_cuda else PARALLEL_MAX_LEN
         if q.shape[-2] <= limit:
             return mlstm_parallel(*tensors, eps)

@@ -706,3 +706,61 @@ def test_fold_merge_kernel_steps_aside_under_autograd_and_other_dtypes():
     assert cpu_ops.fold_merge_misfit(stream) is None
     assert cpu_ops.fold_merge_misfit(stream.double()) == 'it computes in float32'
     assert cpu_ops.fold_merge_misfit(stream.requires_grad_()) == 'it has no backward'
+
+
+def _mlstm_inputs(S, seed, i_scale=1.0, f_scale=1.0, f_shift=3.0, B=2, NH=3, DH=24):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, NH, S, DH, generator=g) for _ in range(3))
+    ig = torch.randn(B, NH, S, 1, generator=g) * i_scale
+    fg = torch.randn(B, NH, S, 1, generator=g) * f_scale + f_shift
+    return q, k, v, ig, fg
+
+
+@pytest.mark.parametrize('S', [1, 7, 64, 65, 197])
+@pytest.mark.parametrize('gates', ['init', 'strong', 'extreme'])
+def test_mlstm_cell_equals_the_parallel_form(S, gates):
+    """ViL's compiled mLSTM cell against the parallel stabilised form in fp64 (the
+    reference): within 1e-5 relative in fp32 for ViL-like and strong gates; with extreme input
+    gates (x10, forget gates mostly closed, a normaliser that cancels) within 5e-5 and no
+    worse than PyTorch's own fp32 parallel form. Lengths across the kernel's 64-row blocks."""
+    from amvim_mm.ops.mlstm import mlstm_parallel
+    kw = {'init': {}, 'strong': dict(i_scale=3.0, f_scale=3.0, f_shift=2.0),
+          'extreme': dict(i_scale=10.0, f_shift=-2.0)}[gates]
+    x = _mlstm_inputs(S, seed=S, **kw)
+    ref = mlstm_parallel(*[t.double() for t in x])
+    got = cpu_ops.mlstm(*x, 1e-6)
+    assert got.shape == ref.shape and got.dtype == torch.float32
+    if gates == 'extreme':
+        assert _rel(got, ref) < 5e-5 and _rel(got, ref) <= _rel(mlstm_parallel(*x), ref)
+    else:
+        assert _rel(got, ref) < 1e-5
+
+
+def test_mlstm_dispatch_and_vil_route(monkeypatch):
+    """``mlstm`` takes the compiled cell for float32 CPU inference only (not with gradients,
+    not with the kernels switched off, not in fp64); ViL's plan routes every block's cell to
+    it, and the backbone's output equals the PyTorch forms'."""
+    from amvim_mm.ops import mlstm as mlstm_mod
+    calls = []
+    real = cpu_ops.mlstm
+    monkeypatch.setattr(cpu_ops, 'mlstm', lambda *a: calls.append(1) or real(*a))
+    x = _mlstm_inputs(40, seed=1)
+    with torch.no_grad():
+        mlstm_mod.mlstm(*x)
+        assert len(calls) == 1
+        with runtime.override(cpu_kernels=False):
+            mlstm_mod.mlstm(*x)
+        mlstm_mod.mlstm(*[t.double() for t in x])
+    mlstm_mod.mlstm(x[0].requires_grad_(), *x[1:])
+    assert len(calls) == 1
+    torch.manual_seed(0)
+    m = MODELS.build(dict(type='ViL', arch='test', img_size=64, out_indices=(-1, ))).eval()
+    img = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        routes = [b.mixer.route for b in m.execution_plan(img).blocks]
+        ours = m(img)[0]
+        with runtime.override(cpu_kernels=False):
+            off = [b.mixer.route for b in m.execution_plan(img).blocks]
+            ref = m(img)[0]
+    assert set(routes) == {'cpu'} and set(off) == {'torch'}
+    assert _rel(ours, ref) < 1e-5

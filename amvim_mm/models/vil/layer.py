@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from amvim_mm.ops.mlstm import mlstm
 from ..layout.grid_conv import grid_depthwise_conv
 from ..layout.scan_context import ScanContext
-from ..execution import TRITON, BlockPlan, PlannedBlock
+from ..execution import CPU, TRITON, BlockPlan, PlannedBlock
 from ..layout.scan_orders import normalize_order
 from ..skeleton.drop import DropPath
 
@@ -135,10 +135,11 @@ class MatrixLSTMCell(nn.Module):
         self.outnorm = MultiHeadLayerNorm(dim, num_heads, bias=norm_bias)
 
     def forward(self, qkv: torch.Tensor, keep: Optional[torch.Tensor] = None,
-                kernel: Optional[bool] = None) -> torch.Tensor:
+                kernel: Optional[str] = None) -> torch.Tensor:
         """(B, S, 3E) ``[q, k, v]`` in the traversal's order -> (B, S, E) normed cell output;
         ``keep`` (B, S) bool: tokens the cell sees (the others are skipped exactly);
-        ``kernel``: the plan's route (the fused kernel or PyTorch; None: the op decides)."""
+        ``kernel``: the plan's route (``'triton'``: the fused kernel, ``'cpu'``: the compiled
+        CPU cell, ``'torch'``: the PyTorch forms; None: the op decides)."""
         B, S, _ = qkv.shape
         ig = self.igate(qkv).transpose(1, 2).unsqueeze(-1)         # (B, NH, S, 1)
         fg = self.fgate(qkv).transpose(1, 2).unsqueeze(-1)
@@ -147,7 +148,9 @@ class MatrixLSTMCell(nn.Module):
             ig = torch.where(k4, ig, ig.new_tensor(MASKED_IGATE))
             fg = torch.where(k4, fg, fg.new_tensor(MASKED_FGATE))
         heads = qkv.view(B, S, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        h = mlstm(heads[0], heads[1], heads[2], ig, fg, kernel=kernel)   # (B, NH, S, DH)
+        h = mlstm(heads[0], heads[1], heads[2], ig, fg,                 # (B, NH, S, DH)
+                  kernel=None if kernel is None else kernel == TRITON,
+                  cpu=None if kernel is None else kernel == CPU)
         return self.outnorm(h.transpose(1, 2).reshape(B, S, self.dim))
 
     def reset_parameters(self) -> None:
@@ -210,7 +213,7 @@ class ViLLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ScanContext, path, rotate: bool = False,
                 keep: Optional[torch.Tensor] = None, importance: bool = False,
-                kernel: Optional[bool] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                kernel: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(B, L, D) normed tokens in token order -> (output (B, L, D), the (B, L) importance
         when asked for); ``path``: the traversal's scan order (a dict or its normalised key);
         ``rotate``: the conv2d's kernel rotated (the flipped sub-block); ``keep``: the masked
@@ -247,9 +250,9 @@ class ViLLayer(nn.Module):
         return f + 2 * L * L * E + L * E * D
 
 
-def _kernel(route: Optional[BlockPlan]) -> Optional[bool]:
+def _kernel(route: Optional[BlockPlan]) -> Optional[str]:
     """The mLSTM's route in a block's plan (None without a plan: the op decides)."""
-    return None if route is None else route.mixer.route == TRITON
+    return None if route is None else route.mixer.route
 
 
 class ViLBlock(PlannedBlock, nn.Module):
@@ -270,7 +273,7 @@ class ViLBlock(PlannedBlock, nn.Module):
         return self.norm(x)
 
     def mix(self, x: torch.Tensor, ctx: ScanContext, keep: Optional[torch.Tensor] = None,
-            importance: bool = False, kernel: Optional[bool] = None
+            importance: bool = False, kernel: Optional[str] = None
             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """-> (the block's output, the importance when asked for); ``kernel``: the mLSTM's
         route in the forward's plan (None: the op decides)."""
