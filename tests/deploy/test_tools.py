@@ -384,3 +384,47 @@ def test_check_onnx_tells_a_near_tie_of_tome_from_a_wrong_graph(tmp_path, capsys
     code, out, _ = _run('check_onnx', [cfg, ckpt, onnx_path, '--reduce', 'tome', '--ratio',
                                        '0.46'] + real, capsys)
     assert code == 1 and 'FAILED' in out
+
+
+def test_a_size_cache_builds_in_one_command_and_runs_each_size(tmp_path, capsys):
+    """Issue 55: ``--sizes`` exports one graph per image size into a folder with its manifest;
+    :class:`SizeCache` runs each batch on the graph of its size with the parity of a single
+    export; the same command with one more size adds it and keeps the others; a size the
+    folder lacks is a one-line error naming the command that adds it."""
+    import argparse
+    import torch
+    from amvim_mm.deploy.size_cache import SizeCache
+    from amvim_mm.deploy.tasks import TaskForward, load_task_model
+    from amvim_mm.errors import ConfigError
+    cfg = osp.join(ROOT, 'configs/demo/vim-demo_linear_1xb8-2k_toyshapes-64x64.py')
+    ckpt = osp.join(ROOT, 'checkpoints/demo/vim-demo-cls-seed0_toyshapes-64x64.pth')
+    folder = tmp_path / 'cls_sizes'
+    code, out, err = _run('export_onnx', [cfg, ckpt, '--sizes', '64x64', '48x80', '--out',
+                                          folder], capsys)
+    assert code == 0 and 'sizes 48x80, 64x64' in out, err
+    assert sorted(p.name for p in folder.iterdir()) == ['48x80.onnx', '64x64.onnx',
+                                                        'sizes.json']
+    kept = (folder / '64x64.onnx').stat().st_mtime_ns
+    code, _, err = _run('export_onnx', [cfg, ckpt, '--sizes', '64x64', '32x48', '--out',
+                                        folder], capsys)
+    assert code == 0 and '64x64: kept' in err and '32x48: exported' in err, err
+    assert (folder / '64x64.onnx').stat().st_mtime_ns == kept
+    cache = SizeCache(str(folder))
+    assert cache.sizes == [(32, 48), (48, 80), (64, 64)]
+    args = argparse.Namespace(config=cfg, checkpoint=ckpt, cfg_options=None, reduce=None,
+                              ratio=None, seed=None, locations=None)
+    _, model = load_task_model(args)
+    for h, w in cache.sizes:
+        x = torch.randn(3, 3, h, w, generator=torch.Generator().manual_seed(h))
+        with torch.no_grad():
+            ref = TaskForward(model, 'mmpretrain', (h, w)).eval()(x)
+        ref = ref[0] if isinstance(ref, (tuple, list)) else ref
+        got = torch.from_numpy(cache.run(x.numpy())[0])
+        assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-4, (h, w)
+    with pytest.raises(ConfigError, match=r'no graph for 56x56 .* \(it has 32x48, 48x80, '
+                                          r'64x64\); add it: python tools/deploy/export_onnx'
+                                          r'.py .* --sizes 56x56 --out'):
+        cache.run(torch.zeros(1, 3, 56, 56).numpy())
+    code, _, err = _run('export_onnx', [cfg, ckpt, '--sizes', '64by64', '--out', folder],
+                        capsys)
+    assert code == 2 and 'an image size is HxW' in err and len(err.strip().splitlines()) == 1

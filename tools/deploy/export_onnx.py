@@ -1,7 +1,7 @@
 """Export a whole segmentor / detector / classifier of a model config to ONNX.
 
     python tools/deploy/export_onnx.py CONFIG CHECKPOINT [--deploy-cfg DEPLOY_CFG]
-        [--out FILE.onnx] [--force] [--shape H W] [--opset 17] [--dynamo]
+        [--out FILE.onnx] [--force] [--shape H W | --sizes HxW ... ] [--opset 17] [--dynamo]
         [--reduce tome|random|evit|top --ratio R [--seed S] [--locations B ...]
          | --reduce learned] [--cfg-options k=v ...]
 
@@ -13,7 +13,11 @@ static ``input_shape`` ([W, H]) or a dynamic batch (``dynamic_axes``). What is e
 and what is fixed at export: docs/deploy.md. Without ``--out`` the file is
 ``work_dirs/deploy/<config name>[_<method><ratio>].onnx``. An output that is one of the inputs
 (config, checkpoint, deploy config; through links too) is refused, an existing one is replaced
-only with ``--force`` (atomically). The written graph is run once in ONNX Runtime at the export size and compared
+only with ``--force`` (atomically). ``--sizes 224x224 320x256 ...``: one graph per size into
+the folder ``--out`` (default ``work_dirs/deploy/<config name>[_<method><ratio>]/``) with its
+manifest ``sizes.json``, a per-size cache that :class:`amvim_mm.deploy.size_cache.SizeCache`
+runs (the graph of each input's size); sizes the folder has are kept unless ``--force``, so the
+same command with more sizes adds them. The written graph is run once in ONNX Runtime at the export size and compared
 with PyTorch before it is moved into place. Bad input ends with one ``error:``
 line and exit code 2 (missing extras: the ``pip install -r requirements/deploy.txt`` hint).
 """
@@ -48,11 +52,18 @@ def parse_args(argv=None):
     p.add_argument('--shape', nargs=2, type=int, metavar=('H', 'W'),
                    help='export image size (default: the deploy config\'s input_shape, else '
                         'the model config\'s crop_size / img_size)')
+    p.add_argument('--sizes', nargs='+', metavar='HxW',
+                   help='one graph per image size into the folder --out (a per-size cache, '
+                        'amvim_mm.deploy.size_cache; sizes already there are kept unless '
+                        '--force)')
     p.add_argument('--opset', type=int, default=None,
                    help='ONNX opset (default: the deploy config\'s, else 17)')
     p.add_argument('--dynamo', action='store_true',
                    help='export through torch.export (default: the TorchScript exporter)')
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.sizes and args.shape:
+        p.error('give --shape (one graph) or --sizes (a folder of graphs), not both')
+    return args
 
 
 def default_out(args) -> str:
@@ -136,8 +147,63 @@ def verify_export(forward, path: str, images, size) -> None:
                           'written')
 
 
+def export_sizes(args) -> str:
+    """``--sizes``: one graph per size into the folder ``args.out`` and its manifest; returns
+    the folder. Sizes the manifest has (and whose file exists) are kept unless ``--force``."""
+    import copy
+    from amvim_mm.deploy.size_cache import parse_size, read_manifest, size_key, write_manifest
+    sizes = [parse_size(t) for t in args.sizes]
+    folder = args.out or default_out(args)[:-len('.onnx')]
+    if osp.isfile(folder):
+        from amvim_mm.errors import ConfigError
+        raise ConfigError(f'--sizes writes a folder of graphs; {folder} is a file')
+    os.makedirs(folder, exist_ok=True)
+    manifest = read_manifest(folder)
+    manifest.update(config=args.config, checkpoint=args.checkpoint,
+                    extra_args=_extra_args(args))
+    for h, w in dict.fromkeys(sizes):
+        key = size_key(h, w)
+        path = osp.join(folder, f'{key}.onnx')
+        if key in manifest['sizes'] and osp.isfile(path) and not args.force:
+            print(f'{key}: kept ({path})', file=sys.stderr)
+            continue
+        one = copy.copy(args)
+        one.shape, one.out, one.force, one.sizes = (h, w), path, True, None
+        export(one)
+        manifest['sizes'][key] = f'{key}.onnx'
+        write_manifest(folder, manifest)
+        print(f'{key}: exported ({path})', file=sys.stderr)
+    write_manifest(folder, manifest)
+    return folder
+
+
+def _extra_args(args) -> list:
+    """The options that shape every graph of a size cache (for its manifest's command)."""
+    out = []
+    for flag, value in (('--deploy-cfg', args.deploy_cfg), ('--opset', args.opset)):
+        if value is not None:
+            out += [flag, str(value)]
+    if args.dynamo:
+        out.append('--dynamo')
+    if args.reduce:
+        out += ['--reduce', args.reduce]
+        for flag, value in (('--ratio', args.ratio), ('--seed', args.seed)):
+            if value is not None:
+                out += [flag, str(value)]
+        if args.locations:
+            out += ['--locations', *map(str, args.locations)]
+    if args.cfg_options:
+        out += ['--cfg-options', *args.cfg_options]
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.sizes:
+        folder = export_sizes(args)
+        print(f'exported {args.config} to {folder}: sizes '
+              + ', '.join(sorted(read_sizes(folder))))
+        return 0
     path = export(args)
     import onnx
     graph = onnx.load(path, load_external_data=False).graph
@@ -148,6 +214,11 @@ def main(argv=None) -> int:
           + ', '.join(f'{v.name} {dims(v)}' for v in graph.input) + '; outputs '
           + ', '.join(f'{v.name} {dims(v)}' for v in graph.output))
     return 0
+
+
+def read_sizes(folder: str) -> list:
+    from amvim_mm.deploy.size_cache import read_manifest
+    return list(read_manifest(folder)['sizes'])
 
 
 if __name__ == '__main__':
