@@ -41,6 +41,9 @@ MODELS = {
     # PlainMamba: the official classifier input (ln1 + mean over tokens)
     'plainmamba-l1': dict(type='PlainMamba', arch='l1', out_type='avg_featmap'),
     'plainmamba-l3': dict(type='PlainMamba', arch='l3', out_type='avg_featmap'),
+    # ViL: the mean of the last block's normed tokens (a (B, D) input for the linear head)
+    'vil-t': dict(type='ViL', arch='tiny', out_type='avg_featmap'),
+    'vil-test': dict(type='ViL', arch='test', out_type='avg_featmap'),
 }
 
 
@@ -67,7 +70,9 @@ def build(name: str, img_size: int = 224, head: bool = True,
     from amvim_mm.registry import MODELS as REG
     if name not in MODELS:
         raise LookupConfigError(f'unknown model {name!r}; choose from {", ".join(MODELS)}')
-    cfg = dict(MODELS[name], img_size=img_size, scan_backend=scan_backend)
+    cfg = dict(MODELS[name], img_size=img_size)
+    if scan_backend is not None:     # ViL has no selective scan
+        cfg['scan_backend'] = scan_backend
     if token_reduction is not None:
         cfg['token_reduction'] = token_reduction
     cfg.setdefault('out_type', 'cls_token')

@@ -33,12 +33,15 @@ def require_onnxruntime():
     return onnxruntime
 
 
-def ort_session(path: str, threads: Optional[int] = None):
+def ort_session(path: str, threads: Optional[int] = None, spin: bool = True):
     """An ONNX Runtime CPU session of the model file ``path``.
 
     ``threads`` sets the intra-op thread count (inter-op: 1, sequential execution); None keeps
-    ONNX Runtime's default (one per core). A missing file raises ``FileNotFoundError``, a file
-    ONNX Runtime refuses a one-line :class:`ConfigError` with its reason.
+    ONNX Runtime's default (one per core). ``spin=False``: its worker threads sleep between
+    calls instead of spinning (ONNX Runtime's default spins, which takes the cores from
+    PyTorch work that follows: the benchmarks that interleave both runtimes turn it off). A
+    missing file raises ``FileNotFoundError``, a file ONNX Runtime refuses a one-line
+    :class:`ConfigError` with its reason.
     """
     ort = require_onnxruntime()
     if not os.path.isfile(path):
@@ -51,6 +54,8 @@ def ort_session(path: str, threads: Optional[int] = None):
     opts.inter_op_num_threads = 1
     if threads is not None:
         opts.intra_op_num_threads = int(threads)
+    if not spin:
+        opts.add_session_config_entry('session.intra_op.allow_spinning', '0')
     try:
         return ort.InferenceSession(path, sess_options=opts, providers=['CPUExecutionProvider'])
     except Exception as err:  # onnxruntime raises its own Fail / InvalidGraph / ... types

@@ -428,3 +428,26 @@ def test_a_size_cache_builds_in_one_command_and_runs_each_size(tmp_path, capsys)
     code, _, err = _run('export_onnx', [cfg, ckpt, '--sizes', '64by64', '--out', folder],
                         capsys)
     assert code == 2 and 'an image size is HxW' in err and len(err.strip().splitlines()) == 1
+
+
+def test_benchmark_onnx_times_every_family_next_to_deit(tmp_path, capsys):
+    """Issue 55: ``benchmark_onnx.py --models ...`` exports each family's classifier and
+    DeiT-T, checks each graph against PyTorch and times ONNX Runtime and PyTorch in one run;
+    its ratios are the quotients of its own medians; an unknown model is one line."""
+    import json
+    out_dir = tmp_path / 'fam'
+    code, out, err = _run('benchmark_onnx', ['--models', 'vim-test', 'vil-test', 'deit-t',
+                                             '--res', 64, '--rounds', 2, '--iters', 1,
+                                             '--threads', 1, '--out-dir', out_dir], capsys)
+    assert code == 0, err
+    rows = json.loads((out_dir / 'onnx_families.json').read_text())['rows']
+    assert [r['model'] for r in rows] == ['vim-test', 'vil-test', 'deit-t']
+    deit = rows[-1]
+    for r in rows:
+        assert r['max_rel_err'] < 1e-4 and r['onnx_nodes'] > 0
+        assert r['ort_over_pytorch'] == round(r['onnxruntime_ms'] / r['pytorch_ms'], 2)
+        assert r['ort_over_deit_ort'] == round(r['onnxruntime_ms'] / deit['onnxruntime_ms'], 2)
+    assert '| vil-test |' in out and (out_dir / 'onnx_families.md').is_file()
+    code, _, err = _run('benchmark_onnx', ['--models', 'mambaout', '--out-dir', out_dir],
+                        capsys)
+    assert code == 2 and "unknown model 'mambaout'" in err and len(err.strip().splitlines()) == 1

@@ -2,6 +2,13 @@
 
     python tools/deploy/benchmark_onnx.py CONFIG CHECKPOINT MODEL.onnx [--batch 1 8]
         [--rounds 5] [--iters 10] [--threads T] [--reduce ... as tools/test.py]
+    python tools/deploy/benchmark_onnx.py --models vim-t vmamba-t plainmamba-l1 vil-t deit-t
+        [--res 224] [--batch 1] [--rounds 5] [--iters 3] [--threads T] [--out-dir DIR]
+
+The second form exports every named family's ImageNet classifier (random weights) and DeiT-T,
+checks each graph once against PyTorch and times all of them in one run, ONNX Runtime and our
+PyTorch CPU path in interleaved rounds (:mod:`amvim_mm.deploy.bench_families`); it prints a
+table and writes ``onnx_families.json`` / ``.md`` (and the graphs) to ``--out-dir``.
 
 Both run in this process on the same threads (``--threads``, default: torch's count, given to
 ONNX Runtime's intra-op pool and to ``torch.set_num_threads``), on the same random images at the
@@ -79,13 +86,56 @@ def table(results) -> str:
     return '\n'.join(rows)
 
 
+def parse_family_args(argv):
+    p = argparse.ArgumentParser(description='every family through ONNX Runtime, PyTorch and '
+                                            'DeiT-T in one run')
+    p.add_argument('--models', nargs='+', required=True,
+                   help='bench model names (vim-t, vmamba-t, plainmamba-l1, vil-t, ...) and '
+                        'deit-t')
+    p.add_argument('--res', type=positive_int, default=224, help='image size')
+    p.add_argument('--batch', type=positive_int, default=1, help='batch (fixed in the graphs)')
+    p.add_argument('--rounds', type=positive_int, default=5, help='interleaved rounds')
+    p.add_argument('--iters', type=positive_int, default=3,
+                   help='timed calls per round, model and side')
+    p.add_argument('--threads', type=positive_int, default=None,
+                   help='CPU threads of both runtimes')
+    p.add_argument('--out-dir', default='work_dirs/deploy/families',
+                   help='the graphs and onnx_families.json / .md')
+    return p.parse_args(argv)
+
+
+def families_main(argv) -> int:
+    import json
+    import os
+    from amvim_mm.bench.measure import table as md_table
+    from amvim_mm.deploy.bench_families import COLUMNS, run_families
+    from amvim_mm.engine.fileio import atomic_write_bytes
+    args = parse_family_args(argv)
+    os.makedirs(args.out_dir, exist_ok=True)
+    rows = run_families(args.models, args.out_dir, res=args.res, batch=args.batch,
+                        rounds=args.rounds, iters=args.iters, threads=args.threads,
+                        log=lambda m: print(m, file=sys.stderr, flush=True))
+    command = 'python tools/deploy/benchmark_onnx.py ' + ' '.join(argv)
+    md = (f'`{command}`\n\n{args.res}x{args.res}, batch {args.batch}, {rows[0]["threads"]} '
+          f'thread(s), {args.rounds} interleaved rounds x {args.iters} calls, medians (ms per '
+          f'call)\n\n' + md_table(rows, COLUMNS))
+    atomic_write_bytes(json.dumps(dict(command=command, rows=rows), indent=1).encode(),
+                       os.path.join(args.out_dir, 'onnx_families.json'))
+    atomic_write_bytes(md.encode(), os.path.join(args.out_dir, 'onnx_families.md'))
+    print(md)
+    return 0
+
+
 def main(argv=None) -> int:
     import torch
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if '--models' in argv:
+        return families_main(argv)
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = args.threads or torch.get_num_threads()
-    session = ort_session(args.onnx, threads)
+    session = ort_session(args.onnx, threads, spin=False)
     shape = session.get_inputs()[0].shape
     fixed = shape[0] if isinstance(shape[0], int) else None
     if fixed is not None and any(b != fixed for b in args.batch):

@@ -1,0 +1,105 @@
+"""Every family through ONNX Runtime next to our PyTorch CPU path and DeiT-T, in one run
+(``python tools/deploy/benchmark_onnx.py --models vim-t vmamba-t plainmamba-l1 vil-t deit-t``).
+
+Each model (random weights, the ImageNet classifier: :func:`amvim_mm.bench.measure.build`'s
+backbone + linear head; ``deit-t`` is timm's ``deit_tiny_patch16_224``) is exported at the
+image size with a fixed batch (:func:`amvim_mm.deploy.export.export_onnx`, the TorchScript
+exporter, opset 17), checked once against PyTorch in ONNX Runtime (``max_rel_err``), then timed:
+``rounds`` interleaved rounds, each timing ``iters`` calls of every model in ONNX Runtime and
+in PyTorch (``torch.inference_mode``, the runtime's default CPU path: the compiled kernels where
+built), on the same threads (``threads``: ONNX Runtime's intra-op pool, not spinning between
+calls so that it leaves the cores to the PyTorch calls that follow, and
+``torch.set_num_threads``). Medians over rounds; ratios: ONNX Runtime over PyTorch for the same
+model, and each side over DeiT-T's same side.
+"""
+from __future__ import annotations
+
+import os.path as osp
+import statistics
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from amvim_mm.errors import ConfigError
+
+#: the models besides :data:`amvim_mm.bench.measure.MODELS`: timm's DeiT-T (the reference)
+DEIT = {'deit-t': 'deit_tiny_patch16_224'}
+
+
+def build_model(name: str, res: int) -> torch.nn.Module:
+    """The classifier ``name`` at ``res`` on the CPU, eval mode."""
+    from amvim_mm.bench import measure
+    if name in DEIT:
+        import timm
+        return timm.create_model(DEIT[name], pretrained=False, img_size=res).eval()
+    if name not in measure.MODELS:
+        raise ConfigError(f'unknown model {name!r}; choose from '
+                          f'{", ".join(list(measure.MODELS) + list(DEIT))}')
+    return measure.build(name, res, head=True, device='cpu').eval()
+
+
+def _timed(fn: Callable[[], object], iters: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
+def run_families(models: Sequence[str], out_dir: str, res: int = 224, batch: int = 1,
+                 rounds: int = 5, iters: int = 3, threads: Optional[int] = None,
+                 log: Callable[[str], None] = print) -> List[Dict[str, object]]:
+    """Export, check and time ``models`` (see the module docstring); one row per model."""
+    from .export import export_onnx
+    from .ort import compare_onnx, ort_session, run_onnx
+    if rounds < 1 or iters < 1 or batch < 1 or res < 16:
+        raise ConfigError('--rounds, --iters and --batch must be positive, --res at least 16')
+    if threads is not None:
+        torch.set_num_threads(threads)
+    threads = threads or torch.get_num_threads()
+    x = torch.randn(batch, 3, res, res, generator=torch.Generator().manual_seed(0))
+    arr = x.numpy()
+    entries = []
+    for name in dict.fromkeys(models):
+        model = build_model(name, res)
+        path = osp.join(out_dir, f'{name}_{res}_b{batch}.onnx')
+        t0 = time.perf_counter()
+        export_onnx(model, path, (x, ), opset=17, dynamic_batch=False)
+        session = ort_session(path, threads, spin=False)
+        err = max(r['max_rel_err'] for r in compare_onnx(model, path, [x], session).values())
+        import onnx
+        nodes = len(onnx.load(path, load_external_data=False).graph.node)
+        log(f'  {name}: exported in {time.perf_counter() - t0:.0f} s ({nodes} nodes, max '
+            f'relative error {err:.1e})')
+        entries.append((name, model, session, dict(model=name, onnx_nodes=nodes,
+                                                     max_rel_err=float(f'{err:.2e}'))))
+    with torch.inference_mode():
+        sides = lambda model, session: {  # noqa: E731
+            'onnxruntime': lambda: run_onnx(session, arr), 'pytorch': lambda: model(x)}
+        for _, model, session, _ in entries:              # warm-up
+            for fn in sides(model, session).values():
+                fn()
+        times = {name: {'onnxruntime': [], 'pytorch': []} for name, *_ in entries}
+        for r in range(rounds):
+            for name, model, session, _ in entries:
+                for side, fn in sides(model, session).items():
+                    times[name][side].append(_timed(fn, iters))
+            log(f'  round {r + 1}/{rounds}: ' + ', '.join(
+                f'{n} {1e3 * t["onnxruntime"][-1]:.0f} / {1e3 * t["pytorch"][-1]:.0f} ms'
+                for n, t in times.items()))
+    rows = []
+    for name, _, _, row in entries:
+        ort_ms = 1e3 * statistics.median(times[name]['onnxruntime'])
+        pt_ms = 1e3 * statistics.median(times[name]['pytorch'])
+        rows.append(dict(row, res=res, batch=batch, threads=threads, onnxruntime_ms=round(ort_ms, 2),
+                         pytorch_ms=round(pt_ms, 2), ort_over_pytorch=round(ort_ms / pt_ms, 2)))
+    deit = next((r for r in rows if r['model'] in DEIT), None)
+    for r in rows:
+        if deit is not None:
+            r['ort_over_deit_ort'] = round(r['onnxruntime_ms'] / deit['onnxruntime_ms'], 2)
+            r['pytorch_over_deit_pytorch'] = round(r['pytorch_ms'] / deit['pytorch_ms'], 2)
+    return rows
+
+
+COLUMNS = ['model', 'onnxruntime_ms', 'pytorch_ms', 'ort_over_pytorch', 'ort_over_deit_ort',
+           'pytorch_over_deit_pytorch', 'max_rel_err', 'onnx_nodes']
