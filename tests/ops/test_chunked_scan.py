@@ -487,3 +487,19 @@ def test_gpu_chunk_initial_states_match_a_loop_and_graph_capture():
     ref, out = eager_and_replayed(lambda: FM.launch_scan(
         xc, x_dbl, delta, z, perm, torch.zeros(P, E, R, device=dev), dtb, A, D, y, chunk=64))
     assert torch.equal(ref, out)
+
+
+def test_export_softplus_equals_softplus():
+    """The scan's step sizes while an export records: ``relu(x) + log(1 + exp(-|x|))`` (ONNX
+    Runtime's Softplus kernel was slow) equals ``F.softplus`` to float rounding over the
+    range step sizes take, extremes included (absolute error <= 1e-7 where exp underflows)."""
+    import torch.nn.functional as F
+    from amvim_mm import runtime
+    from amvim_mm.ops.selective_scan import export_softplus
+    x = torch.cat([torch.linspace(-40, 40, 20001), torch.tensor([0.0, -0.0, 1e-8, -1e-8])])
+    ref = F.softplus(x.double())
+    assert torch.equal(export_softplus(x), F.softplus(x))       # eager: PyTorch's own
+    with runtime.frozen_for_export():
+        got = export_softplus(x)
+    err = (got.double() - ref).abs()
+    assert (err <= 1e-7 + 2e-7 * ref.abs()).all(), err.max()
