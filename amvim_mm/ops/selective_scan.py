@@ -100,11 +100,8 @@ def _expand_bc(t: Tensor, dim: int, dtype: torch.dtype) -> Tensor:
 
 
 def export_softplus(x: Tensor) -> Tensor:
-    """``softplus(x)`` as ``relu(x) + log(1 + exp(-|x|))`` while an export records (plain
-    PyTorch's ``F.softplus`` otherwise). ONNX Runtime's ``Softplus`` kernel took 2.3 ms a call
-    on VMamba-T's step sizes (32 of 241 ms, 2 CPU threads), these element-wise operators a
-    fraction of it; the two agree to float rounding (absolute error below 1e-7 where ``exp``
-    underflows, e.g. ``x < -17``, where the step is that small anyway)."""
+    """``relu(x) + log(1 + exp(-|x|))`` while an export records (ONNX Runtime's ``Softplus``
+    is far slower: benchmarks/README.md), else ``F.softplus``; equal to float rounding."""
     if not runtime.exporting():
         return F.softplus(x)
     return torch.relu(x) + torch.log(1 + torch.exp(-x.abs()))
