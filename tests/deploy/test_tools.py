@@ -428,6 +428,11 @@ def test_a_size_cache_builds_in_one_command_and_runs_each_size(tmp_path, capsys)
     code, _, err = _run('export_onnx', [cfg, ckpt, '--sizes', '64by64', '--out', folder],
                         capsys)
     assert code == 2 and 'an image size is HxW' in err and len(err.strip().splitlines()) == 1
+    # another model's options into the same folder: refused, nothing changed
+    code, _, err = _run('export_onnx', [cfg, ckpt, '--reduce', 'tome', '--ratio', '0.27',
+                                        '--sizes', '64x64', '--out', folder], capsys)
+    assert code == 2 and 'holds graphs of another model or export options' in err, err
+    assert (folder / '64x64.onnx').stat().st_mtime_ns == kept
 
 
 def test_benchmark_onnx_times_every_family_next_to_deit(tmp_path, capsys):

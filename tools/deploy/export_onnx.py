@@ -149,7 +149,9 @@ def verify_export(forward, path: str, images, size) -> None:
 
 def export_sizes(args) -> str:
     """``--sizes``: one graph per size into the folder ``args.out`` and its manifest; returns
-    the folder. Sizes the manifest has (and whose file exists) are kept unless ``--force``."""
+    the folder. Sizes the manifest has (and whose file exists) are kept unless ``--force``; a
+    folder made from another config, checkpoint or export options is refused (``--force``
+    rebuilds it), so that one cache never mixes two models."""
     import copy
     from amvim_mm.deploy.size_cache import parse_size, read_manifest, size_key, write_manifest
     sizes = [parse_size(t) for t in args.sizes]
@@ -159,8 +161,16 @@ def export_sizes(args) -> str:
         raise ConfigError(f'--sizes writes a folder of graphs; {folder} is a file')
     os.makedirs(folder, exist_ok=True)
     manifest = read_manifest(folder)
-    manifest.update(config=args.config, checkpoint=args.checkpoint,
-                    extra_args=_extra_args(args))
+    made = dict(config=args.config, checkpoint=args.checkpoint, extra_args=_extra_args(args))
+    if manifest['sizes'] and any(manifest.get(k) != v for k, v in made.items()):
+        if not args.force:
+            from amvim_mm.errors import ConfigError
+            raise ConfigError(f'{folder} holds graphs of another model or export options '
+                              f'({manifest.get("config")}, {manifest.get("checkpoint")}, '
+                              f'{" ".join(manifest.get("extra_args", [])) or "no options"}); '
+                              'give another --out, or --force to rebuild it')
+        manifest['sizes'] = {}
+    manifest.update(made)
     for h, w in dict.fromkeys(sizes):
         key = size_key(h, w)
         path = osp.join(folder, f'{key}.onnx')
