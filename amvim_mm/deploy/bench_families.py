@@ -10,7 +10,9 @@ in PyTorch (``torch.inference_mode``, the runtime's default CPU path: the compil
 built), on the same threads (``threads``: ONNX Runtime's intra-op pool, not spinning between
 calls so that it leaves the cores to the PyTorch calls that follow, and
 ``torch.set_num_threads``). Medians over rounds; ratios: ONNX Runtime over PyTorch for the same
-model, and each side over DeiT-T's same side.
+model, and each side over DeiT-T's same side. ``--tome R`` adds each of our models with ToMe at
+ratio R (same weights): its export's speed-up over the unreduced export and that over its FLOPs
+ratio (``ort_speedup_over_flops``).
 """
 from __future__ import annotations
 
@@ -27,8 +29,9 @@ from amvim_mm.errors import ConfigError
 DEIT = {'deit-t': 'deit_tiny_patch16_224'}
 
 
-def build_model(name: str, res: int) -> torch.nn.Module:
-    """The classifier ``name`` at ``res`` on the CPU, eval mode."""
+def build_model(name: str, res: int, tome: Optional[float] = None) -> torch.nn.Module:
+    """The classifier ``name`` at ``res`` on the CPU, eval mode; ``tome``: with ToMe at that
+    ratio (our models only)."""
     from amvim_mm.bench import measure
     if name in DEIT:
         import timm
@@ -36,7 +39,15 @@ def build_model(name: str, res: int) -> torch.nn.Module:
     if name not in measure.MODELS:
         raise ConfigError(f'unknown model {name!r}; choose from '
                           f'{", ".join(list(measure.MODELS) + list(DEIT))}')
-    return measure.build(name, res, head=True, device='cpu').eval()
+    red = None if tome is None else dict(type='ToMe', ratio=tome)
+    return measure.build(name, res, head=True, token_reduction=red, device='cpu').eval()
+
+
+def _flops_ratio(dense: torch.nn.Module, reduced: torch.nn.Module, res: int) -> float:
+    """GFLOPs of ``dense``'s backbone over ``reduced``'s (the project's convention)."""
+    from amvim_mm.analysis.flops import backbone_flops
+    return backbone_flops(dense.backbone, res, None)['gflops'] / backbone_flops(
+        reduced.backbone, res, 'model')['gflops']
 
 
 def _timed(fn: Callable[[], object], iters: int) -> float:
@@ -46,10 +57,29 @@ def _timed(fn: Callable[[], object], iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
+def _variants(models: Sequence[str], res: int, tome: Optional[float]):
+    """(row name, model, extra row fields) of every model, and with ``tome`` each of ours
+    again with ToMe at that ratio (its FLOPs ratio and its unreduced row's name)."""
+    out = []
+    for name in dict.fromkeys(models):
+        model = build_model(name, res)
+        out.append((name, model, dict(model=name, reduction='none')))
+        if tome is not None and name not in DEIT:
+            reduced = build_model(name, res, tome)
+            reduced.load_state_dict(model.state_dict())
+            out.append((f'{name} ToMe {tome:g}', reduced, dict(
+                model=name, reduction=f'ToMe {tome:g}',
+                flops_ratio=round(_flops_ratio(model, reduced, res), 3))))
+    return out
+
+
 def run_families(models: Sequence[str], out_dir: str, res: int = 224, batch: int = 1,
                  rounds: int = 5, iters: int = 3, threads: Optional[int] = None,
+                 tome: Optional[float] = None,
                  log: Callable[[str], None] = print) -> List[Dict[str, object]]:
-    """Export, check and time ``models`` (see the module docstring); one row per model."""
+    """Export, check and time ``models`` (see the module docstring); one row per model and,
+    with ``tome``, one more per model of ours with ToMe at that ratio, carrying its export's
+    speed-up over the unreduced export (``ort_speedup``) against its FLOPs ratio."""
     from .export import export_onnx
     from .ort import compare_onnx, ort_session, run_onnx
     if rounds < 1 or iters < 1 or batch < 1 or res < 16:
@@ -59,10 +89,11 @@ def run_families(models: Sequence[str], out_dir: str, res: int = 224, batch: int
     threads = threads or torch.get_num_threads()
     x = torch.randn(batch, 3, res, res, generator=torch.Generator().manual_seed(0))
     arr = x.numpy()
+    if tome is not None and not 0 < tome < 1:
+        raise ConfigError(f'--tome takes a ratio between 0 and 1, got {tome:g}')
     entries = []
-    for name in dict.fromkeys(models):
-        model = build_model(name, res)
-        path = osp.join(out_dir, f'{name}_{res}_b{batch}.onnx')
+    for name, model, fields in _variants(models, res, tome):
+        path = osp.join(out_dir, f'{name.replace(" ", "_")}_{res}_b{batch}.onnx')
         t0 = time.perf_counter()
         export_onnx(model, path, (x, ), opset=17, dynamic_batch=False)
         session = ort_session(path, threads, spin=False)
@@ -71,7 +102,7 @@ def run_families(models: Sequence[str], out_dir: str, res: int = 224, batch: int
         nodes = len(onnx.load(path, load_external_data=False).graph.node)
         log(f'  {name}: exported in {time.perf_counter() - t0:.0f} s ({nodes} nodes, max '
             f'relative error {err:.1e})')
-        entries.append((name, model, session, dict(model=name, onnx_nodes=nodes,
+        entries.append((name, model, session, dict(fields, onnx_nodes=nodes,
                                                      max_rel_err=float(f'{err:.2e}'))))
     with torch.inference_mode():
         sides = lambda model, session: {  # noqa: E731
@@ -95,12 +126,17 @@ def run_families(models: Sequence[str], out_dir: str, res: int = 224, batch: int
         rows.append(dict(row, res=res, batch=batch, threads=threads, onnxruntime_ms=ort_ms,
                          pytorch_ms=pt_ms, ort_over_pytorch=round(ort_ms / pt_ms, 2)))
     deit = next((r for r in rows if r['model'] in DEIT), None)
+    plain = {r['model']: r for r in rows if r['reduction'] == 'none'}
     for r in rows:
+        if r['reduction'] != 'none':
+            r['ort_speedup'] = round(plain[r['model']]['onnxruntime_ms'] / r['onnxruntime_ms'], 3)
+            r['ort_speedup_over_flops'] = round(r['ort_speedup'] / r['flops_ratio'], 3)
         if deit is not None:
             r['ort_over_deit_ort'] = round(r['onnxruntime_ms'] / deit['onnxruntime_ms'], 2)
             r['pytorch_over_deit_pytorch'] = round(r['pytorch_ms'] / deit['pytorch_ms'], 2)
     return rows
 
 
-COLUMNS = ['model', 'onnxruntime_ms', 'pytorch_ms', 'ort_over_pytorch', 'ort_over_deit_ort',
-           'pytorch_over_deit_pytorch', 'max_rel_err', 'onnx_nodes']
+COLUMNS = ['model', 'reduction', 'onnxruntime_ms', 'pytorch_ms', 'ort_over_pytorch',
+           'ort_over_deit_ort', 'pytorch_over_deit_pytorch', 'flops_ratio', 'ort_speedup',
+           'ort_speedup_over_flops', 'max_rel_err', 'onnx_nodes']

@@ -443,11 +443,17 @@ def test_benchmark_onnx_times_every_family_next_to_deit(tmp_path, capsys):
     out_dir = tmp_path / 'fam'
     code, out, err = _run('benchmark_onnx', ['--models', 'vim-test', 'vil-test', 'deit-t',
                                              '--res', 64, '--rounds', 2, '--iters', 1,
-                                             '--threads', 1, '--out-dir', out_dir], capsys)
+                                             '--threads', 1, '--tome', 0.3, '--out-dir',
+                                             out_dir], capsys)
     assert code == 0, err
     rows = json.loads((out_dir / 'onnx_families.json').read_text())['rows']
-    assert [r['model'] for r in rows] == ['vim-test', 'vil-test', 'deit-t']
+    assert [(r['model'], r['reduction']) for r in rows] == [
+        ('vim-test', 'none'), ('vim-test', 'ToMe 0.3'), ('vil-test', 'none'),
+        ('vil-test', 'ToMe 0.3'), ('deit-t', 'none')]
     deit = rows[-1]
+    for plain, red in ((rows[0], rows[1]), (rows[2], rows[3])):
+        assert red['flops_ratio'] > 1 and red['onnx_nodes'] != plain['onnx_nodes']
+        assert red['ort_speedup'] == round(plain['onnxruntime_ms'] / red['onnxruntime_ms'], 3)
     for r in rows:
         assert r['max_rel_err'] < 1e-4 and r['onnx_nodes'] > 0
         assert r['ort_over_pytorch'] == round(r['onnxruntime_ms'] / r['pytorch_ms'], 2)

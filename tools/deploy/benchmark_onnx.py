@@ -3,7 +3,8 @@
     python tools/deploy/benchmark_onnx.py CONFIG CHECKPOINT MODEL.onnx [--batch 1 8]
         [--rounds 5] [--iters 10] [--threads T] [--reduce ... as tools/test.py]
     python tools/deploy/benchmark_onnx.py --models vim-t vmamba-t plainmamba-l1 vil-t deit-t
-        [--res 224] [--batch 1] [--rounds 5] [--iters 3] [--threads T] [--out-dir DIR]
+        [--res 224] [--batch 1] [--rounds 5] [--iters 3] [--threads T] [--tome R]
+        [--out-dir DIR]
 
 The second form exports every named family's ImageNet classifier (random weights) and DeiT-T,
 checks each graph once against PyTorch and times all of them in one run, ONNX Runtime and our
@@ -99,6 +100,9 @@ def parse_family_args(argv):
                    help='timed calls per round, model and side')
     p.add_argument('--threads', type=positive_int, default=None,
                    help='CPU threads of both runtimes')
+    p.add_argument('--tome', type=float, default=None, metavar='R',
+                   help='also each of our models with ToMe at ratio R (its export\'s speed-up '
+                        'against its FLOPs ratio)')
     p.add_argument('--out-dir', default='work_dirs/deploy/families',
                    help='the graphs and onnx_families.json / .md')
     return p.parse_args(argv)
@@ -114,7 +118,7 @@ def families_main(argv) -> int:
     os.makedirs(args.out_dir, exist_ok=True)
     rows = run_families(args.models, args.out_dir, res=args.res, batch=args.batch,
                         rounds=args.rounds, iters=args.iters, threads=args.threads,
-                        log=lambda m: print(m, file=sys.stderr, flush=True))
+                        tome=args.tome, log=lambda m: print(m, file=sys.stderr, flush=True))
     command = 'python tools/deploy/benchmark_onnx.py ' + ' '.join(argv)
     md = (f'`{command}`\n\n{args.res}x{args.res}, batch {args.batch}, {rows[0]["threads"]} '
           f'thread(s), {args.rounds} interleaved rounds x {args.iters} calls, medians (ms per '
