@@ -105,11 +105,13 @@ def test_errors_are_named():
 
 
 def test_cpu_keeps_the_pytorch_route():
-    """CPU tensors never take the kernel; the CPU rule (parallel up to PARALLEL_MAX_LEN steps)
-    is unchanged."""
+    """CPU tensors never take the Triton kernel; with the compiled CPU cell switched off the
+    CPU rule (parallel up to PARALLEL_MAX_LEN steps) is unchanged (the cell itself:
+    tests/ops/test_cpu_ops.py)."""
+    from amvim_mm import runtime
     x = make(1, 2, 40, 8)
     assert mlstm_mod.kernel_misfit('cpu', torch.float32, 8, False, False) == 'not CUDA'
-    with torch.no_grad():
+    with torch.no_grad(), runtime.override(cpu_kernels=False):
         assert torch.equal(mlstm(*x), mlstm_parallel(*x))
     assert mlstm_mod.CUDA_PARALLEL_MAX_LEN >= mlstm_mod.PARALLEL_MAX_LEN
 
