@@ -50,13 +50,6 @@ def _flops_ratio(dense: torch.nn.Module, reduced: torch.nn.Module, res: int) -> 
         reduced.backbone, res, 'model')['gflops']
 
 
-def _timed(fn: Callable[[], object], iters: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters
-
-
 def _variants(models: Sequence[str], res: int, tome: Optional[float]):
     """(row name, model, extra row fields) of every model, and with ``tome`` each of ours
     again with ToMe at that ratio (its FLOPs ratio and its unreduced row's name)."""
@@ -80,6 +73,7 @@ def run_families(models: Sequence[str], out_dir: str, res: int = 224, batch: int
     """Export, check and time ``models`` (see the module docstring); one row per model and,
     with ``tome``, one more per model of ours with ToMe at that ratio, carrying its export's
     speed-up over the unreduced export (``ort_speedup``) against its FLOPs ratio."""
+    from amvim_mm.bench.measure import _timer
     from .export import export_onnx
     from .ort import compare_onnx, ort_session, run_onnx
     if rounds < 1 or iters < 1 or batch < 1 or res < 16:
@@ -114,7 +108,7 @@ def run_families(models: Sequence[str], out_dir: str, res: int = 224, batch: int
         for r in range(rounds):
             for name, model, session, _ in entries:
                 for side, fn in sides(model, session).items():
-                    times[name][side].append(_timed(fn, iters))
+                    times[name][side].append(_timer(fn, iters, 'cpu'))
             log(f'  round {r + 1}/{rounds}: ' + ', '.join(
                 f'{n} {1e3 * t["onnxruntime"][-1]:.0f} / {1e3 * t["pytorch"][-1]:.0f} ms'
                 for n, t in times.items()))

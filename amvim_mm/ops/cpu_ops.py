@@ -26,7 +26,7 @@ by itself where it applies, :func:`fold_merge_misfit`), and ToMe's edge choice i
 next is a block's residual add + RMSNorm at inference (:func:`add_rmsnorm`, taken by
 ``VimBlock`` where :func:`add_rmsnorm_misfit` allows), the last ViL's mLSTM cell in its
 parallel stabilised form (:func:`mlstm`, taken by :func:`amvim_mm.ops.mlstm.mlstm` where
-:func:`mlstm_misfit` allows).
+:func:`amvim_mm.ops.mlstm.cpu_kernel_misfit` allows).
 """
 from __future__ import annotations
 
@@ -341,27 +341,15 @@ def tome_step(hidden: Tensor, residual: Optional[Tensor], weight: Optional[Tenso
         int(n_patches), int(cls_index))
 
 
-def mlstm_misfit(q: Tensor, k: Tensor, v: Tensor, igate: Tensor, fgate: Tensor
-                 ) -> Optional[str]:
-    """Why the mLSTM cell cannot take :func:`mlstm` (``None`` if it can): float32 CPU
-    inference outside autograd and recordings (an export records the PyTorch forms)."""
-    if q.device.type != 'cpu':
-        return 'not a CPU tensor'
-    if any(t.dtype != torch.float32 for t in (q, k, v)):
-        return 'it computes in float32'
-    if runtime.exporting():
-        return 'an export records'
-    return inference_misfit(q, k, v, igate, fgate)
-
-
 def mlstm(q: Tensor, k: Tensor, v: Tensor, igate: Tensor, fgate: Tensor, eps: float) -> Tensor:
-    """ViL's mLSTM cell on the compiled kernel: q, k (B, NH, S, DH), v (B, NH, S, DHV) (any
-    strides with a unit last one: the heads of a packed projection are read in place), gate
+    """ViL's mLSTM cell on the compiled kernel: q, k (B, NH, S, DH), v (B, NH, S, DHV) float32
+    (k, v of another dtype are cast to it; any strides with a unit last one: the heads of a
+    packed projection are read in place), gate
     pre-activations (B, NH, S, 1) -> h (B, NH, S, DHV) float32, equal to rounding to
     :func:`~amvim_mm.ops.mlstm.mlstm_parallel` (the reference; its row maximum taken as a
     running maximum, as the Triton kernel does). ``h`` is a view of a (B, S, NH * DHV) buffer,
     so that ``h.transpose(1, 2).reshape(B, S, -1)`` (the heads side by side) copies nothing."""
-    rows = lambda t: t if t.stride(-1) == 1 else t.contiguous()  # noqa: E731
+    rows = lambda t: (t if t.stride(-1) == 1 else t.contiguous()).to(torch.float32)  # noqa: E731
     B, NH, S, _ = q.shape
     h = torch.ops.amvim_cpu.mlstm(
         rows(q), rows(k), rows(v), igate.to(torch.float32).reshape(B, NH, S).contiguous(),

@@ -314,8 +314,7 @@ def mlstm(q: Tensor, k: Tensor, v: Tensor, igate_preact: Tensor, fgate_preact: T
         if kernel:
             return mlstm_triton(*tensors, eps)
         if cpu is None:
-            cpu = cpu_kernel_misfit(q.device.type, q.dtype, grad, runtime.exporting()) is None \
-                and cpu_ops.mlstm_misfit(*tensors) is None
+            cpu = cpu_kernel_misfit(q.device.type, q.dtype, grad, runtime.exporting()) is None
         if cpu:
             return cpu_ops.mlstm(*tensors, eps)
         limit = CUDA_PARALLEL_MAX_LEN if q.is_cuda else PARALLEL_MAX_LEN

@@ -73,8 +73,10 @@ def default_out(args) -> str:
     return osp.join('work_dirs', 'deploy', stem + '.onnx')
 
 
-def export(args) -> str:
-    """Export as the parsed arguments ask; returns the written path."""
+def export(args, loaded=None) -> str:
+    """Export as the parsed arguments ask; returns the written path. ``loaded``: the
+    ``(config, model)`` of :func:`load_task_model` when the caller has them (``--sizes``
+    exports one model at several sizes)."""
     import torch
     from amvim_mm.deploy.ort import require_onnxruntime
     from amvim_mm.engine.fileio import check_output_path
@@ -83,7 +85,7 @@ def export(args) -> str:
                             'deploy config': args.deploy_cfg}, force=args.force)
     require_onnxruntime()
     from amvim_mm.deploy.export import export_onnx
-    cfg, model = load_task_model(args)
+    cfg, model = loaded or load_task_model(args)
     deploy_path = args.deploy_cfg or DEFAULT_DEPLOY[cfg.default_scope]
     deploy_cfg = load_deploy_config(deploy_path)
     check_task(cfg, deploy_cfg, deploy_path)
@@ -171,6 +173,7 @@ def export_sizes(args) -> str:
                               'give another --out, or --force to rebuild it')
         manifest['sizes'] = {}
     manifest.update(made)
+    loaded = None
     for h, w in dict.fromkeys(sizes):
         key = size_key(h, w)
         path = osp.join(folder, f'{key}.onnx')
@@ -179,7 +182,8 @@ def export_sizes(args) -> str:
             continue
         one = copy.copy(args)
         one.shape, one.out, one.force, one.sizes = (h, w), path, True, None
-        export(one)
+        loaded = loaded or load_task_model(args)
+        export(one, loaded)
         manifest['sizes'][key] = f'{key}.onnx'
         write_manifest(folder, manifest)
         print(f'{key}: exported ({path})', file=sys.stderr)
@@ -210,9 +214,10 @@ def _extra_args(args) -> list:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.sizes:
+        from amvim_mm.deploy.size_cache import read_manifest
         folder = export_sizes(args)
         print(f'exported {args.config} to {folder}: sizes '
-              + ', '.join(sorted(read_sizes(folder))))
+              + ', '.join(sorted(read_manifest(folder)['sizes'])))
         return 0
     path = export(args)
     import onnx
@@ -224,11 +229,6 @@ def main(argv=None) -> int:
           + ', '.join(f'{v.name} {dims(v)}' for v in graph.input) + '; outputs '
           + ', '.join(f'{v.name} {dims(v)}' for v in graph.output))
     return 0
-
-
-def read_sizes(folder: str) -> list:
-    from amvim_mm.deploy.size_cache import read_manifest
-    return list(read_manifest(folder)['sizes'])
 
 
 if __name__ == '__main__':
