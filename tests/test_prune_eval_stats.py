@@ -72,8 +72,17 @@ def test_contract_every_reducer_with_intervals_and_paired_differences(toy, tmp_p
         assert d['paired_difference'] == pytest.approx(d['drop_a'] - d['drop_b'], abs=1e-3)
         assert d['difference_ci_low'] <= d['paired_difference'] + 0.01
         assert d['paired_difference'] - 0.01 <= d['difference_ci_high']
-    assert 'Paired differences of the drops' in p.stdout
+    # one checkpoint per architecture: the checkpoint-level differences are the only
+    # comparison, on the screen and in their file; no verdicts, so no forest plot
+    assert 'Each pair of checkpoints on the same images' in p.stdout
     assert '| vim-demo | amvim-demo | tome | 0.27 | fp32 |' in p.stdout
+    assert '| vim-demo | amvim-demo | tome | 0.27 | fp32 |' in (
+        out / 'checkpoint_differences.md').read_text()
+    assert 'Verdicts: no architecture verdicts' in (out / 'summary.md').read_text()
+    assert not (out / 'prune_eval_forest.png').exists() and 'forest' not in p.stdout
+    # the libraries' warnings go to the log, not into the progress bar
+    assert 'UserWarning' not in p.stderr + p.stdout
+    assert 'UserWarning' in (out / 'prune_eval_warnings.log').read_text()
     # resuming: nothing left to evaluate, the same numbers
     p2 = _tool('prune_eval.py', args, tmp_path)
     assert p2.returncode == 0, p2.stderr[-3000:]
@@ -284,7 +293,7 @@ def test_without_groups_there_is_no_architecture_verdict(tmp_path):
     table = pe.verdict_table(data)
     assert 'No architecture verdicts' in table and 'loses' not in table
     (pd, ) = data['paired_differences']         # b loses far more: resolved, checkpoint level
-    assert pd['reading'] == 'a keeps more (these checkpoints)'
+    assert pd['reading'] == 'a loses less than b (these checkpoints, unadjusted)'
     assert 'checkpoint level' in pe.markdown_table(data)
 
 
@@ -499,3 +508,56 @@ def test_a_row_edited_after_its_evaluation_is_refused(tmp_path, edit):
     with pytest.raises(ConfigError, match='was changed after the evaluation') as err:
         pe.merge_results(path, [], dict(models=['a']), out_dir=str(tmp_path), replicates=40)
     assert '\n' not in str(err.value)
+
+
+def test_groups_summary_forest_plot_and_the_screen_verdicts_first(toy, tmp_path):
+    """Two architectures x two training seeds (the shipped demo checkpoints): the screen
+    starts with the verdicts, the checkpoint-level differences go to their file only,
+    summary.md and the forest plot are written, and the plot's intervals (read back from the
+    PNG) are the summary table's."""
+    import re
+
+    from amvim_mm.apis.sweep import drawn
+    pairs, groups = [], []
+    for m in ('vim', 'amvim'):
+        for seed in (0, 1):
+            pairs += [osp.join(ROOT, 'configs/demo',
+                               f'{m}-demo_pyramid_upernet_1xb8-2k_toyshapes-64x64.py'),
+                      osp.join(ROOT, 'checkpoints/demo',
+                               f'{m}-demo-seed{seed}_toyshapes-64x64.pth')]
+            groups.append(m)
+    out = tmp_path / 'G'
+    p = _tool('prune_eval.py', [*pairs, '--methods', 'tome', '--ratios', '0', '0.46',
+                                '--names', 'v0', 'v1', 'a0', 'a1', '--groups', *groups,
+                                '--out-dir', out, '--replicates', '200', '--cfg-options', *toy],
+              tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    screen = p.stdout
+    assert 0 == screen.index('Robustness AUC') < screen.index('| group | models |') \
+        < screen.index('| model | method |')
+    assert 'Each pair of checkpoints' not in screen and 'UserWarning' not in p.stderr
+    assert '| v0 | v1 | tome | 0.46 |' in (out / 'checkpoint_differences.md').read_text()
+    summary = (out / 'summary.md').read_text()
+    assert summary.startswith('# prune_eval\n') and 'Run: `python tools/prune_eval.py' in summary
+    assert summary.index('Verdicts: one Holm family of 2') < summary.index(
+        'Robustness AUC') < summary.index('Per cell:') < summary.index(
+        'What the intervals rest on:') < summary.index('per checkpoint')
+    forest = drawn(str(out / 'prune_eval_forest.png'))
+    assert forest['kind'] == 'forest' and forest['margin'] == 1.0
+    assert [r['label'] for r in forest['rows']] == ['vim - amvim | tome AUC',
+                                                    'vim - amvim | tome 0.46']
+    # the summary shows each difference as amvim - vim: the negated value and interval
+    auc_row = next(line for line in summary.splitlines() if line.startswith('| tome |'))
+    cell_row = next(line for line in summary.splitlines() if line.startswith('| tome | 0.46'))
+    for row, line in zip(forest['rows'], (auc_row, cell_row), strict=True):
+        num = r'([+-]?\d+\.\d+)'
+        value, lo, hi = map(float, re.search(num + r' \[' + num + ', ' + num + r'\] (?:vim|'
+                                             r'equiv|incon)', line).groups())
+        assert value == pytest.approx(-row['value'], abs=0.006)
+        assert (lo, hi) == (pytest.approx(-row['high'], abs=0.006),
+                            pytest.approx(-row['low'], abs=0.006))
+        assert row['verdict'] in ('A loses less', 'A loses more', 'equivalent', 'inconclusive')
+    plot = drawn(str(out / 'prune_eval.png'))
+    assert plot['kind'] == 'per architecture'
+    assert {(line['label'], tuple(line['models'])) for line in plot['lines']} == {
+        ('vim / tome', ('v0', 'v1')), ('amvim / tome', ('a0', 'a1'))}

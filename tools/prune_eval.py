@@ -5,11 +5,17 @@
         [--names A B] [--precision fp32|bf16|fp16] [--seeds 0 1 2] [--locations 9 19] \
         [--flops-convention mamba|mmengine|localmamba] [--measure-speed]
 
-Prints a markdown table (metric with its 95 % bootstrap interval over images, drop vs ratio 0
-with its paired interval, GFLOPs, realised ratio, img/s with --measure-speed) and, for two or
-more models, the paired difference of their drops with its interval; writes DIR/results.json,
-DIR/per_image/ (the per-image statistics behind the intervals) and DIR/prune_eval.png (metric vs
-realised ratio with error bars). ToMe and random pruning take the ratio directly (AMVim
+Prints the verdicts first (with --groups: each architecture's robustness AUC and the
+Holm-adjusted differences between architectures, docs/statistics.md), then the architectures'
+table and the per-checkpoint table (metric with its 95 % bootstrap interval over images, drop vs
+ratio 0 with its paired interval, GFLOPs, realised ratio, img/s with --measure-speed). Writes to
+DIR: results.json, per_image/ (the per-image statistics behind the intervals), summary.md (the
+verdicts, every cell, what each interval rests on), checkpoint_differences.md (each pair of
+checkpoints on the same images, unadjusted; on the screen too without --groups),
+prune_eval.png (metric vs realised ratio; per architecture with its checkpoints thin under
+--groups), prune_eval_forest.png (every architecture difference with its interval at the
+verdict's level and the equivalence margin as a band) and prune_eval_warnings.log (the
+libraries' warnings, kept off the progress bar; --verbose shows them). ToMe and random pruning take the ratio directly (AMVim
 protocol); EViT and ToP prune after --locations (default: ToP-ViM's Tiny blocks scaled to the
 depth) at the keep rate that realises the nearest ratio. Random pruning runs once per --seeds
 entry (mean, spread and intervals over the seeds' mean). --precision runs each test step under
@@ -51,8 +57,11 @@ from mmengine.config import DictAction
 from amvim_mm.apis import dist
 from amvim_mm.apis.cli import positive_int, run_cli
 from amvim_mm.analysis.flops import CONVENTIONS
-from amvim_mm.apis.sweep import (METHODS, PRECISIONS, group_table, markdown_table, plot,
-                                 plot_groups, run_sweep, verdict_table)
+from amvim_mm.apis.sweep import (METHODS, PRECISIONS, checkpoint_differences, group_table,
+                                 markdown_table, plot, plot_forest, run_sweep, summary_markdown,
+                                 verdict_table)
+from amvim_mm.apis.sweep.run import WARNINGS_LOG
+from amvim_mm.engine.fileio import atomic_write_bytes
 
 
 
@@ -126,24 +135,39 @@ def _sweep(argv=None) -> int:
                          groups=args.groups, jobs=args.jobs, margin=args.margin,
                          launcher=args.launcher, one_pass=not args.cell_by_cell)
         if dist.is_main():
-            _report(data, args)
+            _report(data, args, argv)
     finally:
         dist.shutdown()
     return 0
 
 
-def _report(data, args) -> None:
-    """The tables on the screen and the plots next to results.json (rank 0)."""
-    print(markdown_table(data))
-    for table in (group_table(data), verdict_table(data)):
+def _report(data, args, argv) -> None:
+    """Rank 0: the verdicts first on the screen, then the architectures and the checkpoints;
+    summary.md, checkpoint_differences.md and the plots next to results.json."""
+    for table in (verdict_table(data), group_table(data), markdown_table(data, differences=False)):
         if table:
-            print('\n' + table)
-    png = plot(data, osp.join(args.out_dir, 'prune_eval.png'))
-    print(f'\nresults: {osp.join(args.out_dir, "results.json")}\nplot:    {png}')
-    if group_table(data):
-        print(f"groups:  {plot_groups(data, osp.join(args.out_dir, 'prune_eval_groups.png'))}")
+            print(table + '\n')
+    out = args.out_dir
+    command = 'python tools/prune_eval.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
+    files = dict(results=osp.join(out, 'results.json'), summary=osp.join(out, 'summary.md'))
+    atomic_write_bytes(summary_markdown(data, command=command).encode(), files['summary'])
+    diffs = checkpoint_differences(data)
+    if diffs:
+        files['checkpoint differences'] = osp.join(out, 'checkpoint_differences.md')
+        atomic_write_bytes(diffs.encode(), files['checkpoint differences'])
+        if not (data.get('meta') or {}).get('groups'):     # the only comparison there is
+            print(diffs.split('\n', 2)[2] + '\n')
+    files['plot'] = plot(data, osp.join(out, 'prune_eval.png'))
+    forest = plot_forest(data, osp.join(out, 'prune_eval_forest.png'))
+    if forest:
+        files['forest plot'] = forest
+    warned = osp.join(out, WARNINGS_LOG)
+    if osp.isfile(warned) and osp.getsize(warned):
+        files['library warnings'] = warned
+    width = max(map(len, files)) + 1
+    for what, path in files.items():
+        print(f'{what + ":":<{width}} {path}')
     print(f"FLOPs convention: {data['meta']['convention']}")
-
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -50,8 +50,9 @@ measurement) differs from the requested one is recomputed.
 The package: :mod:`.methods` (the method table, shared with ``tools/test.py``), :mod:`.rows`
 (:class:`SweepRow`, a row's key and baseline), :mod:`.store` (``results.json``, its lock, the
 fingerprints, the merge), :mod:`.cell` (one model's cells evaluated), :mod:`.workers`
-(``--jobs``), :mod:`.run` (:func:`run_sweep`), :mod:`.intervals` (the final pass's statistics)
-and :mod:`.report` (tables and plots).
+(``--jobs``), :mod:`.run` (:func:`run_sweep`), :mod:`.intervals` (the final pass's statistics),
+:mod:`.report` (tables), :mod:`.plots` (metric vs ratio, the forest plot of the verdicts) and
+:mod:`.summary` (``summary.md``, ``checkpoint_differences.md``).
 """
 from amvim_mm.apis.sweep.cell import PRIMARY_METRICS, ModelCells, fine_tuning_label
 from amvim_mm.apis.sweep.intervals import add_intervals
@@ -59,10 +60,13 @@ from amvim_mm.apis.sweep.methods import (IMPORTANCE_METHODS, LEARNED, METHODS, S
                                          cell_reducer, check_method, check_ratio,
                                          config_has_learned_reducer, learned_reducer,
                                          reduction_config)
-from amvim_mm.apis.sweep.report import (group_table, markdown_table, plot, plot_groups,
-                                        verdict_table)
+from amvim_mm.apis.sweep.plots import drawn, forest_rows, plot, plot_forest
+from amvim_mm.apis.sweep.report import group_table, markdown_table, verdict_table
 from amvim_mm.apis.sweep.rows import ABSENT, Fingerprint, SweepRow
 from amvim_mm.apis.sweep.run import PRECISIONS, STATISTICS, model_name, run_sweep, validate
+from amvim_mm.apis.sweep.summary import (architectures, auc_table, cell_table,
+                                         checkpoint_differences, summary_lines,
+                                         summary_markdown, verdict_family)
 from amvim_mm.apis.sweep.store import (config_sha256, file_sha256, load_results,
                                        merge_results, prepare_out_dir, protocol, results_lock,
                                        strict_json)
@@ -70,8 +74,10 @@ from amvim_mm.apis.sweep.store import (config_sha256, file_sha256, load_results,
 __all__ = [
     'ABSENT', 'IMPORTANCE_METHODS', 'LEARNED', 'METHODS', 'PRECISIONS', 'PRIMARY_METRICS',
     'SEEDED_METHODS', 'STATISTICS', 'Fingerprint', 'ModelCells', 'SweepRow', 'add_intervals',
-    'cell_reducer', 'check_method', 'check_ratio', 'config_has_learned_reducer',
-    'config_sha256', 'file_sha256', 'fine_tuning_label', 'group_table', 'learned_reducer',
-    'load_results', 'markdown_table', 'merge_results', 'model_name', 'plot', 'plot_groups',
+    'architectures', 'auc_table', 'cell_reducer', 'cell_table', 'check_method', 'check_ratio',
+    'checkpoint_differences', 'config_has_learned_reducer', 'config_sha256', 'drawn',
+    'file_sha256', 'fine_tuning_label', 'forest_rows', 'group_table', 'learned_reducer',
+    'load_results', 'markdown_table', 'merge_results', 'model_name', 'plot', 'plot_forest',
     'prepare_out_dir', 'protocol', 'reduction_config', 'results_lock', 'run_sweep',
-    'strict_json', 'validate', 'verdict_table']
+    'strict_json', 'summary_lines', 'summary_markdown', 'validate', 'verdict_family',
+    'verdict_table']

@@ -378,7 +378,7 @@ def _reading(a: str, b: str, lo: Optional[float], hi: Optional[float]) -> str:
     """What the interval of ``a``'s drop minus ``b``'s says about these two checkpoints on
     these images (a checkpoint-level reading, not an architecture verdict)."""
     if lo is not None and lo > 0:
-        return f'{a} keeps more (these checkpoints)'
+        return f'{a} loses less than {b} (these checkpoints, unadjusted)'
     if hi is not None and hi < 0:
-        return f'{b} keeps more (these checkpoints)'
-    return 'no difference resolved (the interval contains 0)'
+        return f'{a} loses more than {b} (these checkpoints, unadjusted)'
+    return 'inconclusive (these checkpoints: the interval contains 0)'

@@ -1,16 +1,16 @@
 """A sweep's tables and plots, from the merged ``results.json`` data: the rows with their
 intervals (:func:`markdown_table`), the architectures (:func:`group_table`), the verdicts
-(:func:`verdict_table`), metric against realised ratio (:func:`plot`, :func:`plot_groups`).
+(:func:`verdict_table`); the plots are in :mod:`.plots`, the summary in :mod:`.summary`.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 from amvim_mm.apis.sweep.rows import zero_of
 from amvim_mm.bench.measure import speedup_ceiling
 
 
-def _digits(metric_name: str) -> int:
+def metric_digits(metric_name: str) -> int:
     """Decimals to print: COCO AP is a fraction, mIoU / top-1 are percentages."""
     return 3 if metric_name.startswith('coco') else 2
 
@@ -19,8 +19,8 @@ def _fmt_ci(lo, hi, digits: int) -> str:
     return '' if lo is None else f'[{lo:.{digits}f}, {hi:.{digits}f}]'
 
 
-def _differences_table(diffs: Sequence[dict], a: str, b: str, title: str,
-                       precision: bool) -> List[str]:
+def differences_table(diffs: Sequence[dict], a: str, b: str, title: str,
+                      precision: bool) -> List[str]:
     """Markdown lines of paired differences (``a``/``b``: the keys naming the two sides)."""
     if not diffs:
         return []
@@ -28,7 +28,7 @@ def _differences_table(diffs: Sequence[dict], a: str, b: str, title: str,
         'drop A', 'drop B', 'A - B', '95% CI', 'reading']
     lines = ['', title, '', '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for d in diffs:
-        dg = _digits(d['metric_name'])
+        dg = metric_digits(d['metric_name'])
         cells = [d[a], d[b], d['method'], f"{d['ratio']:.2f}"] + (
             [d['precision']] if precision else []) + [
             f"{d['drop_a']:+.{dg}f}", f"{d['drop_b']:+.{dg}f}",
@@ -36,14 +36,6 @@ def _differences_table(diffs: Sequence[dict], a: str, b: str, title: str,
             _fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg), d['reading']]
         lines.append('| ' + ' | '.join(cells) + ' |')
     return lines
-
-
-def _yerr(items: Sequence[dict]) -> List[List[float]]:
-    """Error bars (below, above) of ``metric`` from ``ci_low``/``ci_high`` (0 where absent)."""
-    return [[max(0.0, r['metric'] - r['ci_low']) if r.get('ci_low') is not None else 0
-             for r in items],
-            [max(0.0, r['ci_high'] - r['metric']) if r.get('ci_high') is not None else 0
-             for r in items]]
 
 
 def ceiling_speedup(row: dict, zero: dict) -> Optional[float]:
@@ -69,7 +61,9 @@ def _speed_cells(r: dict, z: Optional[dict]) -> List[str]:
             ratio('img_per_s_model'), '' if ceil is None else f'{ceil:.2f}x']
 
 
-def markdown_table(data: Dict[str, object]) -> str:
+def markdown_table(data: Dict[str, object], differences: bool = True) -> str:
+    """Every row (checkpoint, method, ratio) with its intervals; with ``differences`` the
+    checkpoint-level paired differences below it (:func:`differences_table`)."""
     rows = data['results']
     speed = any(r.get('img_per_s') for r in rows)
     seeded = any(r.get('seed_std') is not None for r in rows)
@@ -81,7 +75,7 @@ def markdown_table(data: Dict[str, object]) -> str:
         head += ['backbone img/s', 'backbone x', 'model img/s', 'model x', 'ceiling x']
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for r in rows:
-        dg = _digits(r['metric_name'])
+        dg = metric_digits(r['metric_name'])
         method = r['method']
         if r.get('fine_tuned'):
             how = r['fine_tuned'] if isinstance(r['fine_tuned'], str) else 'fine-tuned'
@@ -97,11 +91,12 @@ def markdown_table(data: Dict[str, object]) -> str:
         if speed:
             cells += _speed_cells(r, zero_of(rows, r))
         lines.append('| ' + ' | '.join(str(c) for c in cells) + ' |')
-    lines += _differences_table(
-        data.get('paired_differences') or [], 'model_a', 'model_b',
-        'Paired differences of the drops, checkpoint level (model A - model B, these '
-        'checkpoints on the same images; > 0: A keeps more; no architecture verdict):',
-        precision=True)
+    if differences:
+        lines += differences_table(
+            data.get('paired_differences') or [], 'model_a', 'model_b',
+            'Paired differences of the drops, checkpoint level (model A - model B, these '
+            'checkpoints on the same images; > 0: A loses less; unadjusted, no architecture '
+            'verdict):', precision=True)
     return '\n'.join(lines)
 
 
@@ -116,7 +111,7 @@ def group_table(data: Dict[str, object]) -> str:
              '|' + '---|' * 13]
     zeros = set()
     for e in entries:
-        dg = _digits(e['metric_name'])
+        dg = metric_digits(e['metric_name'])
         method = e['method']
         if float(e['ratio']) == 0.0:      # no reduction: the same for every method, once
             if (e['group'], e['precision']) in zeros:
@@ -166,7 +161,7 @@ def verdict_table(data: Dict[str, object]) -> str:
     decided = [d for d in auc_diffs + diffs if d.get('p') is not None]
     if aucs:
         name = aucs[0]['metric_name']
-        dg = _digits(name)
+        dg = metric_digits(name)
         lines += [f'Robustness AUC: the mean drop of {name} over the kept-token range (no '
                   'reduction to the largest ratio); 95 % intervals over training seeds and '
                   'images:', '',
@@ -184,7 +179,7 @@ def verdict_table(data: Dict[str, object]) -> str:
         lines += ['', 'No architecture verdicts: every architecture here has one trained model '
                   '(a single checkpoint says nothing about its architecture). Give each '
                   'architecture two or more training seeds with --groups; the paired '
-                  'differences of the checkpoints are in the per-model table.']
+                  'differences of the checkpoints are in checkpoint_differences.md.']
     elif decided:
         n, m = decided[0]['family_size'], decided[0]['margin']
         family = (f'Holm over {n} comparisons (the AUCs and the cells together); intervals at '
@@ -193,7 +188,7 @@ def verdict_table(data: Dict[str, object]) -> str:
                   f'less / more"; equivalence margin +-{m:g}')
         lines += ['', f'Verdicts: {family}.']
     if auc_diffs and decided:
-        dg = _digits(auc_diffs[0]['metric_name'])
+        dg = metric_digits(auc_diffs[0]['metric_name'])
         lines += ['', 'AUC differences (A - B over the kept range both cover; > 0: A loses '
                   'less):', '',
                   '| A | B | method | kept range | A - B | CI | p (Holm) | detectable | verdict |',
@@ -208,7 +203,7 @@ def verdict_table(data: Dict[str, object]) -> str:
                 f"{_p(d['p_holm'])} | {'' if det is None else format(det, f'.{dg}f')} | "
                 f"{d['reading']} |")
     if diffs and decided:
-        dg = _digits(diffs[0]['metric_name'])
+        dg = metric_digits(diffs[0]['metric_name'])
         lines += ['', 'Drop differences per cell (A - B; > 0: A loses less; relative drops in % '
                   'of each model\'s own unreduced metric):', '',
                   '| A | B | method | ratio | drop A | drop B | A - B | CI | rel. A % | '
@@ -226,67 +221,3 @@ def verdict_table(data: Dict[str, object]) -> str:
     basis = (aucs or diffs)[0]['basis']
     lines += ['', f'Intervals of the architectures over {basis}.']
     return '\n'.join(lines)
-
-
-def plot(data: Dict[str, object], path: str) -> str:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=120)
-    series: Dict[Tuple[str, str, str], List[dict]] = {}
-    for r in data['results']:
-        series.setdefault((r['model'], r['method'], r.get('precision', 'fp32')), []).append(r)
-    models = sorted({m for m, _, _ in series})
-    colors = {m: plt.get_cmap('tab10')(i % 10) for i, m in enumerate(models)}
-    styles = {'tome': ('-', 'o'), 'random': ('--', 's'), 'evit': (':', '^'), 'top': ('-.', 'D')}
-    for (model, method, prec), rs in sorted(series.items()):
-        rs = sorted(rs, key=lambda r: r['realised_ratio'])
-        x = [r['realised_ratio'] for r in rs]
-        y = [r['metric'] for r in rs]
-        err = _yerr(rs)
-        ls, mk = styles.get(method, (':', 'x'))
-        ax.errorbar(x, y, yerr=err, color=colors[model], marker=mk, linestyle=ls, capsize=2,
-                    label=f'{model} / {method}' + ('' if prec == 'fp32' else f' / {prec}'))
-    name = data['results'][0]['metric_name'] if data['results'] else 'metric'
-    ax.set_xlabel('realised token reduction ratio (training-free)')
-    ax.set_ylabel(f'{name} (95% bootstrap CI over images)')
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def plot_groups(data: Dict[str, object], path: str) -> str:
-    """One panel per method: each group's mean metric vs realised ratio, with the interval over
-    images and the group's models as error bars."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    entries = data.get('group_results') or []
-    methods = list(dict.fromkeys(e['method'] for e in entries))
-    groups = list(dict.fromkeys(e['group'] for e in entries))
-    fig, axes = plt.subplots(1, max(len(methods), 1), figsize=(3.2 * max(len(methods), 1), 3.4),
-                             dpi=120, sharey=True, squeeze=False)
-    colors = {g: plt.get_cmap('tab10')(i % 10) for i, g in enumerate(groups)}
-    for ax, method in zip(axes[0], methods):
-        for g in groups:
-            es = sorted((e for e in entries if e['group'] == g and e['method'] == method),
-                        key=lambda e: e['realised_ratio'])
-            if not es:
-                continue
-            y = [e['metric'] for e in es]
-            err = _yerr(es)
-            ax.errorbar([e['realised_ratio'] for e in es], y, yerr=err, color=colors[g],
-                        marker='o', capsize=2, label=f'{g} ({len(es[0]["models"])} models)')
-        ax.set_title(method)
-        ax.set_xlabel('realised ratio')
-        ax.grid(alpha=0.3)
-    if entries:
-        axes[0][0].set_ylabel(f"{entries[0]['metric_name']} (mean, 95% CI)")
-        axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path

@@ -22,8 +22,11 @@ from amvim_mm.apis.sweep.store import (config_sha256, file_sha256, load_results,
                                        stored_fingerprints)
 from amvim_mm.apis.sweep.workers import sweep_in_workers
 from amvim_mm.errors import ConfigError
+from amvim_mm.utils.warning_log import warnings_to_file
 
 PRECISIONS = ('fp32', 'bf16', 'fp16')
+#: the libraries' warnings of a sweep, in its out-dir
+WARNINGS_LOG = 'prune_eval_warnings.log'
 #: what results.json's intervals and verdicts rest on (``meta.statistics``)
 STATISTICS = dict(
     rows='percentile bootstrap over the validation images (one draw per data set, shared by '
@@ -138,6 +141,9 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
     timings). ``one_pass`` (default): a model's pending cells are evaluated in one pass over
     the data (:mod:`~amvim_mm.apis.sweep.one_pass`), the same rows as cell by cell (False),
     which is kept for comparison and for evaluators too large to hold many at once.
+
+    The libraries' warnings go to ``out_dir/prune_eval_warnings.log`` (:data:`WARNINGS_LOG`),
+    not into the progress bar; ``verbose`` keeps them on the screen with the runners' logs.
     """
     names = validate(models, methods, ratios, names, precision, seeds)
     _check_options(names, margin, jobs, measure_speed, groups, flops_convention, launcher,
@@ -150,7 +156,8 @@ def run_sweep(models: Sequence[Tuple[str, str]], methods: Sequence[str],
                    flops_convention=flops_convention, measure_speed=measure_speed,
                    replicates=replicates, groups=groups, jobs=jobs, final=final, margin=margin,
                    one_pass=one_pass)
-    return sweep.run()
+    with warnings_to_file(osp.join(out_dir, WARNINGS_LOG), enabled=not verbose):
+        return sweep.run()
 
 
 def _loader_defaults(cfg) -> None:
