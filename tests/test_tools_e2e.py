@@ -547,8 +547,10 @@ def test_demo_quick(tmp_path):
         assert all(r['ci_low'] is not None for r in data['results'])
         groups = {(g['group'], g['ratio']) for g in data['group_results']}
         assert groups == {(m, r) for m in models[task] for r in (0.0, 0.46)}
-        for png in ('prune_eval.png', 'prune_eval_groups.png'):
-            assert (out_dir / task / png).read_bytes()[:4] == b'\x89PNG'
+        assert (out_dir / task / 'prune_eval.png').read_bytes()[:4] == b'\x89PNG'
+        # one seed per architecture: prune_eval's own summary says there is no verdict
+        assert 'Verdicts: no architecture verdicts' in (out_dir / task / 'summary.md').read_text()
+        assert not (out_dir / task / 'prune_eval_forest.png').exists()
         for m in models[task]:
             assert (out_dir / f'{m}-seed0_quick.pth').is_file()
     summary = (out_dir / 'summary.md').read_text()

@@ -21,6 +21,7 @@ Steps (each shown as it runs):
      outputs/demo), a summary to OUT/summary.md.
 
     python tools/demo.py [--train] [--jobs N] [--out-dir DIR] [--quick] [--families vil amvil]
+    python tools/demo.py --data-only     # step 2 alone: the data of the demo configs, seconds
 
 ``--families vil amvil`` adds the Vision-LSTM demo models (ViL, AMViL) to the segmentation
 task; their checkpoints are not shipped, so the first such run trains them (ten trainings).
@@ -181,91 +182,32 @@ def ckpt_path(name: str, seed: int) -> str:
     return osp.join(CKPT_DIR, f'{name}-seed{seed}_toyshapes-64x64.pth')
 
 
-def _ci(lo, hi, dg: int) -> str:
-    return '' if lo is None else f'[{lo:.{dg}f}, {hi:.{dg}f}]'
-
-
-def _other_minus_first(d: dict, dg: int) -> str:
-    """A verdict row of prune_eval (first architecture A minus another B) as B - A."""
-    lo, hi = d.get('difference_ci_low'), d.get('difference_ci_high')
-    ci = '' if lo is None else _ci(-hi, -lo, dg) + ' '
-    return f"{-d[_value(d)]:+.{dg}f} {ci}{d['reading']}"
-
-
-def _value(d: dict) -> str:
-    return 'auc_difference' if 'auc_difference' in d else 'paired_difference'
-
-
-def auc_table(data: dict, groups, metric: str) -> str:
-    """Per method: every architecture's robustness AUC (mean drop over the kept-token range,
-    interval over training seeds and images) and each other architecture's AUC minus the first
-    one's (Vim's) with its Holm-adjusted verdict."""
-    a, others = groups[0], list(groups[1:])
-    dg = 3 if metric == 'box AP' else 2
-    aucs = {(e['group'], e['method']): e for e in data.get('group_auc') or []}
-    diffs = {(d['group_b'], d['method']): d for d in data.get('group_auc_differences') or []
-             if d['group_a'] == a}
-    head = (['method'] + [f'{g} AUC drop [95% CI]' for g in groups]
-            + [f'{g} - {a} [CI] verdict' for g in others])
-    lines = ['| ' + ' | '.join(head) + ' |', '|---' * len(head) + '|']
-    for method in sorted({m for (_, m) in aucs}):
-        es = [aucs.get((g, method)) for g in groups]
-        if any(e is None for e in es):
-            continue
-        cells = [method] + [f"{e['auc_drop']:+.{dg}f} "
-                            f"{_ci(e['auc_drop_ci_low'], e['auc_drop_ci_high'], dg)}" for e in es]
-        cells += ['' if diffs.get((g, method)) is None else
-                  _other_minus_first(diffs[(g, method)], dg) for g in others]
-        lines.append('| ' + ' | '.join(cells) + ' |')
-    return '\n'.join(lines)
-
-
-def comparison_table(data: dict, groups, metric: str) -> str:
-    """The task's table per cell: every architecture's mean over its training seeds with the
-    95 % interval over seeds and images, its drop and relative drop (% of its own unreduced
-    metric), and each other architecture's drop minus the first one's (Vim's) with its
-    interval and Holm-adjusted verdict (> 0: that architecture loses less)."""
-    a, others = groups[0], list(groups[1:])
-    dg = 3 if metric == 'box AP' else 2
-    entries = {(e['group'], e['method'], e['ratio']): e for e in data['group_results']}
-    diffs = {(d['group_b'], d['method'], d['ratio']): d
-             for d in data['group_paired_differences'] if d['group_a'] == a}
-    head = (['method', 'ratio', 'realised'] + [f'{g} {metric} [95% CI]' for g in groups]
-            + [f'{g} drop (rel. %)' for g in groups]
-            + [f'{g} - {a} drop [CI] verdict' for g in others])
-    lines = ['| ' + ' | '.join(head) + ' |', '|---' * len(head) + '|']
-    keys = sorted({(m, r) for (_, m, r) in entries}, key=lambda k: (k[1] != 0, k[0], k[1]))
-    shown_zero = False
-    for method, ratio in keys:
-        es = [entries.get((g, method, ratio)) for g in groups]
-        if any(e is None for e in es):
-            continue
-        if ratio == 0:
-            if shown_zero:
-                continue
-            shown_zero, method = True, 'none'
-        cells = [method, f'{ratio:.2f}', f"{es[0]['realised_ratio']:.3f}"]
-        cells += [f"{e['metric']:.{dg}f} {_ci(e['ci_low'], e['ci_high'], dg)}" for e in es]
-        cells += [f"{e['drop']:+.{dg}f} ({e['relative_drop']:+.1f})"
-                  if e.get('relative_drop') is not None else f"{e['drop']:+.{dg}f}"
-                  for e in es]
-        cells += ['' if diffs.get((g, method, ratio)) is None else
-                  _other_minus_first(diffs[(g, method, ratio)], dg) for g in others]
-        lines.append('| ' + ' | '.join(cells) + ' |')
-    return '\n'.join(lines)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--train', action='store_true', help='retrain all demo checkpoints')
     p.add_argument('--jobs', type=int, default=1, help='trainings run at the same time')
     p.add_argument('--out-dir', default='outputs/demo')
     p.add_argument('--quick', action='store_true', help='shortened run for tests')
+    p.add_argument('--data-only', action='store_true',
+                   help='only generate the toy-shapes data (step 2: data/toy_shapes*, what '
+                        'the configs in configs/demo read; with --quick tiny sets under '
+                        '--out-dir) and exit')
     p.add_argument('--families', nargs='+', default=[], choices=sorted(EXTRA_FAMILIES),
                    help='add these families to the segmentation task (their checkpoints '
                         'are trained on the first run: long)')
     args = p.parse_args(argv)
     os.chdir(ROOT)
+    if args.data_only:
+        step('built-in toy-shapes data (segmentation, detection, classification)')
+        try:
+            make_data(args.quick, args.out_dir)
+        except ImportError as err:   # not the set-up's environment
+            print(f'error: {err}; run it with the set-up\'s .venv/bin/python (`bash run.sh '
+                  'demo` creates .venv)', file=sys.stderr)
+            return 2
+        print('   done' + ('' if args.quick else ': tools/train.py and tools/test.py find it '
+                             'for the configs in configs/demo, run from the repository root'))
+        return 0
     t0 = time.time()
     cores = os.cpu_count() or 1
     jobs = max(1, min(args.jobs, cores))
@@ -429,26 +371,15 @@ def run_sweep_tool(task: str, metric: str, pe_args, out: str, cores: int):
 
 
 def task_tables(task: str, metric: str, groups, out: str, log: str) -> list:
-    """Print a task's AUC and per-cell tables; its lines of the summary."""
-    from amvim_mm.apis.sweep import group_table, load_results
+    """Print a task's AUC and per-cell tables; its section of the summary
+    (:func:`amvim_mm.apis.sweep.summary_lines`, as prune_eval's own summary.md)."""
+    from amvim_mm.apis.sweep import auc_table, cell_table, load_results, summary_lines
     data = load_results(osp.join(out, 'results.json'))
-    aucs, table = auc_table(data, groups, metric), comparison_table(data, groups, metric)
-    print(aucs + '\n\n' + table + f'\n   (all rows, per checkpoint and per group: {log})',
-          flush=True)
-    decided = [d for d in (data.get('group_auc_differences') or [])
-               + (data.get('group_paired_differences') or []) if d.get('p') is not None]
-    levels = sorted({round(100 * d['ci_level'], 2) for d in decided})
-    family = (f'one Holm family of {len(decided)} comparisons: the AUCs and all cells; each '
-              f'difference\'s CI at the level of its verdict, '
-              f'{levels[0]:g}{"" if levels[0] == levels[-1] else f"-{levels[-1]:g}"} %, '
-              'so it excludes 0 exactly when the verdict is "loses less / more"'
-              if decided else 'no architecture verdicts')
-    return [f'## {task} ({metric})', '', f'Verdicts: {family}.', '',
-            'Robustness AUC (mean drop over the kept-token range; AUC differences over the '
-            'range both architectures cover):', '', aucs, '',
-            'Per cell:', '', table, '',
-            '<details><summary>per group</summary>', '', group_table(data), '',
-            '</details>', '']
+    print(auc_table(data, groups, metric) + '\n\n' + cell_table(data, groups, metric)
+          + f'\n   (all rows, per checkpoint and per group: {log})', flush=True)
+    return summary_lines(data, f'{task} ({metric})', metric=metric, groups=groups,
+                         checkpoints=False)
+
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -38,8 +38,8 @@ from amvim_mm.apis import dist
 from amvim_mm.apis.cli import run_cli
 from amvim_mm.apis.sweep.methods import (LEARNED, METHODS, cell_reducer, check_reduction_args,
                                          config_has_learned_reducer, learned_reducer)
-from amvim_mm.apis.runner import (drop_token_reduction_hooks, identify_images, load_config,
-                                  load_model_weights, make_runner)
+from amvim_mm.apis.runner import (check_data_roots, drop_token_reduction_hooks, identify_images,
+                                  load_config, load_model_weights, make_runner)
 from amvim_mm.engine.hooks import find_reducible_backbone
 from amvim_mm.errors import ConfigError
 from amvim_mm.utils.remote_checkpoint import scheme_of
@@ -83,6 +83,7 @@ def main(argv=None) -> int:
 def _test(args) -> int:
     # the process group is ours: the runner shards and gathers through it without DDP
     cfg = load_config(args.config, args.cfg_options, args.work_dir)
+    check_data_roots(cfg, ('test_dataloader', ), args.config)
     cfg.load_from = None
     if args.reduce == LEARNED and not config_has_learned_reducer(cfg):
         raise ConfigError(f'--reduce learned needs a config whose backbone carries a learned '

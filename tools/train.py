@@ -17,11 +17,12 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmen
 from mmengine.config import DictAction
 
 from amvim_mm.apis.cli import run_cli
-from amvim_mm.apis.runner import enable_amp, load_config, make_runner
+from amvim_mm.apis.runner import (check_data_roots, enable_amp, load_config, make_runner,
+                                  train_loaders)
 from amvim_mm.engine.checkpoint_hook import latest_checkpoint
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description='Train a model')
     p.add_argument('config', help='train config file path')
     p.add_argument('--work-dir', help='the dir to save logs and models')
@@ -33,15 +34,16 @@ def parse_args():
                    help='override settings of the config, xxx=yyy format')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
     return args
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    args = parse_args(argv)
     cfg = load_config(args.config, args.cfg_options, args.work_dir, args.launcher)
+    check_data_roots(cfg, train_loaders(cfg), args.config)
     if args.amp:
         enable_amp(cfg)
     if args.resume == 'auto':

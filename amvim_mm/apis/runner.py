@@ -7,7 +7,8 @@ all three tasks.
 from __future__ import annotations
 
 import os.path as osp
-from typing import List, Optional
+import re
+from typing import List, Optional, Sequence, Tuple
 
 from mmengine.config import Config
 
@@ -15,6 +16,8 @@ from amvim_mm.errors import ConfigError
 from amvim_mm.utils.config_lookup import cached_package_lookups
 
 SCOPES = ('mmseg', 'mmdet', 'mmpretrain')
+#: the built-in toy-shapes sets of the demo configs, which ``tools/demo.py`` generates
+TOY_SHAPES_ROOT = re.compile(r'(?:^|/)data/toy_shapes(?:_coco|_cls)?/*$')
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None,
@@ -55,6 +58,55 @@ def enable_amp(cfg: Config, dtype: str = 'bfloat16') -> None:
         ow.type = 'AmpOptimWrapper'
         ow.dtype = dtype
         ow.setdefault('loss_scale', 'dynamic')
+
+
+def dataset_roots(cfg: Config, loaders: Sequence[str]) -> List[Tuple[str, str]]:
+    """``(config key, data_root)`` of every dataset of the named dataloaders, through dataset
+    wrappers (``dataset=`` / ``datasets=[...]``), e.g.
+    ``('test_dataloader.dataset.data_root', 'data/toy_shapes')``."""
+    found = []
+
+    def walk(node, key):
+        if isinstance(node, dict):
+            root = node.get('data_root')
+            if isinstance(root, str) and root:
+                found.append((f'{key}.data_root', root))
+            for child in ('dataset', 'datasets'):
+                if child in node:
+                    walk(node[child], f'{key}.{child}')
+        elif isinstance(node, (list, tuple)):
+            for i, item in enumerate(node):
+                walk(item, f'{key}.{i}')
+
+    for name in loaders:
+        loader = cfg.get(name)
+        if isinstance(loader, dict):
+            walk(loader.get('dataset'), f'{name}.dataset')
+    return found
+
+
+def check_data_roots(cfg: Config, loaders: Sequence[str], config: str = '') -> None:
+    """A one-line error before the runner builds when a dataset's ``data_root`` of the named
+    dataloaders is not a folder (relative roots are read from the working directory, as the
+    libraries read them; URLs are not checked): it names the root and its config key, and for
+    the demo's toy shapes the command that generates them."""
+    for key, root in dataset_roots(cfg, loaders):
+        if '://' in root or osp.isdir(root):
+            continue
+        where = f'{key} of {config}' if config else key
+        if TOY_SHAPES_ROOT.search(osp.normpath(root).replace(osp.sep, '/')):
+            hint = ('generate the demo data with `python tools/demo.py --data-only` in the '
+                    'repository root')
+        else:
+            hint = f'prepare the data set there or set --cfg-options {key}=DIR'
+        raise FileNotFoundError(f'data root not found: {root} ({where}); {hint}')
+
+
+def train_loaders(cfg: Config) -> Tuple[str, ...]:
+    """The dataloaders ``runner.train()`` reads: the training one, and the validation one when
+    the config has a validation loop."""
+    val = all(cfg.get(k) is not None for k in ('val_cfg', 'val_dataloader', 'val_evaluator'))
+    return ('train_dataloader', 'val_dataloader') if val else ('train_dataloader', )
 
 
 def make_runner(cfg: Config):
