@@ -11,6 +11,7 @@ is only compiled.
 import contextlib
 import fnmatch
 import importlib.util
+import itertools
 import os
 import os.path as osp
 import re
@@ -282,3 +283,42 @@ def test_demo_checkpoint_and_seed_counts_are_those_of_the_demo():
     seg, det = demo.SEEDS['segmentation'], demo.SEEDS['detection']
     want_ranges = (seg[0], seg[-1], det[0], det[-1])
     assert all(r == want_ranges for _, r in ranges), (ranges, demo.SEEDS)
+
+
+def _per_cell_table(text, heading):
+    """The rows of the 'Per cell:' table under ``heading`` in docs/demo.md: header, rows."""
+    section = text[text.index(heading):]
+    lines = section[section.index('Per cell:'):].splitlines()[2:]
+    table = [[c.strip() for c in line.strip('|').split('|')]
+             for line in itertools.takewhile(lambda s: s.startswith('|'), lines)]
+    return table[0], table[2:]
+
+
+@pytest.mark.parametrize('task,heading', [('segmentation', 'Segmentation ('),
+                                          ('detection', 'Detection ('),
+                                          ('classification', 'Classification (')])
+def test_the_demo_plots_in_docs_come_from_the_run_demo_md_reports(task, heading):
+    """docs/demo_<task>.png carry what they draw (a PNG text chunk): the demo's architectures
+    with one thin line per training seed, and every drawn mean equal to docs/demo.md's
+    per-cell table, i.e. the plot and the tables come from the same run and that run had the
+    demo's present seeds."""
+    from amvim_mm.apis.sweep import drawn
+    demo = _demo_tool()
+    plot = drawn(osp.join(ROOT, 'docs', f'demo_{task}.png'))
+    assert plot['kind'] == 'per architecture'
+    archs = [name for name, _ in demo.TASKS[task][4]]
+    assert {line['label'].split(' / ')[0] for line in plot['lines']} == set(archs)
+    for line in plot['lines']:
+        assert len(line['models']) == len(demo.SEEDS[task]), line['label']
+    head, rows = _per_cell_table(_read(osp.join(ROOT, 'docs', 'demo.md')), heading)
+    tol = 6e-4 if task == 'detection' else 6e-3
+    checked = 0
+    for line in plot['lines']:
+        arch, method = line['label'].split(' / ')
+        col = next(i for i, h in enumerate(head) if h.startswith(f'{arch} ') and '[95% CI]' in h)
+        for x, y in zip(line['x'], line['y'], strict=True):
+            row = next(r for r in rows if float(r[2]) == pytest.approx(x, abs=6e-4)
+                       and r[0] in (method, 'none'))
+            assert float(row[col].split()[0]) == pytest.approx(y, abs=tol), (line['label'], x)
+            checked += 1
+    assert checked >= len(archs) * 4 * 3

@@ -131,7 +131,7 @@ def _bases(data: Dict[str, object]) -> List[str]:
     meta = data.get('meta') or {}
     boot = meta.get('bootstrap') or {}
     basis = sorted({e['basis'] for e in (data.get('group_results') or []) if e.get('basis')})
-    lines = [f"- Per checkpoint (folded table below): 95 % paired bootstrap over the validation "
+    lines = [f"- Per checkpoint: 95 % paired bootstrap over the validation "
              f"images ({boot.get('replicates', '?')} replicates, one resampling shared by "
              'every row).']
     if basis:
