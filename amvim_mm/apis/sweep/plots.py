@@ -132,16 +132,14 @@ def forest_rows(data: Dict[str, object]) -> List[dict]:
     """The architecture differences with a verdict (AUC first, then the cells): label, A - B,
     the interval at the verdict's level, the verdict."""
     rows = []
-    for d in data.get('group_auc_differences') or []:
-        if d.get('p') is not None:
-            rows.append(dict(part='AUC', label=f"{d['group_a']} - {d['group_b']} | "
-                             f"{d['method']} AUC", value=d['auc_difference'],
-                             low=d['difference_ci_low'], high=d['difference_ci_high'],
-                             level=d['ci_level'], verdict=d['verdict'], margin=d['margin']))
-    for d in data.get('group_paired_differences') or []:
-        if d.get('p') is not None:
-            rows.append(dict(part='cell', label=f"{d['group_a']} - {d['group_b']} | "
-                             f"{d['method']} {d['ratio']:.2f}", value=d['paired_difference'],
+    for part, key, value in (('AUC', 'group_auc_differences', 'auc_difference'),
+                             ('cell', 'group_paired_differences', 'paired_difference')):
+        for d in data.get(key) or []:
+            if d.get('p') is None:
+                continue
+            what = 'AUC' if part == 'AUC' else f"{d['ratio']:.2f}"
+            rows.append(dict(part=part, label=f"{d['group_a']} - {d['group_b']} | "
+                             f"{d['method']} {what}", value=d[value],
                              low=d['difference_ci_low'], high=d['difference_ci_high'],
                              level=d['ci_level'], verdict=d['verdict'], margin=d['margin']))
     return rows
