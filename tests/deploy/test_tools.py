@@ -231,7 +231,8 @@ def test_missing_extras_hint(monkeypatch):
         ort_session('anything.onnx')
 
 
-@pytest.mark.parametrize('name', sorted(os.listdir(osp.join(ROOT, 'configs', 'deploy'))))
+@pytest.mark.parametrize('name', sorted(n for n in os.listdir(osp.join(ROOT, 'configs', 'deploy'))
+                                          if n.endswith('.py')))
 def test_every_shipped_deploy_config_reads(name):
     """Each deploy config of configs/deploy/ reads (onnxruntime backend, onnx type), names its
     task in the file name, and is static or dynamic-batch as its name says."""

@@ -236,6 +236,9 @@ class _Sweep:
             raise ConfigError('method learned needs a model whose config carries a learned '
                               'reducer (e.g. a *_dynamicvit.py fine-tuning config); none of '
                               'the configs has')
+        from amvim_mm.apis.runner import check_data_roots
+        for (config, _), cfg in zip(self.models, self.cfgs, strict=True):
+            check_data_roots(cfg, ('test_dataloader', ), config)
         main = dist.is_main()
         # rank 0 reads what is done (another sweep may write meanwhile) and tells the others
         self.done, stale = dist.broadcast(
@@ -276,13 +279,11 @@ class _Sweep:
 
     def _load_configs(self) -> Tuple[list, Dict[str, Fingerprint]]:
         """The loaded configs, ready for the sweep's runners, and each model's fingerprint."""
-        from amvim_mm.apis.runner import (check_data_roots, drop_token_reduction_hooks,
-                                          identify_images, load_config)
+        from amvim_mm.apis.runner import drop_token_reduction_hooks, identify_images, load_config
         cfgs, prints = [], {}
         for (config, ckpt), name in zip(self.models, self.names):
             cfg = load_config(config, self.cfg_options,
                               work_dir=osp.join(self.out_dir, 'work', name))
-            check_data_roots(cfg, ('test_dataloader', ), config)
             prints[name] = (file_sha256(ckpt), config_sha256(cfg))
             # the sweep loads CHECKPOINT itself; a config's own load_from (e.g. a fine-tuning
             # config's start) would be loaded over it by runner.test()

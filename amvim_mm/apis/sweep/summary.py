@@ -35,6 +35,14 @@ def _other_minus_first(d: dict, dg: int) -> str:
     return f"{-value:+.{dg}f} {ci}{d['reading']}"
 
 
+def _drop(e: dict, dg: int) -> str:
+    """A drop with its relative drop; empty without the ratio-0 row it is measured from."""
+    if e.get('drop') is None:
+        return ''
+    rel = e.get('relative_drop')
+    return f"{e['drop']:+.{dg}f}" + ('' if rel is None else f' ({rel:+.1f})')
+
+
 def _metric(data: Dict[str, object], metric: Optional[str]) -> str:
     rows = data.get('group_results') or data.get('results') or [{}]
     return metric or rows[0].get('metric_name', 'metric')
@@ -98,9 +106,7 @@ def cell_table(data: Dict[str, object], groups: Optional[Sequence[str]] = None,
             shown_zero, method = True, 'none'
         cells = [method, f'{ratio:.2f}', f"{es[0]['realised_ratio']:.3f}"]
         cells += [f"{e['metric']:.{dg}f} {_ci(e['ci_low'], e['ci_high'], dg)}" for e in es]
-        cells += [f"{e['drop']:+.{dg}f} ({e['relative_drop']:+.1f})"
-                  if e.get('relative_drop') is not None else f"{e['drop']:+.{dg}f}"
-                  for e in es]
+        cells += [_drop(e, dg) for e in es]
         cells += ['' if diffs.get((g, method, ratio)) is None else
                   _other_minus_first(diffs[(g, method, ratio)], dg) for g in others]
         lines.append('| ' + ' | '.join(cells) + ' |')
