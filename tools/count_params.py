@@ -8,24 +8,17 @@ the backbone's ``init_cfg`` switched off, and prints its parameters in millions 
 model, and the backbone alone).
 """
 import argparse
-import importlib
 import sys
 import warnings
 
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 import amvim_mm  # noqa: F401,E402
 from amvim_mm.apis.cli import run_cli  # noqa: E402
-from amvim_mm.apis.runner import load_config  # noqa: E402
+from amvim_mm.apis.runner import build_model, load_config  # noqa: E402
 
 
 def count(config: str):
-    from mmengine.registry import DefaultScope
-    cfg = load_config(config)
-    if cfg.model.get('backbone') is not None:
-        cfg.model.backbone.init_cfg = None
-    scope = cfg.default_scope
-    with DefaultScope.overwrite_default_scope(scope):
-        model = importlib.import_module(f'{scope}.registry').MODELS.build(cfg.model)
+    model = build_model(load_config(config), config)
     total = sum(p.numel() for p in model.parameters())
     backbone = getattr(model, 'backbone', None)
     bb = sum(p.numel() for p in backbone.parameters()) if backbone is not None else None

@@ -18,17 +18,9 @@ from amvim_mm.apis.cli import run_cli  # noqa: E402
 
 
 def build_backbone(config, checkpoint, device):
-    from mmengine.registry import DefaultScope
-
-    from amvim_mm.apis.runner import load_config, load_model_weights
+    from amvim_mm.apis.runner import build_model, load_config, load_model_weights
     from amvim_mm.engine.hooks import find_reducible_backbone
-    cfg = load_config(config)
-    scope = cfg.default_scope
-    import importlib
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=False)
-    with DefaultScope.overwrite_default_scope(scope):
-        model = registry.build(cfg.model)
+    model = build_model(load_config(config), config)
     load_model_weights(model, checkpoint, strict=True)
     return find_reducible_backbone(model).to(device)
 

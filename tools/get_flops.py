@@ -24,7 +24,6 @@ tests with (its ``TokenReductionHook`` for the test phase, else the backbone's o
 ``total`` is what inference runs: the auxiliary head (a training loss) is shown, not added.
 """
 import argparse
-import importlib
 import inspect
 import os.path as osp
 import sys
@@ -33,7 +32,7 @@ import warnings
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')  # mmengine 0.10.7
 import amvim_mm  # noqa: F401,E402
 from amvim_mm.analysis.flops import CONVENTIONS, backbone_flops  # noqa: E402
-from amvim_mm.errors import ConfigError, first_line  # noqa: E402
+from amvim_mm.errors import ConfigError  # noqa: E402
 from amvim_mm.apis.cli import run_cli  # noqa: E402
 from amvim_mm.models.skeleton.base import MambaBackbone  # noqa: E402
 from amvim_mm.registry import MODELS  # noqa: E402
@@ -47,26 +46,13 @@ PART_NAMES = dict(backbone='backbone', neck='neck', decode_head='decode head',
 
 
 def build_model(config: str):
-    """The model of a config, built from its library's registry in its scope (the backbone's
-    ``init_cfg`` off: nothing loaded), and the config."""
-    from mmengine.registry import DefaultScope
-
-    from amvim_mm.apis.runner import load_config
+    """The model of a config (nothing loaded: :func:`amvim_mm.apis.runner.build_model`) and
+    the config."""
+    from amvim_mm.apis.runner import build_model as build, load_config
     cfg = load_config(config)
-    if not isinstance(cfg.get('model'), dict):
-        raise ConfigError(f'{config}: no model in the config')
-    scope = cfg.default_scope
-    importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=False)
-    inner = cfg.model.get('model', cfg.model)   # ReducerFineTuner: model=dict(backbone=...)
-    if isinstance(inner.get('backbone'), dict):
-        inner.backbone.init_cfg = None
-    try:
-        with DefaultScope.overwrite_default_scope(scope), warnings.catch_warnings():
-            warnings.simplefilter('ignore', UserWarning)   # mmseg's deprecation notes
-            model = importlib.import_module(f'{scope}.registry').MODELS.build(cfg.model)
-    except KeyError as e:   # an unknown type: the registry's message, in one line
-        raise ConfigError(f'{config}: {first_line(e)}') from None
-    return model, cfg
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', UserWarning)   # mmseg's deprecation notes
+        return build(cfg, config), cfg
 
 
 def config_shape(model, cfg):

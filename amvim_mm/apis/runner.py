@@ -1,4 +1,5 @@
-"""Config loading and Runner construction shared by ``tools/train.py`` and ``tools/test.py``.
+"""Config loading, model and Runner construction shared by the tools (``tools/train.py``,
+``tools/test.py``, ``get_flops``, ``count_params``, ``erf``).
 
 Which library runs is taken from the config's ``default_scope`` (``mmseg``, ``mmdet`` or
 ``mmpretrain``, set by the libraries' own ``default_runtime`` bases), so one set of tools serves
@@ -116,6 +117,31 @@ def make_runner(cfg: Config):
     if 'runner_type' in cfg:
         return RUNNERS.build(cfg)
     return Runner.from_cfg(cfg)
+
+
+def build_model(cfg: Config, config: str = ''):
+    """The config's model, built from its library's registry (the library's modules registered)
+    in its ``default_scope``, without a Runner. The backbone's ``init_cfg`` is cleared (also
+    under a ReducerFineTuner's ``model=``): nothing is loaded now or by a later
+    ``init_weights``; load weights with :func:`load_model_weights`. A config without a model,
+    or with a type no registry knows, is a one-line ConfigError naming ``config``."""
+    import importlib
+
+    from mmengine.registry import DefaultScope
+
+    from amvim_mm.errors import first_line
+    if not isinstance(cfg.get('model'), dict):
+        raise ConfigError(f'{config}: no model in the config')
+    scope = cfg.default_scope
+    importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=False)
+    inner = cfg.model.get('model', cfg.model)   # ReducerFineTuner: model=dict(backbone=...)
+    if isinstance(inner.get('backbone'), dict):
+        inner.backbone.init_cfg = None
+    try:
+        with DefaultScope.overwrite_default_scope(scope):
+            return importlib.import_module(f'{scope}.registry').MODELS.build(cfg.model)
+    except KeyError as e:   # an unknown type: the registry's message, in one line
+        raise ConfigError(f'{config}: {first_line(e)}') from None
 
 
 def load_model_weights(model, filename: str, strict: bool = True) -> dict:

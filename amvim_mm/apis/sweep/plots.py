@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from amvim_mm.apis.sweep.report import decided_verdicts
+
 #: the PNG text chunk holding what a plot draws
 DRAWN_KEY = 'amvim_mm:drawn'
 _STYLES = {'tome': ('-', 'o'), 'random': ('--', 's'), 'evit': (':', '^'), 'top': ('-.', 'D')}
@@ -132,16 +134,14 @@ def forest_rows(data: Dict[str, object]) -> List[dict]:
     """The architecture differences with a verdict (AUC first, then the cells): label, A - B,
     the interval at the verdict's level, the verdict."""
     rows = []
-    for part, key, value in (('AUC', 'group_auc_differences', 'auc_difference'),
-                             ('cell', 'group_paired_differences', 'paired_difference')):
-        for d in data.get(key) or []:
-            if d.get('p') is None:
-                continue
-            what = 'AUC' if part == 'AUC' else f"{d['ratio']:.2f}"
-            rows.append(dict(part=part, label=f"{d['group_a']} - {d['group_b']} | "
-                             f"{d['method']} {what}", value=d[value],
-                             low=d['difference_ci_low'], high=d['difference_ci_high'],
-                             level=d['ci_level'], verdict=d['verdict'], margin=d['margin']))
+    for d in decided_verdicts(data):
+        auc = 'auc_difference' in d
+        rows.append(dict(part='AUC' if auc else 'cell',
+                         label=f"{d['group_a']} - {d['group_b']} | {d['method']} "
+                         + ('AUC' if auc else f"{d['ratio']:.2f}"),
+                         value=d['auc_difference' if auc else 'paired_difference'],
+                         low=d['difference_ci_low'], high=d['difference_ci_high'],
+                         level=d['ci_level'], verdict=d['verdict'], margin=d['margin']))
     return rows
 
 

@@ -15,7 +15,8 @@ def metric_digits(metric_name: str) -> int:
     return 3 if metric_name.startswith('coco') else 2
 
 
-def _fmt_ci(lo, hi, digits: int) -> str:
+def fmt_ci(lo, hi, digits: int) -> str:
+    """``[lo, hi]`` with ``digits`` decimals; empty without an interval."""
     return '' if lo is None else f'[{lo:.{digits}f}, {hi:.{digits}f}]'
 
 
@@ -33,7 +34,7 @@ def differences_table(diffs: Sequence[dict], a: str, b: str, title: str,
             [d['precision']] if precision else []) + [
             f"{d['drop_a']:+.{dg}f}", f"{d['drop_b']:+.{dg}f}",
             f"{d['paired_difference']:+.{dg}f}",
-            _fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg), d['reading']]
+            fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg), d['reading']]
         lines.append('| ' + ' | '.join(cells) + ' |')
     return lines
 
@@ -83,8 +84,8 @@ def markdown_table(data: Dict[str, object], differences: bool = True) -> str:
         cells = [r['model'], method, f"{r['ratio']:.2f}", f"{r['realised_ratio']:.3f}",
                  f"{r['gflops']:.3f}", r['metric_name'], f"{r['metric']:.{dg}f}",
                  '' if r.get('drop') is None else f"{r['drop']:+.{dg}f}",
-                 _fmt_ci(r.get('ci_low'), r.get('ci_high'), dg),
-                 _fmt_ci(r.get('drop_ci_low'), r.get('drop_ci_high'), dg),
+                 fmt_ci(r.get('ci_low'), r.get('ci_high'), dg),
+                 fmt_ci(r.get('drop_ci_low'), r.get('drop_ci_high'), dg),
                  r.get('precision', 'fp32')]
         if seeded:
             cells.append('' if r.get('seed_std') is None else f"{r['seed_std']:.{dg}f}")
@@ -122,13 +123,20 @@ def group_table(data: Dict[str, object]) -> str:
         lines.append(
             f"| {e['group']} | {len(e['models'])} | {method} | {e['ratio']:.2f} | "
             f"{e['realised_ratio']:.3f} | {e['metric_name']} | {e['metric']:.{dg}f} | "
-            f"{_fmt_ci(e['ci_low'], e['ci_high'], dg)} | "
+            f"{fmt_ci(e['ci_low'], e['ci_high'], dg)} | "
             f"{'' if e['drop'] is None else format(e['drop'], f'+.{dg}f')} | "
-            f"{_fmt_ci(e['drop_ci_low'], e['drop_ci_high'], dg)} | "
+            f"{fmt_ci(e['drop_ci_low'], e['drop_ci_high'], dg)} | "
             f"{'' if rel is None else format(rel, '+.1f')} | "
-            f"{_fmt_ci(e.get('relative_drop_ci_low'), e.get('relative_drop_ci_high'), 1)} | "
+            f"{fmt_ci(e.get('relative_drop_ci_low'), e.get('relative_drop_ci_high'), 1)} | "
             f"{' / '.join(format(m, f'.{dg}f') for m in e['metric_models'])} |")
     return '\n'.join(lines)
+
+
+def decided_verdicts(data: Dict[str, object]) -> List[dict]:
+    """The architecture differences that have a verdict (a p value): the AUCs', then the
+    cells'."""
+    return [d for d in (data.get('group_auc_differences') or [])
+            + (data.get('group_paired_differences') or []) if d.get('p') is not None]
 
 
 def _p(p) -> str:
@@ -158,7 +166,7 @@ def verdict_table(data: Dict[str, object]) -> str:
     if not (aucs or diffs):
         return ''
     lines = []
-    decided = [d for d in auc_diffs + diffs if d.get('p') is not None]
+    decided = decided_verdicts(data)
     if aucs:
         name = aucs[0]['metric_name']
         dg = metric_digits(name)
@@ -172,9 +180,9 @@ def verdict_table(data: Dict[str, object]) -> str:
             lines.append(
                 f"| {e['group']} | {e['method']} | {', '.join(f'{r:g}' for r in e['ratios'])} | "
                 f"{e['auc_drop']:+.{dg}f} | "
-                f"{_fmt_ci(e['auc_drop_ci_low'], e['auc_drop_ci_high'], dg)} | "
+                f"{fmt_ci(e['auc_drop_ci_low'], e['auc_drop_ci_high'], dg)} | "
                 f"{'' if rel is None else format(rel, '+.1f')} | "
-                f"{_fmt_ci(e['auc_relative_drop_ci_low'], e['auc_relative_drop_ci_high'], 1)} |")
+                f"{fmt_ci(e['auc_relative_drop_ci_low'], e['auc_relative_drop_ci_high'], 1)} |")
     if (auc_diffs or diffs) and not decided:
         lines += ['', 'No architecture verdicts: every architecture here has one trained model '
                   '(a single checkpoint says nothing about its architecture). Give each '
@@ -199,7 +207,7 @@ def verdict_table(data: Dict[str, object]) -> str:
             lines.append(
                 f"| {d['group_a']} | {d['group_b']} | {d['method']} | {lo:g}-{hi:g} | "
                 f"{d['auc_difference']:+.{dg}f} | "
-                f"{_fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg)} | "
+                f"{fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg)} | "
                 f"{_p(d['p_holm'])} | {'' if det is None else format(det, f'.{dg}f')} | "
                 f"{d['reading']} |")
     if diffs and decided:
@@ -214,7 +222,7 @@ def verdict_table(data: Dict[str, object]) -> str:
                 f"| {d['group_a']} | {d['group_b']} | {d['method']} | {d['ratio']:.2f} | "
                 f"{d['drop_a']:+.{dg}f} | {d['drop_b']:+.{dg}f} | "
                 f"{d['paired_difference']:+.{dg}f} | "
-                f"{_fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg)} | "
+                f"{fmt_ci(d['difference_ci_low'], d['difference_ci_high'], dg)} | "
                 f"{'' if ra is None else format(ra, '+.1f')} | "
                 f"{'' if rb is None else format(rb, '+.1f')} | {_p(d['p_holm'])} | "
                 f"{d['reading']} |")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-from amvim_mm.apis.sweep.report import (differences_table, group_table, markdown_table,
-                                        metric_digits)
+from amvim_mm.apis.sweep.report import (decided_verdicts, differences_table, fmt_ci,
+                                        group_table, markdown_table, metric_digits)
 
 
 def architectures(data: Dict[str, object]) -> List[str]:
@@ -23,15 +23,11 @@ def architectures(data: Dict[str, object]) -> List[str]:
     return [m for m in meta.get('models') or present if m in present] or present
 
 
-def _ci(lo, hi, dg: int) -> str:
-    return '' if lo is None else f'[{lo:.{dg}f}, {hi:.{dg}f}]'
-
-
 def _other_minus_first(d: dict, dg: int) -> str:
     """A verdict row (first architecture A minus another B) as B - A, with its reading."""
     value = d['auc_difference'] if 'auc_difference' in d else d['paired_difference']
     lo, hi = d.get('difference_ci_low'), d.get('difference_ci_high')
-    ci = '' if lo is None else _ci(-hi, -lo, dg) + ' '
+    ci = '' if lo is None else fmt_ci(-hi, -lo, dg) + ' '
     return f"{-value:+.{dg}f} {ci}{d['reading']}"
 
 
@@ -68,8 +64,9 @@ def auc_table(data: Dict[str, object], groups: Optional[Sequence[str]] = None,
         es = [aucs.get((g, method)) for g in groups]
         if any(e is None for e in es):
             continue
-        cells = [method] + [f"{e['auc_drop']:+.{dg}f} "
-                            f"{_ci(e['auc_drop_ci_low'], e['auc_drop_ci_high'], dg)}" for e in es]
+        cells = [method] + [
+            f"{e['auc_drop']:+.{dg}f} {fmt_ci(e['auc_drop_ci_low'], e['auc_drop_ci_high'], dg)}"
+            for e in es]
         cells += ['' if diffs.get((g, method)) is None else
                   _other_minus_first(diffs[(g, method)], dg) for g in others]
         lines.append('| ' + ' | '.join(cells) + ' |')
@@ -105,7 +102,7 @@ def cell_table(data: Dict[str, object], groups: Optional[Sequence[str]] = None,
                 continue
             shown_zero, method = True, 'none'
         cells = [method, f'{ratio:.2f}', f"{es[0]['realised_ratio']:.3f}"]
-        cells += [f"{e['metric']:.{dg}f} {_ci(e['ci_low'], e['ci_high'], dg)}" for e in es]
+        cells += [f"{e['metric']:.{dg}f} {fmt_ci(e['ci_low'], e['ci_high'], dg)}" for e in es]
         cells += [_drop(e, dg) for e in es]
         cells += ['' if diffs.get((g, method, ratio)) is None else
                   _other_minus_first(diffs[(g, method, ratio)], dg) for g in others]
@@ -113,14 +110,9 @@ def cell_table(data: Dict[str, object], groups: Optional[Sequence[str]] = None,
     return '\n'.join(lines)
 
 
-def _decided(data: Dict[str, object]) -> List[dict]:
-    return [d for d in (data.get('group_auc_differences') or [])
-            + (data.get('group_paired_differences') or []) if d.get('p') is not None]
-
-
 def verdict_family(data: Dict[str, object]) -> str:
     """One sentence: the Holm family of the verdicts and the level of their intervals."""
-    decided = _decided(data)
+    decided = decided_verdicts(data)
     if not decided:
         return ('no architecture verdicts: each architecture has one trained checkpoint here '
                 '(give each two or more training seeds with --groups)')
@@ -142,7 +134,7 @@ def _bases(data: Dict[str, object]) -> List[str]:
              'every row).']
     if basis:
         lines.append(f"- Per architecture (AUC and cell tables): 95 % over {'; '.join(basis)}.")
-    if _decided(data):
+    if decided_verdicts(data):
         lines.append('- Architecture differences (the verdict columns): paired over the images, '
                      'over training seeds per architecture (Welch t), at the level of each '
                      'verdict\'s Holm step.')
